@@ -1,0 +1,189 @@
+"""Baselines on the scenario's own emulated links, in the same run: TCP cubic and TCP
+BBR on the best path, one plain aioquic stream on the best path, and the ideal bound.
+
+Each baseline replays the workload (every flow at once, each on the best path between
+its sites), with the timeline restarted at the baseline's start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.lab.lab import Lab
+from bench.lab.scenario import Flow, PathSpec, Scenario
+
+BASE_PORT = 9100
+BASELINES = (("tcp-cubic", "tcp", "cubic"), ("tcp-bbr", "tcp", "bbr"),
+             ("aioquic-stream", "quic", ""))
+
+
+def schedule(flow: Flow) -> list[tuple[float, int]]:
+    """(send time after start, size) of every message of ``flow``, in order."""
+    return [(flow.start_s + step * flow.interval_s, message.size_bytes)
+            for step in range(flow.steps) for message in flow.messages]
+
+
+def best_path(scenario: Scenario, flow: Flow) -> PathSpec:
+    """The path with the least time for one step on its initial parameters."""
+    step_bits = 8 * sum(m.size_bytes for m in flow.messages)
+
+    def step_time(path: PathSpec) -> float:
+        params = path.params_from(flow.src)
+        serialise = step_bits / params.rate_bps if params.rate_bps > 0 else 0.0
+        return math.inf if params.blackhole else serialise + params.delay_ms / 1000.0
+
+    candidates = scenario.paths_between(flow.src, flow.dst)
+    if not candidates:
+        raise ValueError(f"no path between {flow.src} and {flow.dst}")
+    return min(candidates, key=step_time)
+
+
+def ideal_time_s(scenario: Scenario, flow: Flow) -> float:
+    """Fluid bound: every message over the sum of the path rates, plus the least delay.
+
+    Uses the initial parameters (a timeline that degrades a path makes it looser)."""
+    paths = [p.params_from(flow.src) for p in scenario.paths_between(flow.src, flow.dst)]
+    paths = [p for p in paths if not p.blackhole]
+    rate_bps = math.inf if any(p.rate_bps == 0 for p in paths) else sum(p.rate_bps for p in paths)
+    least_delay_s = min(p.delay_ms for p in paths) / 1000.0
+    finished = 0.0
+    for at_s, size in schedule(flow):
+        finished = max(finished, at_s) + size * 8 / rate_bps
+    return finished + least_delay_s
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    name: str
+    time_s: float | None  # None when it did not finish in time
+    delivered_bytes: int
+    total_bytes: int
+    message_latency_p50_s: float | None
+    message_latency_max_s: float | None
+    detail: dict[str, Any]
+
+
+def run_baseline(lab: Lab, name: str, proto: str, cc: str, port: int,
+                 timeout_s: float) -> BaselineResult:
+    scenario = lab.scenario
+    receivers, senders, flows = [], [], scenario.flows
+    for flow in flows:
+        path = best_path(scenario, flow)
+        receiver = lab.run_in(flow.dst, [
+            sys.executable, "-m", "bench.lab.transfer", "recv", "--proto", proto,
+            "--bind", f"{path.address_of(flow.dst)}:{port}",
+            "--messages", str(len(schedule(flow)))], stdout=subprocess.PIPE)
+        assert receiver.stdout is not None
+        receiver.stdout.readline()  # ready
+        receivers.append(receiver)
+    lab.start_timeline()
+    for flow in flows:
+        path = best_path(scenario, flow)
+        argv = [sys.executable, "-m", "bench.lab.transfer", "send", "--proto", proto,
+                "--bind", path.address_of(flow.src),
+                "--to", f"{path.address_of(flow.dst)}:{port}",
+                "--schedule", json.dumps(schedule(flow))]
+        if cc:
+            argv += ["--cc", cc]
+        senders.append(lab.run_in(flow.src, argv, stdout=subprocess.PIPE))
+    deadline = time.monotonic() + timeout_s
+    finish_times, latencies, delivered, detail = [], [], 0, {}
+    complete = True
+    for flow, sender, receiver in zip(flows, senders, receivers, strict=True):
+        try:
+            sent = json.loads(sender.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            sender.kill()
+            sender.communicate()
+            sent = {}
+        if not sent:
+            receiver.terminate()
+        try:
+            out = receiver.communicate(timeout=10)[0]
+            got = json.loads(out) if out else {"completed": []}
+        except subprocess.TimeoutExpired:
+            receiver.kill()
+            receiver.communicate()
+            got = {"completed": []}
+        completed = got["completed"]
+        plan = schedule(flow)
+        delivered += sum(size for _, size in plan[: len(completed)])
+        if len(completed) < len(plan) or "started" not in sent:
+            complete = False
+            continue
+        start = float(sent["started"])
+        finish_times.append(completed[-1] - start)
+        latencies += [done - (start + at) for (at, _), done in zip(plan, completed, strict=True)]
+        detail[f"{flow.src}->{flow.dst}"] = {"path": best_path(scenario, flow).name,
+                                            "cc": sent.get("cc"),
+                                            "time_s": completed[-1] - start}
+    latencies.sort()
+    return BaselineResult(
+        name=name, time_s=max(finish_times) if complete and finish_times else None,
+        delivered_bytes=delivered, total_bytes=sum(f.total_bytes for f in flows),
+        message_latency_p50_s=latencies[len(latencies) // 2] if latencies else None,
+        message_latency_max_s=latencies[-1] if latencies else None, detail=detail,
+    )
+
+
+def run_baselines(lab: Lab, timeout_s: float = 120.0,
+                  only: tuple[str, ...] = ()) -> dict[str, Any]:
+    scenario = lab.scenario
+    if not scenario.flows:
+        raise ValueError(f"scenario {scenario.name!r} has no [workload] flows")
+    bound_s = max(ideal_time_s(scenario, flow) for flow in scenario.flows)
+    results = []
+    for offset, (name, proto, cc) in enumerate(BASELINES):
+        if only and name not in only:
+            continue
+        results.append(run_baseline(lab, name, proto, cc, BASE_PORT + offset, timeout_s))
+    multi_path = any(len(scenario.paths_between(f.src, f.dst)) > 1 for f in scenario.flows)
+    return {
+        "scenario": scenario.name,
+        "ideal_bound_s": bound_s,
+        "ideal_is_multipath": multi_path,
+        "total_bytes": sum(f.total_bytes for f in scenario.flows),
+        "timeout_s": timeout_s,
+        "baselines": [r.__dict__ for r in results],
+        "link_stats": lab.link_stats(),
+    }
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    bound = float(report["ideal_bound_s"])
+    total_mb = report["total_bytes"] / 1e6
+    lines = [f"Scenario `{report['scenario']}`: {total_mb:.1f} MB of workload; ideal bound "
+             f"{bound:.2f} s ({'sum of path rates' if report['ideal_is_multipath'] else 'one path'}"
+             ")", "",
+             "| transfer | time for workload | goodput | ratio to bound | msg latency p50 / max |",
+             "|---|---|---|---|---|",
+             f"| ideal bound | {bound:.2f} s | {report['total_bytes'] * 8 / bound / 1e6:.1f} Mbit/s"
+             " | 1.00 | |"]
+    for result in report["baselines"]:
+        if result["time_s"] is None:
+            delivered = result["delivered_bytes"] / 1e6
+            lines.append(f"| {result['name']} | not done in {report['timeout_s']:.0f} s "
+                         f"({delivered:.1f} MB delivered) | | > "
+                         f"{report['timeout_s'] / bound:.1f} | |")
+            continue
+        time_s = float(result["time_s"])
+        lines.append(
+            f"| {result['name']} | {time_s:.2f} s | "
+            f"{result['total_bytes'] * 8 / time_s / 1e6:.1f} Mbit/s | {time_s / bound:.2f} | "
+            f"{result['message_latency_p50_s']:.3f} / {result['message_latency_max_s']:.3f} s |")
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], results_root: Path) -> Path:
+    directory = results_root / str(report["scenario"])
+    directory.mkdir(parents=True, exist_ok=True)
+    file = directory / "baselines.json"
+    file.write_text(json.dumps(report, indent=2))
+    return file

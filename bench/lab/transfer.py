@@ -1,0 +1,212 @@
+"""Baseline transfers of a workload schedule: TCP (chosen congestion control) or one
+plain aioquic stream. Run inside the site namespaces by bench.lab.baselines.
+
+Framing: each message is an 8-byte big-endian length then that many zero bytes.
+The receiver prints one JSON line with the monotonic completion time of every
+message; the sender prints the monotonic time it started (just before connecting).
+
+    recv  --proto tcp|quic --bind IP:PORT --messages N
+    send  --proto tcp|quic --bind IP --to IP:PORT --schedule '[[at_s, size], ...]' [--cc bbr]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import ssl
+import struct
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LENGTH = struct.Struct("!Q")
+ALPN = "wglab-baseline"
+CHUNK = 256 * 1024
+QUIC_WINDOW = 32 << 20  # large enough that flow control never limits the baseline
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def _zeros(size: int) -> memoryview:
+    return memoryview(bytes(min(size, CHUNK)))
+
+
+# -- TCP ----------------------------------------------------------------------
+def tcp_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(bind)
+    listener.listen(1)
+    print(json.dumps({"ready": True}), flush=True)
+    conn, _ = listener.accept()
+    reader: Any = conn.makefile("rb", buffering=CHUNK)
+    done: list[float] = []
+    for _ in range(messages):
+        header = reader.read(LENGTH.size)
+        if len(header) < LENGTH.size:
+            break
+        remaining = LENGTH.unpack(header)[0]
+        while remaining:
+            chunk = reader.read1(min(remaining, CHUNK))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+        if remaining:
+            break
+        done.append(time.monotonic())
+    return {"completed": done}
+
+
+def tcp_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
+             cc: str) -> dict[str, Any]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+    sock.bind((bind, 0))
+    started = time.monotonic()
+    sock.connect(to)
+    for at_s, size in schedule:
+        delay = started + at_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        sock.sendall(LENGTH.pack(size))
+        zeros = _zeros(size)
+        remaining = size
+        while remaining:
+            sent = sock.send(zeros[: min(remaining, len(zeros))])
+            remaining -= sent
+    sock.shutdown(socket.SHUT_WR)
+    sock.recv(1)  # wait for the receiver to close: everything was delivered
+    used = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+    return {"started": started, "cc": used}
+
+
+# -- QUIC (aioquic) -------------------------------------------------------------
+def _quic_configuration(is_client: bool) -> Any:
+    from aioquic.quic.configuration import QuicConfiguration
+
+    configuration = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN],
+                                      max_data=QUIC_WINDOW, max_stream_data=QUIC_WINDOW)
+    if is_client:
+        configuration.verify_mode = ssl.CERT_NONE
+    else:
+        from bench.lab.certs import self_signed
+
+        cert, key = self_signed("baseline")
+        directory = Path(tempfile.mkdtemp(prefix="wglab-quic-"))
+        (directory / "cert.pem").write_bytes(cert)
+        (directory / "key.pem").write_bytes(key)
+        configuration.load_cert_chain(directory / "cert.pem", directory / "key.pem")
+    return configuration
+
+
+async def _quic_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
+    from aioquic.asyncio.server import serve
+
+    done: list[float] = []
+    tasks: list[asyncio.Task[None]] = []
+    finished = asyncio.get_running_loop().create_future()
+
+    def on_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def consume() -> None:
+            try:
+                for _ in range(messages):
+                    remaining = LENGTH.unpack(await reader.readexactly(LENGTH.size))[0]
+                    while remaining:
+                        chunk = await reader.read(min(remaining, CHUNK))
+                        if not chunk:
+                            raise EOFError
+                        remaining -= len(chunk)
+                    done.append(time.monotonic())
+                writer.write(b"k")  # tells the sender everything arrived
+                writer.write_eof()
+            except (EOFError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                await asyncio.sleep(0.2)
+                if not finished.done():
+                    finished.set_result(None)
+
+        tasks.append(asyncio.ensure_future(consume()))
+
+    server = await serve(bind[0], bind[1], configuration=_quic_configuration(False),
+                         stream_handler=on_stream)
+    print(json.dumps({"ready": True}), flush=True)
+    await finished
+    server.close()
+    return {"completed": done}
+
+
+async def _quic_send(bind: str, to: tuple[str, int],
+                     schedule: list[tuple[float, int]]) -> dict[str, Any]:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.quic.connection import QuicConnection
+
+    loop = asyncio.get_running_loop()
+    configuration = _quic_configuration(True)
+    connection = QuicConnection(configuration=configuration)
+    # aioquic's connect() cannot bind a local address, so make the endpoint ourselves.
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: QuicConnectionProtocol(connection), local_addr=(bind, 0))
+    assert isinstance(protocol, QuicConnectionProtocol)
+    started = time.monotonic()
+    protocol.connect(to)
+    await protocol.wait_connected()
+    reader, writer = await protocol.create_stream()
+    for at_s, size in schedule:
+        delay = started + at_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        writer.write(LENGTH.pack(size))
+        zeros = bytes(_zeros(size))
+        remaining = size
+        while remaining:
+            piece = min(remaining, len(zeros))
+            writer.write(zeros[:piece])
+            remaining -= piece
+            await writer.drain()
+    writer.write_eof()
+    await reader.read(1)
+    protocol.close()
+    await protocol.wait_closed()
+    transport.close()
+    return {"started": started, "cc": configuration.congestion_control_algorithm}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.transfer")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    receiver = sub.add_parser("recv")
+    receiver.add_argument("--proto", choices=("tcp", "quic"), required=True)
+    receiver.add_argument("--bind", required=True, type=_address)
+    receiver.add_argument("--messages", type=int, required=True)
+    sender = sub.add_parser("send")
+    sender.add_argument("--proto", choices=("tcp", "quic"), required=True)
+    sender.add_argument("--bind", required=True)
+    sender.add_argument("--to", required=True, type=_address)
+    sender.add_argument("--schedule", required=True, help="JSON list of [at_s, size_bytes]")
+    sender.add_argument("--cc", default="cubic", help="TCP_CONGESTION (tcp only)")
+    args = parser.parse_args(argv)
+    if args.mode == "recv":
+        if args.proto == "tcp":
+            result = tcp_recv(args.bind, args.messages)
+        else:
+            result = asyncio.run(_quic_recv(args.bind, args.messages))
+    else:
+        schedule = [(float(at), int(size)) for at, size in json.loads(args.schedule)]
+        if args.proto == "tcp":
+            result = tcp_send(args.bind, args.to, schedule, args.cc)
+        else:
+            result = asyncio.run(_quic_send(args.bind, args.to, schedule))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,328 @@
+"""Local API frames: encoding, validation, error codes, golden vectors, fuzzing."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wangate.errors import LocalProtocolError
+from wangate.localapi.protocol import (
+    MAX_HEADER_BYTES,
+    FrameError,
+    HelloRequest,
+    PingRequest,
+    RecvRequest,
+    SendRequest,
+    decode_prefix,
+    decode_reply,
+    decode_request,
+    encode_header,
+    encode_prefix,
+    encode_request,
+    error_reply,
+    ok_reply,
+    split_frame,
+)
+
+VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors"
+LIMIT = 1 << 20
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def load_vector(name: str) -> bytes:
+    text = (VECTORS / f"localapi_{name}.hex").read_text()
+    return bytes.fromhex(" ".join(line for line in text.splitlines() if not line.startswith("#")))
+
+
+SEND = {
+    "op": "send", "id": 5, "peer": "sh", "tag": "layer3.grad", "step": 12,
+    "critical": False, "meta": b"\x01\x02", "checksum": 99,
+}
+RECV = {"op": "recv", "id": 6, "tag": "t", "source": None, "step": None, "timeout_s": 1.5}
+
+
+# ------------------------------------------------------------------ prefix
+
+
+def test_prefix_layout_is_big_endian_magic_version_flags_lengths() -> None:
+    assert encode_prefix(0x0102, 0x030405) == (
+        b"WG\x01\x00" + b"\x00\x00\x01\x02" + b"\x00\x00\x00\x00\x00\x03\x04\x05"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"XG\x01\x00" + struct.pack("!IQ", 10, 0), "bad_magic"),
+        (b"WG\x02\x00" + struct.pack("!IQ", 10, 0), "bad_version"),
+        (b"WG\x01\x01" + struct.pack("!IQ", 10, 0), "bad_flags"),
+        (b"WG\x01\x00" + struct.pack("!IQ", 0, 0), "header_too_large"),
+        (b"WG\x01\x00" + struct.pack("!IQ", MAX_HEADER_BYTES + 1, 0), "header_too_large"),
+        (b"WG\x01\x00" + struct.pack("!IQ", 10, LIMIT + 1), "too_large"),
+        (b"WG\x01\x00" + struct.pack("!IQ", 10, 2**64 - 1), "too_large"),
+    ],
+)
+def test_bad_prefixes_are_fatal_with_their_code(raw: bytes, code: str) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_prefix(raw, LIMIT)
+    assert info.value.code == code
+    assert info.value.fatal
+    assert info.value.request_id is None
+
+
+def test_prefix_at_the_limits_is_accepted() -> None:
+    prefix = decode_prefix(encode_prefix(MAX_HEADER_BYTES, LIMIT), LIMIT)
+    assert (prefix.version, prefix.flags, prefix.header_bytes, prefix.payload_bytes) == (
+        1, 0, MAX_HEADER_BYTES, LIMIT
+    )
+
+
+# ------------------------------------------------------------------ requests
+
+
+def test_send_request_decodes_to_exact_values() -> None:
+    request = decode_request(pack(SEND), 8)
+    assert request == SendRequest(5, "sh", "layer3.grad", 12, False, b"\x01\x02", 99)
+
+
+def test_recv_request_nil_fields_and_integer_timeout() -> None:
+    assert decode_request(pack(RECV), 0) == RecvRequest(6, "t", None, None, 1.5)
+    request = decode_request(pack({**RECV, "source": "bj", "step": 3, "timeout_s": 2}), 0)
+    assert request == RecvRequest(6, "t", "bj", 3, 2.0)
+    assert isinstance(request, RecvRequest) and type(request.timeout_s) is float
+
+
+@pytest.mark.parametrize("request_", [
+    HelloRequest(0), PingRequest(2**32 - 1),
+    SendRequest(1, "sh", "é" * 128, 2**63 - 1, True, b"", 2**32 - 1),
+    RecvRequest(3, "x", "bj", 0, None), RecvRequest(4, "x", None, 7, 0.25),
+])
+def test_requests_round_trip(request_: Any) -> None:
+    frame = split_frame(encode_request(request_, 0), LIMIT)
+    assert frame is not None
+    assert decode_request(frame.header, 0) == request_
+
+
+def bad(header: Any, payload_bytes: int = 0) -> FrameError:
+    with pytest.raises(FrameError) as info:
+        decode_request(pack(header), payload_bytes)
+    assert not info.value.fatal
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("header", "code", "request_id"),
+    [
+        ({**SEND, "extra": 1}, "bad_request", 5),
+        ({k: v for k, v in SEND.items() if k != "meta"}, "bad_request", 5),
+        ({**SEND, "step": -1}, "bad_request", 5),
+        ({**SEND, "step": 2**63}, "bad_request", 5),
+        ({**SEND, "step": 1.0}, "bad_request", 5),
+        ({**SEND, "step": True}, "bad_request", 5),
+        ({**SEND, "critical": 1}, "bad_request", 5),
+        ({**SEND, "meta": "text"}, "bad_request", 5),
+        ({**SEND, "checksum": 2**32}, "bad_request", 5),
+        ({**SEND, "peer": ""}, "bad_request", 5),
+        ({**SEND, "peer": None}, "bad_request", 5),
+        ({**SEND, "tag": "x" * 257}, "bad_request", 5),
+        ({**SEND, "tag": b"bytes"}, "bad_request", 5),
+        ({**SEND, "id": -1}, "bad_request", None),
+        ({**SEND, "id": 2**32}, "bad_request", None),
+        ({**SEND, "id": "5"}, "bad_request", None),
+        ({**RECV, "timeout_s": -1.0}, "bad_request", 6),
+        ({**RECV, "timeout_s": float("nan")}, "bad_request", 6),
+        ({**RECV, "timeout_s": float("inf")}, "bad_request", 6),
+        ({**RECV, "timeout_s": "1"}, "bad_request", 6),
+        ({**RECV, "source": 3}, "bad_request", 6),
+        ({"op": "fly", "id": 9}, "unknown_op", 9),
+        ({"op": 1, "id": 9}, "bad_request", 9),
+        ({"id": 9}, "bad_request", 9),
+        ({"op": "ping", "id": 9, "x": None}, "bad_request", 9),
+    ],
+)
+def test_wrong_keys_and_types_are_refused_with_code_and_id(
+    header: Any, code: str, request_id: int | None
+) -> None:
+    error = bad(header)
+    assert (error.code, error.request_id) == (code, request_id)
+
+
+def test_payload_only_on_send() -> None:
+    error = bad({"op": "ping", "id": 1}, payload_bytes=1)
+    assert (error.code, error.request_id) == ("bad_request", 1)
+    assert decode_request(pack(SEND), 0) == SendRequest(
+        5, "sh", "layer3.grad", 12, False, b"\x01\x02", 99
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xc1",  # never-used msgpack byte
+        b"\x93\x01\x02\x03",  # an array, not a map
+        b"\x81\x01\x02",  # integer key
+        b"\x81\xa2op",  # truncated
+        pack({"op": "ping", "id": 1}) + b"\x00",  # trailing bytes
+        b"\x81\xa1x\xd4\x01\x00",  # ext type
+    ],
+)
+def test_undecodable_headers_are_bad_header(raw: bytes) -> None:
+    with pytest.raises(FrameError) as info:
+        decode_request(raw, 0)
+    assert info.value.code == "bad_header"
+    assert not info.value.fatal
+
+
+def test_split_frame_needs_whole_frame() -> None:
+    frame = encode_request(PingRequest(1), 3) + b"abc"
+    for cut in range(len(frame)):
+        assert split_frame(frame[:cut], LIMIT) is None
+    whole = split_frame(frame + b"WG", LIMIT)
+    assert whole is not None
+    assert (whole.payload, whole.frame_bytes) == (b"abc", len(frame))
+
+
+def test_header_over_limit_cannot_be_encoded() -> None:
+    with pytest.raises(FrameError) as info:
+        encode_header({"blob": b"x" * MAX_HEADER_BYTES})
+    assert info.value.code == "header_too_large"
+
+
+# ------------------------------------------------------------------ replies
+
+
+def test_reply_validation() -> None:
+    assert decode_reply(pack(ok_reply(3, message_id=1))) == {"ok": True, "id": 3, "message_id": 1}
+    assert decode_reply(pack(error_reply(None, "x", "y"))) == {
+        "ok": False, "id": None, "code": "x", "error": "y"
+    }
+    error = error_reply(1, "x", "y")
+    for broken in ({"ok": 1, "id": 1}, {"ok": True, "id": "1"}, {"ok": False, "id": 1},
+                   {**error, "more": 1}, {**error, "code": 3}):
+        with pytest.raises(FrameError):
+            decode_reply(pack(broken))
+
+
+# ------------------------------------------------------------------ golden vectors
+
+META = bytes.fromhex("5743010000")
+PAYLOAD = bytes(range(8))
+CHECKSUM = zlib.crc32(PAYLOAD, zlib.crc32(META))
+
+REQUEST_VECTORS = {
+    "ping_request": (PingRequest(7), b""),
+    "hello_request": (HelloRequest(1), b""),
+    "send_request": (SendRequest(2, "sh", "layer3.grad", 12, False, META, CHECKSUM), PAYLOAD),
+    "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
+}
+REPLY_VECTORS = {
+    "ping_reply": ({"ok": True, "id": 7}, b""),
+    "hello_reply": ({
+        "ok": True, "id": 1, "protocol": 1, "site": "bj", "version": "0.1.0",
+        "client_settings": {
+            "compression": {"default": "none", "tags": [["layer0.*", "fp16"]],
+                            "min_lossy_bytes": 65536},
+            "max_message_bytes": 1 << 30,
+        },
+    }, b""),
+    "send_reply": ({"ok": True, "id": 2, "message_id": 41}, b""),
+    "recv_reply": ({
+        "ok": True, "id": 3, "source": "bj", "tag": "layer3.grad", "step": 12,
+        "critical": True, "meta": META, "checksum": CHECKSUM,
+    }, PAYLOAD),
+    "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REQUEST_VECTORS))
+def test_request_vectors_decode_and_reencode_exactly(name: str) -> None:
+    raw = load_vector(name)
+    expected, payload = REQUEST_VECTORS[name]
+    frame = split_frame(raw, LIMIT)
+    assert frame is not None and frame.frame_bytes == len(raw)
+    assert decode_request(frame.header, len(frame.payload)) == expected
+    assert frame.payload == payload
+    assert encode_request(expected, len(payload)) + payload == raw
+
+
+@pytest.mark.parametrize("name", sorted(REPLY_VECTORS))
+def test_reply_vectors_decode_and_reencode_exactly(name: str) -> None:
+    raw = load_vector(name)
+    expected, payload = REPLY_VECTORS[name]
+    frame = split_frame(raw, LIMIT)
+    assert frame is not None and frame.frame_bytes == len(raw)
+    assert decode_reply(frame.header) == expected
+    assert frame.payload == payload
+    assert encode_header(expected, len(payload)) + payload == raw
+
+
+def test_send_vector_checksum_matches_its_payload() -> None:
+    frame = split_frame(load_vector("send_request"), LIMIT)
+    assert frame is not None
+    request = decode_request(frame.header, len(frame.payload))
+    assert isinstance(request, SendRequest)
+    assert request.checksum == zlib.crc32(frame.payload, zlib.crc32(request.meta)) == 0x10767A9D
+
+
+# ------------------------------------------------------------------ fuzzing
+
+
+def decode_all(data: bytes) -> None:
+    """Decode frames the way the server does; only FrameError may escape."""
+    view = memoryview(data)
+    while (frame := split_frame(view, LIMIT)) is not None:
+        decode_request(frame.header, frame.prefix.payload_bytes)
+        view = view[frame.frame_bytes :]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_only_raise_frame_error(data: bytes) -> None:
+    for candidate in (data, b"WG\x01\x00" + data):
+        try:
+            decode_all(candidate)
+        except FrameError as exc:
+            assert isinstance(exc, LocalProtocolError)
+            assert exc.code
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=120))
+def test_random_headers_only_raise_frame_error(header: bytes) -> None:
+    with contextlib.suppress(FrameError):
+        decode_request(header, 0)
+    with contextlib.suppress(FrameError):
+        decode_reply(header)
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats()
+    | st.text(max_size=10) | st.binary(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                  max_size=4),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(sorted(set(SEND) | set(RECV) | {"x"})), msgpack_values,
+                       max_size=9),
+       st.sampled_from(["send", "recv", "ping", "hello", "paths", "status", "nope"]))
+def test_structured_random_headers_only_raise_frame_error(header: dict[str, Any], op: str) -> None:
+    try:
+        raw = pack({**header, "op": op})
+    except (OverflowError, ValueError):
+        return
+    with contextlib.suppress(FrameError):
+        decode_request(raw, 0)

@@ -1,0 +1,39 @@
+"""wangate: a gradient transport gateway between training sites.
+
+Trainers use ``Client`` / ``AsyncClient`` to hand numpy arrays to their site's gateway
+and to receive the ones that arrive.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from wangate.client import AsyncClient, Client
+from wangate.errors import (
+    AuthenticationError,
+    ChecksumError,
+    CodecError,
+    ConfigError,
+    GatewayError,
+    GatewayUnavailable,
+    LocalProtocolError,
+    RecvTimeout,
+    RemoteProtocolError,
+    WangateError,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AuthenticationError",
+    "ChecksumError",
+    "Client",
+    "CodecError",
+    "ConfigError",
+    "GatewayError",
+    "GatewayUnavailable",
+    "LocalProtocolError",
+    "RecvTimeout",
+    "RemoteProtocolError",
+    "WangateError",
+    "__version__",
+]

@@ -1,0 +1,253 @@
+"""The ``wangate`` command: run the daemon, look at paths, make certificates, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from wangate.errors import WangateError
+
+log = logging.getLogger("wangate")
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose == 1 else logging.WARNING
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def _install_event_loop_policy() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+# ------------------------------------------------------------------------ run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from wangate.config import load_config
+    from wangate.daemon import Gateway, sd_notify
+
+    config = load_config(args.config)  # errors out before anything listens
+    _install_event_loop_policy()
+
+    async def main() -> None:
+        gateway = Gateway(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await gateway.start()
+            sd_notify("READY=1")
+            log.warning("wangate %s up (site %s)", config.site.name, config.site.socket)
+            await stop.wait()
+            sd_notify("STOPPING=1")
+            log.warning("shutting down")
+        finally:
+            await gateway.close()
+
+    asyncio.run(main())
+    return 0
+
+
+# --------------------------------------------------------------- paths/status
+
+
+def _socket_from(args: argparse.Namespace) -> str | None:
+    if getattr(args, "socket", None):
+        return str(args.socket)
+    if getattr(args, "config", None):
+        from wangate.config import load_config
+
+        return str(load_config(args.config).site.socket)
+    return None
+
+
+def _fmt_num(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _fmt_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def format_paths_table(rows: list[dict[str, Any]]) -> str:
+    headers = [
+        "PEER", "PATH", "LOCAL -> REMOTE", "STATE", "SRTT/MIN ms", "JITTER ms",
+        "LOSS (n)", "RATE Mb/s", "SENT", "RECV", "ROLE", "NOTE",
+    ]  # fmt: skip
+    table = [headers]
+    for r in rows:
+        loss = "-" if r.get("loss") is None else f"{r['loss'] * 100:.2f}% ({r['loss_samples']})"
+        table.append(
+            [
+                r["peer"],
+                r["path"],
+                f"{r['local']} -> {r['remote']}",
+                r["state"],
+                f"{_fmt_num(r.get('srtt_ms'), '.2f')}/{_fmt_num(r.get('min_rtt_ms'), '.2f')}",
+                _fmt_num(r.get("jitter_ms"), ".2f"),
+                loss,
+                _fmt_num(r.get("rate_mbps"), ".1f"),
+                _fmt_bytes(r.get("sent_bytes") or 0),
+                _fmt_bytes(r.get("recv_bytes") or 0),
+                r.get("role", "-"),
+                r.get("state_reason", "") if r["state"] != "up" else "",
+            ]
+        )
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in table
+    )
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from wangate.client import Client
+
+    with Client(_socket_from(args)) as gw:
+        while True:
+            rows = gw.paths()
+            if args.json:
+                print(json.dumps(rows, indent=None if args.watch else 2), flush=True)
+            else:
+                if args.watch:
+                    print("\033[2J\033[H", end="")
+                    print(time.strftime("%H:%M:%S"), f"site {gw.site}")
+                print(format_paths_table(rows), flush=True)
+            if not args.watch:
+                return 0
+            time.sleep(args.interval)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from wangate.client import Client
+
+    with Client(_socket_from(args)) as gw:
+        status = gw.status()
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"site {status['site']}  version {status['version']}  up {status['uptime_s']:.0f} s")
+    for name, peer in status.get("peers", {}).items():
+        up = ", ".join(peer.get("paths_up", [])) or "none"
+        print(
+            f"  peer {name}: paths up: {up}; sent {peer.get('messages_sent', 0)} messages "
+            f"({_fmt_bytes(peer.get('bytes_sent', 0))}), received "
+            f"{peer.get('messages_received', 0)} ({_fmt_bytes(peer.get('bytes_received', 0))})"
+        )
+        for failure in peer.get("recent_failures", []):
+            print(f"    failed: {failure}")
+    return 0
+
+
+# ---------------------------------------------------------------------- certs
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from wangate.certs import create_ca, issue_site_certificate
+
+    directory = Path(args.dir)
+    if args.certs_command == "ca":
+        cert, key = create_ca(directory, force=args.force)
+        print(f"site CA: {cert} (key {key}; keep it offline)")
+    else:
+        cert, key = issue_site_certificate(directory, args.name, force=args.force)
+        print(f"site {args.name}: {cert} (key {key})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from wangate.demo import run_demo
+
+    return run_demo(sites=args.sites, paths=args.paths, size_mib=args.size_mib)
+
+
+# ----------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wangate", description="Gradient transport gateway between training sites."
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the gateway daemon in the foreground")
+    run.add_argument("-c", "--config", required=True, help="TOML configuration file")
+    run.set_defaults(func=cmd_run, verbose_default=1)
+
+    def target(p: argparse.ArgumentParser) -> None:
+        group = p.add_mutually_exclusive_group()
+        group.add_argument("-s", "--socket", help="the gateway's Unix socket")
+        group.add_argument("-c", "--config", help="read the socket path from this config")
+
+    paths = sub.add_parser("paths", help="measured quality of every path")
+    target(paths)
+    paths.add_argument("--json", action="store_true", help="JSON rows for scripts")
+    paths.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    paths.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    paths.set_defaults(func=cmd_paths)
+
+    status = sub.add_parser("status", help="site, peers and message counters")
+    target(status)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    certs = sub.add_parser("certs", help="make a site CA and site certificates")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True)
+    ca = certs_sub.add_parser("ca", help="create DIR/ca.pem and DIR/ca.key")
+    ca.add_argument("dir")
+    ca.add_argument("--force", action="store_true", help="overwrite existing files")
+    site = certs_sub.add_parser("site", help="create DIR/NAME.pem and DIR/NAME.key")
+    site.add_argument("dir")
+    site.add_argument("name")
+    site.add_argument("--force", action="store_true", help="overwrite existing files")
+    certs.set_defaults(func=cmd_certs)
+
+    demo = sub.add_parser("demo", help="several sites on loopback, real daemons and QUIC")
+    demo.add_argument("--sites", type=int, default=3, help="number of sites (2..4)")
+    demo.add_argument("--paths", type=int, default=3, help="paths between each pair (1..4)")
+    demo.add_argument("--size-mib", type=int, default=32, help="bulk gradient size per pair")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    verbose = args.verbose or getattr(args, "verbose_default", 0)
+    _setup_logging(verbose)
+    try:
+        return int(args.func(args))
+    except WangateError as exc:
+        print(f"wangate: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

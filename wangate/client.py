@@ -1,0 +1,442 @@
+"""The trainer's side of the local API: ``Client`` (blocking) and ``AsyncClient`` (asyncio).
+
+Both speak proto/localapi.md over the gateway's Unix socket. Tensors are encoded by
+``wangate.codec`` under the policy the gateway announces in its hello reply; error
+feedback for lossy codecs is kept here, per (peer, tag). The payload is written
+from the encoded buffer itself and read into one buffer that becomes the array.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import socket
+import threading
+import zlib
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+import numpy as np
+
+from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
+from wangate.errors import (
+    ChecksumError,
+    GatewayError,
+    GatewayUnavailable,
+    LocalProtocolError,
+    RecvTimeout,
+)
+from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, SyncFrameReader
+from wangate.localapi.protocol import (
+    MAX_ID,
+    VERSION,
+    FrameError,
+    HelloRequest,
+    PathsRequest,
+    PingRequest,
+    RecvRequest,
+    Request,
+    SendRequest,
+    StatusRequest,
+    decode_reply,
+    encode_request,
+)
+from wangate.service import Buffer
+
+DEFAULT_SOCKET = "/run/wangate/wangate.sock"
+SOCKET_ENV = "WANGATE_SOCKET"
+
+Reply = tuple[dict[str, Any], memoryview]
+
+
+def _socket_path(path: str | os.PathLike[str] | None) -> str:
+    return os.fspath(path) if path is not None else os.environ.get(SOCKET_ENV, DEFAULT_SOCKET)
+
+
+def _unavailable(path: str, exc: OSError) -> GatewayUnavailable:
+    reasons = {
+        errno.ENOENT: "no such file (is `wangate run` running?)",
+        errno.ECONNREFUSED: "nothing is listening on it (is `wangate run` running?)",
+        errno.EACCES: "permission denied (the socket is mode 0660: run as the gateway's "
+        "user or add this user to its group)",
+        errno.ENOTSOCK: "not a socket",
+    }
+    reason = reasons.get(exc.errno or 0, exc.strerror or str(exc))
+    return GatewayUnavailable(f"cannot reach wangate at {path}: {reason}", code="unavailable")
+
+
+def _lost(path: str, why: object) -> GatewayUnavailable:
+    return GatewayUnavailable(
+        f"lost the connection to wangate at {path}: {why} (did the daemon stop?)",
+        code="unavailable",
+    )
+
+
+class _Session:
+    """What both clients do besides I/O: request building, codec policy, reply checks."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._ids = count(1)
+        self.site = ""
+        self.settings: dict[str, Any] = {}
+        self.max_message_bytes = 0
+        self._policy = CodecPolicy()
+        self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
+
+    def next_id(self) -> int:
+        return next(self._ids) % (MAX_ID + 1)
+
+    def accept_hello(self, reply: dict[str, Any]) -> None:
+        if reply.get("protocol") != VERSION:
+            raise GatewayError(
+                f"wangate at {self.path} speaks protocol {reply.get('protocol')!r}, "
+                f"this client {VERSION}: upgrade the older side", code="bad_version")
+        settings = _field(reply, "client_settings", dict)
+        compression = settings.get("compression", {})
+        self.site = _field(reply, "site", str)
+        self.settings = settings
+        self.max_message_bytes = int(settings["max_message_bytes"])
+        self._policy = CodecPolicy(
+            compression.get("default", "none"),
+            tuple(tuple(rule) for rule in compression.get("tags", ())),
+            compression.get("min_lossy_bytes", 0),
+        )
+
+    def encode(
+        self, peer: str, tag: str, array: np.ndarray, codec: str | None
+    ) -> tuple[bytes, memoryview, int]:
+        """Encoded meta, payload view and checksum for ``array`` under the policy."""
+        array = np.asarray(array)
+        spec = self._policy.choose(tag, array.nbytes, codec, array.dtype)
+        encoded = encode_tensor(array, spec, feedback=self._feedback, key=(peer, tag))
+        meta = bytes(encoded.meta)
+        payload = memoryview(encoded.payload).cast("B")
+        if payload.nbytes > self.max_message_bytes:
+            raise GatewayError(
+                f"{tag!r} encodes to {payload.nbytes} bytes, over the gateway's "
+                f"max_message_bytes of {self.max_message_bytes}: split the tensor",
+                code="too_large",
+            )
+        return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
+
+    def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
+        meta = _field(reply, "meta", bytes)
+        checksum = _field(reply, "checksum", int)
+        if zlib.crc32(payload, zlib.crc32(meta)) != checksum:
+            raise ChecksumError(
+                f"message {reply.get('tag')!r} from {reply.get('source')!r} step "
+                f"{reply.get('step')} arrived damaged (checksum mismatch)"
+            )
+        return decode_tensor(meta, payload)
+
+
+def _field(reply: dict[str, Any], key: str, kind: type) -> Any:
+    value = reply.get(key)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise GatewayError(f"malformed reply from the gateway: {key!r}", code="bad_reply")
+    return value
+
+
+def _raise_for(reply: dict[str, Any]) -> None:
+    if reply["ok"]:
+        return
+    code, message = reply["code"], reply["error"]
+    if code == "timeout":
+        raise RecvTimeout(message, code=code)
+    raise GatewayError(f"{message} [{code}]", code=code)
+
+
+def _recv_request(
+    tag: str, source: str | None, step: int | None, timeout: float | None
+) -> Callable[[int], Request]:
+    return lambda rid: RecvRequest(rid, tag, source, step, timeout)
+
+
+def _send_request(
+    peer: str, tag: str, step: int, critical: bool, meta: bytes, checksum: int
+) -> Callable[[int], Request]:
+    return lambda rid: SendRequest(rid, peer, tag, step, critical, meta, checksum)
+
+
+def _unix_socket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+class Client:
+    """Blocking client; one request at a time (thread-safe by a lock)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._session = _Session(_socket_path(path))
+        self._lock = threading.Lock()
+        sock = _unix_socket()
+        try:
+            sock.connect(self._session.path)
+        except OSError as exc:
+            sock.close()
+            raise _unavailable(self._session.path, exc) from None
+        self._sock: socket.socket | None = sock
+        self._reader = SyncFrameReader(sock, 0)
+        try:
+            self._session.accept_hello(self._call(HelloRequest)[0])
+        except BaseException:
+            self.close()
+            raise
+        self._reader.max_payload_bytes = self._session.max_message_bytes
+
+    @property
+    def site(self) -> str:
+        """The name of the site whose gateway this is."""
+        return self._session.site
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._session.settings
+
+    def send(
+        self,
+        peer: str,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        critical: bool = False,
+        codec: str | None = None,
+    ) -> int:
+        """Hand ``array`` to the gateway for ``peer``; returns the message id once accepted."""
+        meta, payload, checksum = self._session.encode(peer, tag, array, codec)
+        reply, _ = self._call(_send_request(peer, tag, step, critical, meta, checksum), payload)
+        return _field(reply, "message_id", int)  # type: ignore[no-any-return]
+
+    def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = None,
+        step: int | None = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        """The oldest message with ``tag`` (and source/step if given) as an array."""
+        reply, payload = self._call(_recv_request(tag, source, step, timeout))
+        return self._session.decode(reply, payload)
+
+    def paths(self) -> list[dict[str, Any]]:
+        return _field(self._call(PathsRequest)[0], "paths", list)  # type: ignore[no-any-return]
+
+    def status(self) -> dict[str, Any]:
+        return _field(self._call(StatusRequest)[0], "status", dict)  # type: ignore[no-any-return]
+
+    def ping(self) -> None:
+        self._call(PingRequest)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise GatewayUnavailable("this wangate client is closed", code="closed")
+            rid = self._session.next_id()
+            body = memoryview(payload).cast("B")
+            head = encode_request(build(rid), body.nbytes)
+            try:
+                sock.sendall(head)
+                if body.nbytes:
+                    sock.sendall(body)
+                while True:
+                    reply, reply_payload = self._read_reply()
+                    if reply["id"] in (rid, None):
+                        break  # replies to calls interrupted earlier are dropped
+            except (OSError, ConnectionClosed) as exc:
+                self._broken()
+                raise _lost(self._session.path, exc) from None
+            except BaseException:  # e.g. KeyboardInterrupt mid-frame: stream position lost
+                self._broken()
+                raise
+        if reply["id"] is None:
+            self.close()  # the gateway closes a stream it cannot resynchronise
+        _raise_for(reply)
+        return reply, reply_payload
+
+    def _read_reply(self) -> Reply:
+        try:
+            head = self._reader.read_head()
+            if head is None:
+                raise ConnectionClosed("the gateway closed the connection")
+            prefix, header = head
+            reply = decode_reply(header)
+        except FrameError as exc:
+            raise _lost(self._session.path, f"protocol error: {exc}") from None
+        return reply, self._reader.read_payload(prefix.payload_bytes)
+
+    def _broken(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+class AsyncClient:
+    """asyncio client; calls may run concurrently on one connection."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self._session = _Session(_socket_path(path))
+        self._sock: socket.socket | None = None
+        self._reader: AsyncFrameReader | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._failure: GatewayError | None = None
+
+    @property
+    def site(self) -> str:
+        return self._session.site
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self._session.settings
+
+    async def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = _unix_socket()
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, self._session.path)
+        except OSError as exc:
+            sock.close()
+            raise _unavailable(self._session.path, exc) from None
+        self._sock = sock
+        self._reader = AsyncFrameReader(sock, 0)
+        self._reader_task = asyncio.create_task(self._read_loop())
+        try:
+            self._session.accept_hello((await self._call(HelloRequest))[0])
+        except BaseException:
+            await self.close()
+            raise
+        self._reader.max_payload_bytes = self._session.max_message_bytes
+
+    async def send(
+        self,
+        peer: str,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        critical: bool = False,
+        codec: str | None = None,
+    ) -> int:
+        meta, payload, checksum = self._session.encode(peer, tag, array, codec)
+        reply, _ = await self._call(
+            _send_request(peer, tag, step, critical, meta, checksum), payload
+        )
+        return _field(reply, "message_id", int)  # type: ignore[no-any-return]
+
+    async def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = None,
+        step: int | None = None,
+        timeout: float | None = None,
+    ) -> np.ndarray:
+        reply, payload = await self._call(_recv_request(tag, source, step, timeout))
+        return self._session.decode(reply, payload)
+
+    async def paths(self) -> list[dict[str, Any]]:
+        return _field((await self._call(PathsRequest))[0], "paths", list)  # type: ignore[no-any-return]
+
+    async def status(self) -> dict[str, Any]:
+        return _field((await self._call(StatusRequest))[0], "status", dict)  # type: ignore[no-any-return]
+
+    async def ping(self) -> None:
+        await self._call(PingRequest)
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+            self._reader_task = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._fail(GatewayUnavailable("this wangate client is closed", code="closed"))
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+        if self._failure is not None:
+            raise self._failure
+        if self._sock is None:
+            raise GatewayUnavailable("this wangate client is not connected", code="closed")
+        loop = asyncio.get_running_loop()
+        rid = self._session.next_id()
+        body = memoryview(payload).cast("B")
+        head = encode_request(build(rid), body.nbytes)
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending[rid] = future
+        try:
+            # Shielded: a caller cancelled mid-write must not leave half a frame behind.
+            await asyncio.shield(asyncio.ensure_future(self._write(head, body)))
+            reply, reply_payload = await future
+        finally:
+            self._pending.pop(rid, None)
+        _raise_for(reply)
+        return reply, reply_payload
+
+    async def _write(self, head: bytes, body: memoryview) -> None:
+        loop = asyncio.get_running_loop()
+        sock = self._sock
+        assert sock is not None
+        async with self._write_lock:
+            try:
+                await loop.sock_sendall(sock, head)
+                if body.nbytes:
+                    await loop.sock_sendall(sock, body)
+            except OSError as exc:  # every pending call learns it through its future
+                self._fail(_lost(self._session.path, exc))
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                head = await self._reader.read_head()
+                if head is None:
+                    raise ConnectionClosed("the gateway closed the connection")
+                prefix, header = head
+                reply = decode_reply(header)
+                payload = await self._reader.read_payload(prefix.payload_bytes)
+                if reply["id"] is None:  # a frame the gateway could not attribute
+                    _raise_for(reply)
+                future = self._pending.pop(reply["id"], None)
+                if future is not None and not future.done():
+                    future.set_result((reply, payload))
+        except GatewayError as exc:
+            self._fail(exc)
+        except (OSError, ConnectionClosed, LocalProtocolError) as exc:
+            self._fail(_lost(self._session.path, exc))
+
+    def _fail(self, error: GatewayError) -> None:
+        if self._failure is None:
+            self._failure = error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(self._failure)
+        self._pending.clear()

@@ -1,0 +1,372 @@
+"""What one WAN path delivers right now: RTT, jitter, loss, delivery rate, up/degraded/down.
+
+Pure: the transport reports what happened on the path (sent, acked, lost, RTT and one-way
+transit samples, anything heard) with the time ``now`` in seconds; nothing here reads a
+clock. Sliding windows end at the latest sample of their kind, so reading a property never
+needs ``now``.
+
+RTT follows RFC 9002 §5 (srtt/rttvar smoothing, ack-delay adjustment), except that
+``min_rtt_s`` is a minimum over the last ``window_s`` seconds rather than over the
+connection's lifetime, so a path whose route changed settles on its new baseline.
+Jitter is the RFC 3550 §6.4.1 interarrival jitter over our own datagram timestamps.
+
+Delivery rate (``delivery_rate_bps``, bits per second): each ack yields a sample
+``bytes acked since the ack at least one interval ago / time since then``, with
+interval = max(srtt, ``rate_min_interval_s``) so that acks arriving in a clump cannot
+fake a high rate. The estimate is the maximum sample over the last ``rate_window_s``
+seconds (a BBR-like max filter): while the path is idle or lightly used it keeps the rate
+it showed when busy, which is what placement needs at the start of the next gradient
+burst. A path that slows down shows it through growing ``bytes_in_flight`` long before the
+filter forgets.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from wangate.errors import LocalProtocolError
+
+PathStateKind = Literal["up", "degraded", "down"]
+
+
+@dataclass(frozen=True)
+class PathState:
+    """A path's health at one moment, with the reason a person reads in ``wangate paths``."""
+
+    kind: PathStateKind
+    reason: str
+
+
+class PathEstimator:
+    """Measurements of one path, fed by the transport, read by the schedulers and the CLI.
+
+    State rules, evaluated in this order by :meth:`state`:
+
+    * **down** when nothing was ever heard, or nothing was heard for longer than
+      ``max(silence_rtts * srtt + 4 * rttvar, min_silence_s)``. With the defaults (3 RTTs,
+      0.5 s) a silent 80 ms path is down after 0.5 s and a silent 300 ms path after about
+      1 s; the 0.5 s floor is five missed 100 ms keep-alive probes, so an idle but healthy
+      link does not flap.
+    * **degraded** when the last ``burst_losses`` datagrams in a row were lost (a loss
+      burst, seen long before the loss window fills); or ``loss_rate > loss_degraded``
+      over at least ``min_loss_samples`` outcomes; or ``srtt > rtt_degraded_factor *
+      min_rtt`` and srtt exceeds min_rtt by more than ``rtt_degraded_min_excess_s`` (so
+      that sub-millisecond RTT noise on short links does not count).
+    * **up** otherwise.
+    """
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 10.0,
+        loss_window_packets: int = 1000,
+        initial_rtt_s: float = 0.1,
+        rate_window_s: float = 10.0,
+        rate_min_interval_s: float = 0.05,
+        rate_floor_bps: float = 1e6,
+        rtt_history_max: int = 10_000,
+        silence_rtts: float = 3.0,
+        min_silence_s: float = 0.5,
+        rtt_degraded_factor: float = 3.0,
+        rtt_degraded_min_excess_s: float = 0.005,
+        loss_degraded: float = 0.05,
+        min_loss_samples: int = 100,
+        burst_losses: int = 4,
+    ) -> None:
+        if window_s <= 0 or rate_window_s <= 0 or initial_rtt_s <= 0:
+            raise LocalProtocolError("window_s, rate_window_s and initial_rtt_s must be > 0")
+        if loss_window_packets < 1 or rtt_history_max < 1 or burst_losses < 1:
+            raise LocalProtocolError(
+                "loss_window_packets, rtt_history_max and burst_losses must be >= 1"
+            )
+        if rate_floor_bps <= 0:
+            raise LocalProtocolError("rate_floor_bps must be > 0")
+        self._window_s = window_s
+        self._initial_rtt_s = initial_rtt_s
+        self._rate_window_s = rate_window_s
+        self._rate_min_interval_s = rate_min_interval_s
+        self._rate_floor_bps = rate_floor_bps
+        self._silence_rtts = silence_rtts
+        self._min_silence_s = min_silence_s
+        self._rtt_degraded_factor = rtt_degraded_factor
+        self._rtt_degraded_min_excess_s = rtt_degraded_min_excess_s
+        self._loss_degraded = loss_degraded
+        self._min_loss_samples = min_loss_samples
+        self._burst_losses = burst_losses
+
+        # RTT (RFC 9002 §5.2-5.3; §6.2.2 for the initial rttvar).
+        self._rtt_samples = 0
+        self._srtt_s = initial_rtt_s
+        self._rttvar_s = initial_rtt_s / 2
+        self._latest_rtt_s = initial_rtt_s
+        # Windowed min: (time, rtt) with rtt strictly increasing from left to right.
+        self._min_filter: deque[tuple[float, float]] = deque()
+        # Every sample in the window, for the p99; sorted copy cached until the next sample.
+        self._rtt_history: deque[tuple[float, float]] = deque(maxlen=rtt_history_max)
+        self._rtt_sorted: list[float] | None = None
+
+        # Jitter (RFC 3550 §6.4.1).
+        self._last_transit_s: float | None = None
+        self._jitter_s = 0.0
+
+        # Loss: outcome of the last loss_window_packets datagrams, True = lost.
+        self._outcomes: deque[bool] = deque(maxlen=loss_window_packets)
+        self._lost_in_window = 0
+        self._consecutive_losses = 0
+
+        # Delivery rate: (ack time, cumulative acked bytes) and a max filter of samples.
+        self._ack_history: deque[tuple[float, int]] = deque()
+        self._rate_filter: deque[tuple[float, float]] = deque()
+
+        self._bytes_in_flight = 0
+        self._sent_bytes = 0
+        self._acked_bytes = 0
+        self._lost_bytes = 0
+        self._last_heard_at: float | None = None
+
+    # ---- inputs -------------------------------------------------------------------------
+
+    def on_sent(self, size_bytes: int, now: float) -> None:
+        _check_size(size_bytes)
+        self._sent_bytes += size_bytes
+        self._bytes_in_flight += size_bytes
+
+    def on_acked(self, size_bytes: int, now: float) -> None:
+        _check_size(size_bytes)
+        self._acked_bytes += size_bytes
+        # Clamped: a duplicate report must not drive the count negative and wedge placement.
+        self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
+        self._record_outcome(lost=False)
+        self._consecutive_losses = 0
+        self._sample_rate(now)
+
+    def on_lost(self, size_bytes: int, now: float) -> None:
+        _check_size(size_bytes)
+        self._lost_bytes += size_bytes
+        self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
+        self._record_outcome(lost=True)
+        self._consecutive_losses += 1
+
+    def on_rtt_sample(self, rtt_s: float, now: float, *, ack_delay_s: float = 0.0) -> None:
+        """One RTT measurement; ``ack_delay_s`` is the delay the receiver reported."""
+        if not rtt_s >= 0 or not ack_delay_s >= 0:
+            raise LocalProtocolError(f"RTT sample {rtt_s!r} / ack delay {ack_delay_s!r} < 0")
+        self._latest_rtt_s = rtt_s
+        self._push_min(rtt_s, now)
+        self._rtt_history.append((now, rtt_s))
+        while self._rtt_history[0][0] < now - self._window_s:
+            self._rtt_history.popleft()
+        self._rtt_sorted = None
+        if self._rtt_samples == 0:
+            # RFC 9002 §5.3: the first sample initialises both estimators.
+            self._srtt_s = rtt_s
+            self._rttvar_s = rtt_s / 2
+        else:
+            # RFC 9002 §5.3: subtract the ack delay unless that would go below min_rtt.
+            adjusted_s = rtt_s
+            if rtt_s >= self.min_rtt_s + ack_delay_s:
+                adjusted_s = rtt_s - ack_delay_s
+            # Written as increments so that a constant input leaves srtt exactly unchanged.
+            self._rttvar_s += (abs(self._srtt_s - adjusted_s) - self._rttvar_s) / 4
+            self._srtt_s += (adjusted_s - self._srtt_s) / 8
+        self._rtt_samples += 1
+
+    def on_transit_sample(self, transit_s: float, now: float) -> None:
+        """Receive time minus the sender's timestamp; only differences between samples count."""
+        if self._last_transit_s is not None:
+            d_s = transit_s - self._last_transit_s
+            self._jitter_s += (abs(d_s) - self._jitter_s) / 16  # RFC 3550 §6.4.1
+        self._last_transit_s = transit_s
+
+    def on_heard(self, now: float) -> None:
+        if self._last_heard_at is None or now > self._last_heard_at:
+            self._last_heard_at = now
+
+    # ---- read-only measurements ---------------------------------------------------------
+
+    @property
+    def rtt_samples(self) -> int:
+        return self._rtt_samples
+
+    @property
+    def srtt_s(self) -> float:
+        return self._srtt_s
+
+    @property
+    def rttvar_s(self) -> float:
+        return self._rttvar_s
+
+    @property
+    def min_rtt_s(self) -> float:
+        """Minimum RTT over the last ``window_s`` seconds (``initial_rtt_s`` before any)."""
+        return self._min_filter[0][1] if self._min_filter else self._initial_rtt_s
+
+    @property
+    def rtt_p99_s(self) -> float:
+        """Nearest-rank 99th percentile of RTT samples in the window."""
+        if not self._rtt_history:
+            return self._initial_rtt_s
+        if self._rtt_sorted is None:
+            self._rtt_sorted = sorted(rtt for _, rtt in self._rtt_history)
+        rank = math.ceil(0.99 * len(self._rtt_sorted))
+        return self._rtt_sorted[rank - 1]
+
+    @property
+    def latest_rtt_s(self) -> float:
+        return self._latest_rtt_s
+
+    @property
+    def jitter_s(self) -> float:
+        return self._jitter_s
+
+    @property
+    def loss_rate(self) -> float:
+        """Fraction lost among the last ``loss_window_packets`` outcomes (0.0 before any)."""
+        if not self._outcomes:
+            return 0.0
+        return self._lost_in_window / len(self._outcomes)
+
+    @property
+    def loss_samples(self) -> int:
+        return len(self._outcomes)
+
+    @property
+    def consecutive_losses(self) -> int:
+        return self._consecutive_losses
+
+    @property
+    def delivery_rate_bps(self) -> float:
+        """Max delivery-rate sample over the last ``rate_window_s``; 0.0 before any."""
+        return self._rate_filter[0][1] if self._rate_filter else 0.0
+
+    @property
+    def planning_rate_bps(self) -> float:
+        """The rate schedulers plan with: measured, but never below ``rate_floor_bps``.
+
+        The floor lets a path that has carried only probes still win work when the others
+        back up; the work it then carries measures its real rate.
+        """
+        return max(self.delivery_rate_bps, self._rate_floor_bps)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        return self._bytes_in_flight
+
+    @property
+    def sent_bytes(self) -> int:
+        return self._sent_bytes
+
+    @property
+    def acked_bytes(self) -> int:
+        return self._acked_bytes
+
+    @property
+    def lost_bytes(self) -> int:
+        return self._lost_bytes
+
+    # ---- judgements ---------------------------------------------------------------------
+
+    @property
+    def last_heard_at(self) -> float | None:
+        """When anything was last heard from the peer on this path (None: never)."""
+        return self._last_heard_at
+
+    def silence_timeout_s(self) -> float:
+        """How long the path may stay silent before it counts as down."""
+        return max(self._silence_rtts * self._srtt_s + 4 * self._rttvar_s, self._min_silence_s)
+
+    def state(self, now: float) -> PathState:
+        if self._last_heard_at is None:
+            return PathState("down", "never heard from peer")
+        silent_s = now - self._last_heard_at
+        if silent_s > self.silence_timeout_s():
+            return PathState("down", f"silent for {silent_s:.3g} s")
+        if self._consecutive_losses >= self._burst_losses:
+            return PathState("degraded", f"loss burst: {self._consecutive_losses} in a row")
+        if self.loss_samples >= self._min_loss_samples and self.loss_rate > self._loss_degraded:
+            return PathState(
+                "degraded",
+                f"loss {self.loss_rate * 100:.1f}% > {self._loss_degraded * 100:g}%"
+                f" over {self.loss_samples} datagrams",
+            )
+        if self._rtt_samples:
+            srtt, min_rtt = self._srtt_s, self.min_rtt_s
+            if (
+                srtt > self._rtt_degraded_factor * min_rtt
+                and srtt - min_rtt > self._rtt_degraded_min_excess_s
+            ):
+                return PathState(
+                    "degraded",
+                    f"srtt {srtt * 1e3:.0f} ms > {self._rtt_degraded_factor:g}x"
+                    f" min {min_rtt * 1e3:.0f} ms",
+                )
+        return PathState("up", "ok")
+
+    def expected_delivery_s(self, size_bytes: int, queued_bytes: int, now: float) -> float:
+        """When ``size_bytes`` sent behind ``queued_bytes`` would arrive, from now.
+
+        (queued + in flight + size) at the planning rate, plus a one-way delay of srtt/2.
+        """
+        backlog_bytes = queued_bytes + self._bytes_in_flight + size_bytes
+        return backlog_bytes * 8 / self.planning_rate_bps + self._srtt_s / 2
+
+    def snapshot(self, now: float) -> dict[str, float | int | str]:
+        """The row ``wangate paths --json`` shows for this path."""
+        state = self.state(now)
+        return {
+            "srtt_ms": self._srtt_s * 1e3,
+            "min_rtt_ms": self.min_rtt_s * 1e3,
+            "rtt_p99_ms": self.rtt_p99_s * 1e3,
+            "jitter_ms": self._jitter_s * 1e3,
+            "loss": self.loss_rate,
+            "loss_samples": self.loss_samples,
+            "rate_mbps": self.delivery_rate_bps / 1e6,
+            "inflight_bytes": self._bytes_in_flight,
+            "sent_bytes": self._sent_bytes,
+            "acked_bytes": self._acked_bytes,
+            "lost_bytes": self._lost_bytes,
+            "state": state.kind,
+            "state_reason": state.reason,
+        }
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _push_min(self, rtt_s: float, now: float) -> None:
+        while self._min_filter and self._min_filter[-1][1] >= rtt_s:
+            self._min_filter.pop()
+        self._min_filter.append((now, rtt_s))
+        while self._min_filter[0][0] < now - self._window_s:
+            self._min_filter.popleft()
+
+    def _record_outcome(self, *, lost: bool) -> None:
+        if len(self._outcomes) == self._outcomes.maxlen and self._outcomes[0]:
+            self._lost_in_window -= 1
+        self._outcomes.append(lost)
+        if lost:
+            self._lost_in_window += 1
+
+    def _sample_rate(self, now: float) -> None:
+        history = self._ack_history
+        history.append((now, self._acked_bytes))
+        cutoff = now - max(self._srtt_s, self._rate_min_interval_s)
+        # Keep exactly one entry at or before the cutoff: the start of the next sample.
+        while len(history) >= 2 and history[1][0] <= cutoff:
+            history.popleft()
+        start_at, start_bytes = history[0]
+        if start_at > cutoff:
+            return  # not one interval of history yet
+        rate_bps = (self._acked_bytes - start_bytes) * 8 / (now - start_at)
+        rates = self._rate_filter
+        while rates and rates[-1][1] <= rate_bps:
+            rates.pop()
+        rates.append((now, rate_bps))
+        while rates[0][0] < now - self._rate_window_s:
+            rates.popleft()
+
+
+def _check_size(size_bytes: int) -> None:
+    if size_bytes < 0:
+        raise LocalProtocolError(f"datagram size {size_bytes} < 0")

@@ -1,0 +1,52 @@
+"""Events a ``PeerSession`` hands to the daemon (pulled with ``next_event()``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wangate.core.message import MessageHeader
+
+
+@dataclass(frozen=True)
+class MessageReceived:
+    """A whole message arrived from the peer and its checksum matched."""
+
+    msg_id: int
+    header: MessageHeader
+    payload: memoryview
+    body_bytes: int  # hand back with ``PeerSession.consumed`` once a trainer took it
+
+
+@dataclass(frozen=True)
+class MessageDelivered:
+    """The peer acknowledged every byte of one of our messages."""
+
+    msg_id: int
+    body_bytes: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class MessageFailed:
+    """One of our messages cannot be delivered; the reason says why."""
+
+    msg_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class MessageDropped:
+    """A message from the peer was discarded (bad checksum, malformed, too large)."""
+
+    msg_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class PathStateChanged:
+    path: str
+    state: str
+    reason: str
+
+
+Event = MessageReceived | MessageDelivered | MessageFailed | MessageDropped | PathStateChanged

@@ -1,0 +1,84 @@
+"""A message body: the header that names it, then the tensor bytes.
+
+A message travels as one body of ``msg_len`` bytes carved into shards by byte offset;
+the header is simply the first bytes of that body, so it needs no channel of its own
+and is repaired like any other shard.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
+
+MESSAGE_VERSION = 1
+MAX_TAG_BYTES = 1024
+MAX_META_BYTES = 64 * 1024
+FLAG_CRITICAL = 0x01
+
+# version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32
+_HEAD = struct.Struct("!BBHqII")
+HEAD_BYTES = _HEAD.size  # 20
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class MessageHeader:
+    tag: str
+    step: int
+    critical: bool
+    checksum: int  # CRC-32 of meta followed by payload
+    meta: bytes
+
+    def encode(self) -> bytes:
+        tag = self.tag.encode()
+        if not 0 < len(tag) <= MAX_TAG_BYTES:
+            raise LocalProtocolError(f"tag must be 1..{MAX_TAG_BYTES} bytes of UTF-8")
+        if len(self.meta) > MAX_META_BYTES:
+            raise LocalProtocolError(f"tensor description over {MAX_META_BYTES} bytes")
+        if not -(1 << 63) <= self.step < (1 << 63):
+            raise LocalProtocolError("step must fit in a signed 64-bit integer")
+        flags = FLAG_CRITICAL if self.critical else 0
+        head = _HEAD.pack(
+            MESSAGE_VERSION, flags, len(tag), self.step, self.checksum & 0xFFFFFFFF, len(self.meta)
+        )
+        return head + tag + self.meta
+
+
+def decode_header(body: Buffer) -> tuple[MessageHeader, int]:
+    """Parse the header at the start of ``body``; returns it and the payload offset."""
+    if len(body) < HEAD_BYTES:
+        raise RemoteProtocolError(f"message of {len(body)} bytes is shorter than its header")
+    version, flags, tag_len, step, checksum, meta_len = _HEAD.unpack_from(body)
+    if version != MESSAGE_VERSION:
+        raise RemoteProtocolError(f"message version {version} is not supported")
+    if not 0 < tag_len <= MAX_TAG_BYTES or meta_len > MAX_META_BYTES:
+        raise RemoteProtocolError("message header declares an impossible tag or meta size")
+    end = HEAD_BYTES + tag_len + meta_len
+    if end > len(body):
+        raise RemoteProtocolError("message header runs past the end of the message")
+    try:
+        tag = bytes(body[HEAD_BYTES : HEAD_BYTES + tag_len]).decode()
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError("message tag is not UTF-8") from exc
+    meta = bytes(body[HEAD_BYTES + tag_len : end])
+    return MessageHeader(tag, step, bool(flags & FLAG_CRITICAL), checksum, meta), end
+
+
+def message_checksum(meta: Buffer, payload: Buffer) -> int:
+    return zlib.crc32(payload, zlib.crc32(meta))
+
+
+def verify_body(body: Buffer) -> tuple[MessageHeader, memoryview]:
+    """Header and payload view of a complete body, after checking its checksum."""
+    header, start = decode_header(body)
+    payload = memoryview(body)[start:]
+    actual = message_checksum(header.meta, payload)
+    if actual != header.checksum:
+        raise ChecksumError(
+            f"message {header.tag!r} step {header.step}: checksum {actual:08x}, "
+            f"sender declared {header.checksum:08x}"
+        )
+    return header, payload

@@ -1,0 +1,192 @@
+"""Per-path transport state: what we sent and await acks for, what we received and owe acks.
+
+Loss detection follows RFC 9002 §6.1 on our own per-path sequence numbers: a datagram
+is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or when it
+is older than 9/8 of the RTT while a later one was acknowledged; a datagram with no
+acknowledgement at all after a retransmission timeout is lost too (no probe dance: we
+repair immediately, possibly on another path, and the receiver ignores duplicates).
+
+A datagram declared lost that is acknowledged after all was not lost, only late (the
+receiver's process was busy, or a queue grew). Then the timeout was too short: we raise
+its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it decay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wangate.core.estimator import PathEstimator
+from wangate.core.frames import MAX_ACK_RANGES, Ack
+from wangate.core.rangeset import RangeSet
+
+PACKET_THRESHOLD = 3  # RFC 9002 §6.1.1
+TIME_THRESHOLD = 9 / 8  # RFC 9002 §6.1.2
+MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
+ACK_EVERY_DATAGRAMS = 32
+MIN_RTO_S = 0.02
+RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
+RTO_FLOOR_MAX_S = 1.0
+RTO_FLOOR_DECAY = 0.999  # per ack without a spurious loss
+
+
+@dataclass
+class SentDatagram:
+    msg_id: int  # 0 for a probe
+    start: int
+    end: int
+    sent_at: float
+    size_bytes: int
+
+
+@dataclass
+class PathSender:
+    """Our side of a path as a sender: sequence numbers, in flight, loss detection."""
+
+    name: str
+    datagram_bytes: int  # largest DATAGRAM frame payload this path carries
+    estimator: PathEstimator
+    next_seq: int = 1
+    largest_acked: int = 0
+    inflight: dict[int, SentDatagram] = field(default_factory=dict)
+    last_sent_at: float = 0.0
+    usable: bool = True  # False while the path is declared down
+    recently_lost: dict[int, SentDatagram] = field(default_factory=dict)
+    spurious_losses: int = 0
+    rto_floor_s: float = MIN_RTO_S
+
+    def retransmission_timeout_s(self) -> float:
+        est = self.estimator
+        return max(1.5 * est.srtt_s + 4 * est.rttvar_s + MAX_ACK_DELAY_S, self.rto_floor_s)
+
+    def record(self, sent: SentDatagram) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        self.inflight[seq] = sent
+        self.last_sent_at = sent.sent_at
+        self.estimator.on_sent(sent.size_bytes, sent.sent_at)
+        return seq
+
+    def acknowledge(self, ack: Ack, now: float) -> list[SentDatagram]:
+        """Pop every in-flight datagram the ack covers (unknown seqs are ignored)."""
+        acked: list[SentDatagram] = []
+        inflight = self.inflight
+        spurious = 0
+        for first, last in ack.ranges:
+            last = min(last, self.next_seq - 1)
+            if last < first:
+                continue
+            if last - first + 1 <= len(inflight):
+                seqs: list[int] | range = range(first, last + 1)
+            else:
+                seqs = [s for s in inflight if first <= s <= last]
+            for seq in seqs:
+                sent = inflight.pop(seq, None)
+                if sent is not None:
+                    acked.append(sent)
+                elif self.recently_lost:
+                    late = self.recently_lost.pop(seq, None)
+                    if late is not None:
+                        spurious += 1
+                        lateness_s = now - late.sent_at
+                        self.rto_floor_s = min(
+                            max(self.rto_floor_s, 1.25 * lateness_s), RTO_FLOOR_MAX_S
+                        )
+            self.largest_acked = max(self.largest_acked, last)
+        if spurious:
+            self.spurious_losses += spurious
+        else:
+            self.rto_floor_s = max(MIN_RTO_S, self.rto_floor_s * RTO_FLOOR_DECAY)
+        return acked
+
+    def detect_lost(self, now: float) -> list[SentDatagram]:
+        est = self.estimator
+        delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
+        rto_s = self.retransmission_timeout_s()
+        # In-flight datagrams are in sequence (and so sending) order: the lost ones are
+        # a prefix, and the scan stops at the first one that is not lost.
+        lost_seqs: list[int] = []
+        for seq, sent in self.inflight.items():
+            reordered_past = seq < self.largest_acked and (
+                seq + PACKET_THRESHOLD <= self.largest_acked or sent.sent_at <= now - delay_s
+            )
+            if not reordered_past and sent.sent_at > now - rto_s:
+                break
+            lost_seqs.append(seq)
+        return self._forget(lost_seqs)
+
+    def _forget(self, seqs: list[int]) -> list[SentDatagram]:
+        lost = []
+        remembered = self.recently_lost
+        for seq in seqs:
+            sent = self.inflight.pop(seq)
+            lost.append(sent)
+            remembered[seq] = sent
+        while len(remembered) > RECENTLY_LOST_MAX:
+            del remembered[next(iter(remembered))]
+        return lost
+
+    def loss_deadline(self) -> float | None:
+        if not self.inflight:
+            return None
+        oldest = next(iter(self.inflight.values()))
+        est = self.estimator
+        deadline = oldest.sent_at + self.retransmission_timeout_s()
+        if self.largest_acked > next(iter(self.inflight)):
+            delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
+            deadline = min(deadline, oldest.sent_at + delay_s)
+        return deadline
+
+    def take_all_inflight(self) -> list[SentDatagram]:
+        return self._forget(list(self.inflight))
+
+
+@dataclass
+class PathReceiver:
+    """Our side of a path as a receiver: which sequence numbers we owe an ack for."""
+
+    pending: RangeSet = field(default_factory=RangeSet)
+    pending_count: int = 0
+    newest_seq: int = 0
+    newest_sent_ns: int = 0
+    newest_received_at: float = 0.0
+    first_pending_at: float = 0.0
+    urgent: bool = False  # ack at the next chance (critical data, probes)
+    received_bytes: int = 0
+
+    def on_datagram(self, seq: int, sent_ns: int, now: float, urgent: bool) -> None:
+        if self.pending_count == 0:
+            self.first_pending_at = now
+        self.pending.add(seq, seq + 1)
+        self.pending_count += 1
+        if seq >= self.newest_seq:
+            self.newest_seq = seq
+            self.newest_sent_ns = sent_ns
+            self.newest_received_at = now
+        self.urgent = self.urgent or urgent
+
+    def ack_deadline(self) -> float | None:
+        if self.pending_count == 0:
+            return None
+        if self.urgent or self.pending_count >= ACK_EVERY_DATAGRAMS:
+            return self.first_pending_at
+        return self.first_pending_at + MAX_ACK_DELAY_S
+
+    def take_ack(self, now: float) -> Ack | None:
+        deadline = self.ack_deadline()
+        if deadline is None or deadline > now:
+            return None
+        ranges = [(start, end - 1) for start, end in self.pending.ranges()]
+        if len(ranges) > MAX_ACK_RANGES:
+            # ack the newest ranges now; the rest stay pending for the next ack
+            keep = ranges[: len(ranges) - MAX_ACK_RANGES]
+            ranges = ranges[len(ranges) - MAX_ACK_RANGES :]
+            self.pending.clear()
+            for first, last in keep:
+                self.pending.add(first, last + 1)
+            self.pending_count = sum(last - first + 1 for first, last in keep)
+        else:
+            self.pending.clear()
+            self.pending_count = 0
+        self.urgent = False
+        delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
+        return Ack(self.newest_sent_ns, delay_us, tuple(ranges))

@@ -1,0 +1,236 @@
+"""Which path carries critical gradients: the lowest expected delivery, without flapping.
+
+Rules, applied on every :meth:`CriticalPathSelector.update`:
+
+* A path is *usable* when it is not down and is *validated*: at least
+  ``validation_probes`` datagrams on it were acked since the selector last saw it down (or
+  since start). A path that is down is never current; with no usable path, current is
+  None.
+* *Sharp degradation* moves the route at once, ignoring dwell and cooldown: the current
+  path is down, missing or no longer validated (it moves to the best usable path), or it
+  is degraded - srtt at 3x its min RTT, a loss burst or high loss, as judged by
+  :class:`~wangate.core.estimator.PathEstimator` - while another usable path is up (it
+  moves to the best up path).
+* Otherwise a challenger must beat the current path's expected delivery by more than
+  ``margin`` (relative) and ``margin_s`` (absolute), without a break, for ``dwell_s``;
+  an up path is never challenged by a degraded one. For ``cooldown_s`` after a switch
+  between two paths no such switch happens (dwell timers keep running, so a challenger
+  that stayed better takes over when the cooldown ends). Picking a path when there was
+  none starts no cooldown.
+
+Paths are ranked up before degraded, then by expected delivery, then by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from wangate.core.estimator import PathEstimator, PathStateKind
+from wangate.errors import LocalProtocolError
+
+# Times come from float arithmetic on the caller's side (e.g. 0.01 * k); a nanosecond of
+# slack keeps "exactly after dwell_s" (and cooldown_s) from depending on rounding.
+_TIME_EPSILON_S = 1e-9
+
+
+@dataclass(frozen=True)
+class PathView:
+    """One path as the critical selector sees it; the mapping key is its name."""
+
+    expected_delivery_s: float
+    state: PathStateKind
+    loss_rate: float = 0.0
+    state_reason: str = ""
+
+
+@dataclass(frozen=True)
+class RouteChanged:
+    previous: str | None
+    current: str | None
+    reason: str
+    at: float
+
+
+def critical_view(
+    estimator: PathEstimator, now: float, *, size_bytes: int = 1200, queued_bytes: int = 0
+) -> PathView:
+    """A :class:`PathView` for a small critical message of ``size_bytes``."""
+    state = estimator.state(now)
+    return PathView(
+        expected_delivery_s=estimator.expected_delivery_s(size_bytes, queued_bytes, now),
+        state=state.kind,
+        loss_rate=estimator.loss_rate,
+        state_reason=state.reason,
+    )
+
+
+def _delivery_s(view: PathView) -> float:
+    value = view.expected_delivery_s
+    return math.inf if math.isnan(value) else value
+
+
+def _rank(name: str, view: PathView) -> tuple[int, float, str]:
+    return (0 if view.state == "up" else 1, _delivery_s(view), name)
+
+
+def _state_text(view: PathView) -> str:
+    return f"{view.state} ({view.state_reason})" if view.state_reason else view.state
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+class CriticalPathSelector:
+    def __init__(
+        self,
+        *,
+        margin: float = 0.2,
+        margin_s: float = 0.002,
+        dwell_s: float = 0.5,
+        cooldown_s: float = 2.0,
+        validation_probes: int = 3,
+        duplicate_loss_rate: float = 0.001,
+    ) -> None:
+        if margin < 0 or margin_s < 0 or dwell_s < 0 or cooldown_s < 0:
+            raise LocalProtocolError("margin, margin_s, dwell_s and cooldown_s must be >= 0")
+        if validation_probes < 0:
+            raise LocalProtocolError("validation_probes must be >= 0")
+        self._margin = margin
+        self._margin_s = margin_s
+        self._dwell_s = dwell_s
+        self._cooldown_s = cooldown_s
+        self._validation_probes = validation_probes
+        self._duplicate_loss_rate = duplicate_loss_rate
+        self._current: str | None = None
+        self._switched_at: float | None = None
+        self._probes_ok: dict[str, int] = {}
+        self._beating_since: dict[str, float] = {}
+        self._views: dict[str, PathView] = {}
+
+    @property
+    def current(self) -> str | None:
+        return self._current
+
+    def is_validated(self, path: str) -> bool:
+        return self._probes_ok.get(path, 0) >= self._validation_probes
+
+    def record_probe_ok(self, path: str, now: float) -> None:
+        """A datagram on ``path`` was acked: one more step towards validation."""
+        self._probes_ok[path] = self._probes_ok.get(path, 0) + 1
+
+    def secondary(self) -> str | None:
+        """The best usable path other than the current one (for duplicating critical data)."""
+        if self._current is None:
+            return None
+        others = {n: v for n, v in self._usable().items() if n != self._current}
+        return self._best(others)
+
+    def needs_duplicate(self) -> bool:
+        """Whether the current path loses enough that critical data should also go on
+        :meth:`secondary`."""
+        view = self._views.get(self._current) if self._current is not None else None
+        if view is None or self.secondary() is None:
+            return False
+        return view.loss_rate >= self._duplicate_loss_rate
+
+    def update(self, now: float, candidates: Mapping[str, PathView]) -> RouteChanged | None:
+        self._views = dict(candidates)
+        for name, view in candidates.items():
+            if view.state == "down":
+                self._probes_ok[name] = 0  # must validate again when it comes back
+        usable = self._usable()
+        current = self._current
+
+        if current is None or current not in usable:
+            self._beating_since.clear()
+            best = self._best(usable)
+            if current is None:
+                if best is None:
+                    return None
+                view = usable[best]
+                return self._switch(
+                    now,
+                    best,
+                    f"{best} is the best validated path (expected {_ms(_delivery_s(view))})",
+                )
+            why = self._why_unusable(current)
+            if best is None:
+                return self._switch(now, None, f"{current} {why}; no usable path")
+            return self._switch(now, best, f"{current} {why}; moved to {best}")
+
+        current_view = usable[current]
+        if current_view.state != "up":
+            ups = {n: v for n, v in usable.items() if v.state == "up"}
+            best_up = self._best(ups)
+            if best_up is not None:
+                self._beating_since.clear()
+                return self._switch(
+                    now,
+                    best_up,
+                    f"{current} {_state_text(current_view)}; moved to {best_up}",
+                )
+
+        current_s = _delivery_s(current_view)
+        needed_s = max(self._margin * current_s, self._margin_s)
+        current_rank = _rank(current, current_view)[0]
+        beating: dict[str, float] = {}
+        for name, view in usable.items():
+            if name == current or _rank(name, view)[0] > current_rank:
+                continue
+            challenger_s = _delivery_s(view)
+            if current_s - challenger_s > needed_s or (
+                math.isinf(current_s) and not math.isinf(challenger_s)
+            ):
+                beating[name] = self._beating_since.get(name, now)
+        self._beating_since = beating
+
+        if (
+            self._switched_at is not None
+            and now - self._switched_at < self._cooldown_s - _TIME_EPSILON_S
+        ):
+            return None
+        ready = {
+            n: usable[n]
+            for n, since in beating.items()
+            if now - since >= self._dwell_s - _TIME_EPSILON_S
+        }
+        winner = self._best(ready)
+        if winner is None:
+            return None
+        since = beating[winner]
+        self._beating_since.clear()
+        return self._switch(
+            now,
+            winner,
+            f"{winner} expected {_ms(_delivery_s(usable[winner]))} beat {current}"
+            f" {_ms(current_s)} for {now - since:.3g} s",
+        )
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _usable(self) -> dict[str, PathView]:
+        return {n: v for n, v in self._views.items() if v.state != "down" and self.is_validated(n)}
+
+    @staticmethod
+    def _best(views: Mapping[str, PathView]) -> str | None:
+        if not views:
+            return None
+        return min(views, key=lambda n: _rank(n, views[n]))
+
+    def _why_unusable(self, name: str) -> str:
+        view = self._views.get(name)
+        if view is None:
+            return "gone"
+        if view.state == "down":
+            return _state_text(view)
+        return "not validated"
+
+    def _switch(self, now: float, new: str | None, reason: str) -> RouteChanged:
+        previous = self._current
+        self._current = new
+        # Cooldown only after moving between two paths: picking the first one is no flap.
+        self._switched_at = now if previous is not None and new is not None else None
+        return RouteChanged(previous=previous, current=new, reason=reason, at=now)

@@ -1,0 +1,438 @@
+"""Everything between this gateway and one peer gateway, with no I/O at all.
+
+The daemon feeds it what arrived (``handle_datagram``, ``handle_control``) and the
+time, and pulls what to send (``datagram_to_send(path)``, ``control_to_send(path)``)
+whenever a path can take more, plus events (``next_event``) and the next deadline
+(``get_timer``/``handle_timer``), as aioquic's ``QuicConnection`` is driven.
+
+Flow control: the receiver grants cumulative message bytes (``Credit``, like QUIC's
+MAX_DATA); the sender starts a message only when it fits the grant, so a receiver never
+holds more than its inbox window plus one message.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from wangate.core.estimator import PathEstimator
+from wangate.core.events import (
+    Event,
+    MessageDelivered,
+    MessageDropped,
+    MessageFailed,
+    MessageReceived,
+    PathStateChanged,
+)
+from wangate.core.frames import (
+    REJECT_CHECKSUM,
+    REJECT_MALFORMED,
+    REJECT_TOO_LARGE,
+    SHARD_HEADER_BYTES,
+    Ack,
+    ControlFrame,
+    Credit,
+    MessageRejected,
+    ProbeDatagram,
+    ShardDatagram,
+    decode_datagram,
+    encode_control,
+    encode_probe,
+    encode_shard,
+)
+from wangate.core.message import MessageHeader, verify_body
+from wangate.core.outbound import OutboundMessage, OutboundQueue
+from wangate.core.paths import PathReceiver, PathSender, SentDatagram
+from wangate.core.rangeset import RangeSet
+from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
+
+PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
+CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
+MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
+
+Buffer = bytes | bytearray | memoryview
+
+
+class InboundMessage:
+    __slots__ = ("body", "received", "started_at")
+
+    def __init__(self, size_bytes: int, now: float) -> None:
+        self.body = bytearray(size_bytes)
+        self.received = RangeSet()
+        self.started_at = now
+
+
+class PeerSession:
+    def __init__(
+        self,
+        local_site: str,
+        peer: str,
+        *,
+        max_message_bytes: int,
+        inbox_window_bytes: int,
+        now: float,
+    ) -> None:
+        self.local_site = local_site
+        self.peer = peer
+        self.max_message_bytes = max_message_bytes
+        # a window below one message could never admit that message
+        self.inbox_window_bytes = max(inbox_window_bytes, max_message_bytes)
+        self._events: deque[Event] = deque()
+        self._senders: dict[str, PathSender] = {}
+        self._receivers: dict[str, PathReceiver] = {}
+
+        # sending
+        self._next_msg_id = 1
+        self._waiting: deque[OutboundMessage] = deque()  # submitted, not yet admitted by credit
+        self._queue = OutboundQueue()
+        self._peer_granted = 0
+        self._peer_max_message: int | None = None
+        self._started_bytes = 0
+
+        # receiving
+        self._inbound: dict[int, InboundMessage] = {}
+        self._completed = RangeSet()  # message ids finished (delivered or dropped)
+        self._held_bytes = 0  # inbound in progress + delivered and not yet consumed
+        self._consumed_bytes = 0
+        self._credit_dirty: set[str] = set()
+        self._rejections: deque[MessageRejected] = deque()
+        self._credit_refresh_at = now + CREDIT_REFRESH_S
+
+        self.messages_sent = 0
+        self.messages_received = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.repair_datagrams = 0
+
+    # ------------------------------------------------------------------- paths
+
+    @property
+    def path_names(self) -> list[str]:
+        return list(self._senders)
+
+    def path_up(self, path: str, *, datagram_bytes: int, now: float) -> None:
+        """A path's connection is established and authenticated."""
+        if datagram_bytes < MIN_DATAGRAM_BYTES:
+            raise LocalProtocolError(f"path {path}: datagrams of {datagram_bytes} B are too small")
+        sender = self._senders.get(path)
+        if sender is None:
+            sender = PathSender(path, datagram_bytes, PathEstimator())
+            self._senders[path] = sender
+        sender.datagram_bytes = datagram_bytes
+        sender.usable = True
+        sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
+        sender.estimator.on_heard(now)
+        self._receivers.setdefault(path, PathReceiver())
+        self._credit_dirty.add(path)
+
+    def path_down(self, path: str, now: float, reason: str) -> None:
+        """A path's connection closed: whatever it had in flight goes out elsewhere."""
+        sender = self._senders.get(path)
+        if sender is None:
+            return
+        self._requeue(sender, sender.take_all_inflight())
+        if sender.usable:
+            sender.usable = False
+            self._events.append(PathStateChanged(path, "down", reason))
+        self._receivers[path] = PathReceiver()
+
+    def forget_path(self, path: str, now: float) -> None:
+        self.path_down(path, now, "removed")
+        self._senders.pop(path, None)
+        self._receivers.pop(path, None)
+
+    def peer_restarted(self, now: float) -> None:
+        """The peer came back as a new instance: it forgot everything in progress."""
+        for message in self._queue.clear():
+            self._events.append(
+                MessageFailed(message.msg_id, f"peer {self.peer} restarted mid-message")
+            )
+        for sender in self._senders.values():
+            sender.take_all_inflight()
+        self._peer_granted = 0
+        self._started_bytes = 0
+        self._inbound.clear()
+        self._completed.clear()
+        self._held_bytes = 0
+        self._consumed_bytes = 0
+        self._credit_dirty.update(self._senders)
+
+    # ----------------------------------------------------------------- sending
+
+    def submit(self, header: MessageHeader, payload: Buffer, now: float) -> int:
+        head = header.encode()
+        size = len(head) + len(memoryview(payload).cast("B"))
+        if size > self.max_message_bytes:
+            raise LocalProtocolError(
+                f"message of {size} bytes exceeds this gateway's limit of {self.max_message_bytes}"
+            )
+        msg_id = self._next_msg_id
+        self._next_msg_id += 1
+        message = OutboundMessage(msg_id, head, payload, header.critical)
+        message.started_at = now
+        if header.critical:
+            self._waiting.appendleft(message)
+        else:
+            self._waiting.append(message)
+        self._admit()
+        return msg_id
+
+    def set_peer_limits(self, max_message_bytes: int) -> None:
+        self._peer_max_message = max_message_bytes
+
+    def _admit(self) -> None:
+        while self._waiting:
+            message = self._waiting[0]
+            if self._peer_max_message is not None and message.body_len > self._peer_max_message:
+                self._waiting.popleft()
+                self._events.append(
+                    MessageFailed(
+                        message.msg_id,
+                        f"message of {message.body_len} bytes exceeds peer {self.peer}'s "
+                        f"limit of {self._peer_max_message}",
+                    )
+                )
+                continue
+            if self._started_bytes + message.body_len > self._peer_granted:
+                return
+            self._waiting.popleft()
+            self._started_bytes += message.body_len
+            self._queue.add(message)
+
+    def pending_bytes(self) -> int:
+        return sum(m.body_len for m in self._waiting) + sum(
+            m.body_len for m in self._queue.messages.values()
+        )
+
+    def has_data(self) -> bool:
+        return self._queue.has_work()
+
+    def datagram_to_send(self, path: str, now: float) -> bytes | None:
+        sender = self._senders.get(path)
+        if sender is None:
+            return None
+        if sender.usable:
+            piece = self._queue.take(sender.datagram_bytes - SHARD_HEADER_BYTES)
+            if piece is not None:
+                message = piece.message
+                sent = SentDatagram(
+                    message.msg_id, piece.start, piece.end, now, piece.end - piece.start
+                )
+                seq = sender.record(sent)
+                if piece.repair:
+                    self.repair_datagrams += 1
+                return encode_shard(
+                    seq,
+                    int(now * 1e9),
+                    message.msg_id,
+                    message.body_len,
+                    piece.start,
+                    message.read(piece.start, piece.end),
+                    message.critical,
+                )
+        if now - sender.last_sent_at >= PROBE_INTERVAL_S:
+            seq = sender.record(SentDatagram(0, 0, 0, now, 0))
+            return encode_probe(seq, int(now * 1e9))
+        return None
+
+    def _requeue(self, sender: PathSender, lost: Iterable[SentDatagram]) -> None:
+        for sent in lost:
+            sender.estimator.on_lost(sent.size_bytes, sent.sent_at)
+            if sent.msg_id:
+                self._queue.mark_lost(sent.msg_id, sent.start, sent.end)
+
+    def _on_ack(self, path: str, ack: Ack, now: float) -> None:
+        sender = self._senders.get(path)
+        if sender is None:
+            return
+        est = sender.estimator
+        rtt_s = now - ack.echo_sent_ns / 1e9
+        if 0.0 < rtt_s < 60.0:
+            est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
+        for sent in sender.acknowledge(ack, now):
+            est.on_acked(sent.size_bytes, now)
+            if sent.msg_id:
+                done = self._queue.mark_acked(sent.msg_id, sent.start, sent.end)
+                if done is not None:
+                    self.messages_sent += 1
+                    self.bytes_sent += done.body_len
+                    self._events.append(
+                        MessageDelivered(done.msg_id, done.body_len, now - done.started_at)
+                    )
+        self._requeue(sender, sender.detect_lost(now))
+
+    # --------------------------------------------------------------- receiving
+
+    def handle_datagram(self, path: str, data: bytes, now: float) -> None:
+        """One DATAGRAM frame from the peer; raises RemoteProtocolError if malformed."""
+        receiver = self._receivers.get(path)
+        if receiver is None:
+            raise LocalProtocolError(f"datagram on path {path} that is not up")
+        sender = self._senders[path]
+        sender.estimator.on_heard(now)
+        if not sender.usable:
+            sender.usable = True
+            self._events.append(PathStateChanged(path, "up", "heard again"))
+        datagram = decode_datagram(data)
+        sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
+        if isinstance(datagram, ProbeDatagram):
+            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, urgent=True)
+            return
+        if self._accept_shard(datagram, now):
+            receiver.received_bytes += len(data)
+            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, datagram.critical)
+
+    def _accept_shard(self, shard: ShardDatagram, now: float) -> bool:
+        """Store a shard; False means it was refused and must not be acknowledged."""
+        msg_id = shard.msg_id
+        if msg_id in self._completed:
+            return True  # a late duplicate: ack it so the sender stops repairing
+        message = self._inbound.get(msg_id)
+        if message is None:
+            if shard.msg_len > self.max_message_bytes:
+                self._reject(msg_id, REJECT_TOO_LARGE, f"message of {shard.msg_len} bytes")
+                return True
+            if self._held_bytes + shard.msg_len > self.inbox_window_bytes + self.max_message_bytes:
+                return False  # beyond what we granted: the sender will repair it later
+            message = InboundMessage(shard.msg_len, now)
+            self._inbound[msg_id] = message
+            self._held_bytes += shard.msg_len
+        elif shard.msg_len != len(message.body):
+            raise RemoteProtocolError(
+                f"message {msg_id}: shard says {shard.msg_len} bytes, earlier ones "
+                f"{len(message.body)}"
+            )
+        end = shard.offset + len(shard.data)
+        if message.received.add(shard.offset, end):
+            message.body[shard.offset : end] = shard.data
+        if message.received.covers(0, len(message.body)):
+            self._finish(msg_id, message)
+        return True
+
+    def _finish(self, msg_id: int, message: InboundMessage) -> None:
+        del self._inbound[msg_id]
+        self._completed.add(msg_id, msg_id + 1)
+        try:
+            header, payload = verify_body(message.body)
+        except ChecksumError as exc:
+            self._release(len(message.body))
+            self._reject(msg_id, REJECT_CHECKSUM, str(exc))
+            return
+        except RemoteProtocolError as exc:
+            self._release(len(message.body))
+            self._reject(msg_id, REJECT_MALFORMED, str(exc))
+            return
+        self.messages_received += 1
+        self.bytes_received += len(message.body)
+        self._events.append(MessageReceived(msg_id, header, payload, len(message.body)))
+
+    def _reject(self, msg_id: int, code: int, reason: str) -> None:
+        self._completed.add(msg_id, msg_id + 1)
+        self._events.append(MessageDropped(msg_id, reason))
+        self._rejections.append(MessageRejected(msg_id, code, reason))
+
+    def consumed(self, body_bytes: int) -> None:
+        """A trainer took a received message: its bytes no longer count against the window."""
+        self._release(body_bytes)
+
+    def _release(self, body_bytes: int) -> None:
+        self._held_bytes -= body_bytes
+        self._consumed_bytes += body_bytes
+        self._credit_dirty.update(self._senders)
+
+    @property
+    def granted_bytes(self) -> int:
+        return self._consumed_bytes + self.inbox_window_bytes
+
+    # ----------------------------------------------------------------- control
+
+    def handle_control(self, path: str, frame: ControlFrame, now: float) -> None:
+        sender = self._senders.get(path)
+        if sender is not None:
+            sender.estimator.on_heard(now)
+        if isinstance(frame, Ack):
+            self._on_ack(path, frame, now)
+        elif isinstance(frame, Credit):
+            if frame.granted_bytes > self._peer_granted:
+                self._peer_granted = frame.granted_bytes
+                self._admit()
+        elif isinstance(frame, MessageRejected):
+            if self._queue.drop(frame.msg_id) is not None:
+                self._events.append(
+                    MessageFailed(frame.msg_id, f"peer {self.peer} rejected it: {frame.reason}")
+                )
+        else:
+            raise RemoteProtocolError("hello sent twice on one path")
+
+    def control_to_send(self, path: str, now: float) -> bytes:
+        """Control frames due on ``path``'s stream (may be empty)."""
+        out: list[bytes] = []
+        receiver = self._receivers.get(path)
+        if receiver is not None:
+            ack = receiver.take_ack(now)
+            if ack is not None:
+                out.append(encode_control(ack))
+        if path in self._credit_dirty:
+            self._credit_dirty.discard(path)
+            out.append(encode_control(Credit(self.granted_bytes)))
+        while self._rejections:
+            out.append(encode_control(self._rejections.popleft()))
+        return b"".join(out)
+
+    # ------------------------------------------------------------ timers/events
+
+    def get_timer(self) -> float | None:
+        deadlines: list[float] = [self._credit_refresh_at]
+        for name, sender in self._senders.items():
+            loss = sender.loss_deadline()
+            if loss is not None:
+                deadlines.append(loss)
+            deadlines.append(sender.last_sent_at + PROBE_INTERVAL_S)
+            heard_at = sender.estimator.last_heard_at
+            if sender.usable and heard_at is not None:
+                deadlines.append(heard_at + sender.estimator.silence_timeout_s())
+            ack = self._receivers[name].ack_deadline()
+            if ack is not None:
+                deadlines.append(ack)
+        return min(deadlines)
+
+    def handle_timer(self, now: float) -> None:
+        if now >= self._credit_refresh_at:
+            self._credit_refresh_at = now + CREDIT_REFRESH_S
+            self._credit_dirty.update(self._senders)
+        for name, sender in self._senders.items():
+            self._requeue(sender, sender.detect_lost(now))
+            if sender.usable and sender.estimator.state(now).kind == "down":
+                sender.usable = False
+                self._requeue(sender, sender.take_all_inflight())
+                self._events.append(
+                    PathStateChanged(name, "down", sender.estimator.state(now).reason)
+                )
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    # ------------------------------------------------------------------- views
+
+    def path_snapshot(self, path: str, now: float) -> dict[str, object]:
+        sender = self._senders[path]
+        row: dict[str, object] = dict(sender.estimator.snapshot(now))
+        row["recv_bytes"] = self._receivers[path].received_bytes
+        row["usable"] = sender.usable
+        row["spurious_losses"] = sender.spurious_losses
+        row["rto_ms"] = sender.retransmission_timeout_s() * 1e3
+        return row
+
+    def status(self) -> dict[str, int]:
+        return {
+            "messages_sent": self.messages_sent,
+            "messages_received": self.messages_received,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "messages_waiting": len(self._waiting),
+            "messages_in_flight": len(self._queue.messages),
+            "inbound_in_progress": len(self._inbound),
+            "repair_datagrams": self.repair_datagrams,
+            "repair_bytes": self._queue.repair_bytes,
+            "peer_granted_bytes": self._peer_granted,
+        }

@@ -1,0 +1,158 @@
+"""Reading frames from a stream socket with one copy of the payload at most.
+
+``ReadBuffer`` is the pure part: a small staging buffer for prefixes and headers. The
+payload goes straight from the socket into one buffer of exactly the declared size
+(``numpy.empty``: no zero-fill), after the prefix was checked against the limit;
+only the few bytes that arrived together with the header are copied across.
+Two thin drivers move the bytes: ``SyncFrameReader`` (blocking socket) and
+``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import numpy as np
+
+from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
+
+STAGING_BYTES = 256 * 1024
+SKIP_CHUNK_BYTES = 1024 * 1024
+
+
+class ConnectionClosed(EOFError):
+    """The peer closed the stream in the middle of a frame."""
+
+
+def new_payload_buffer(size_bytes: int) -> memoryview:
+    buffer: Any = np.empty(size_bytes, dtype=np.uint8)
+    return memoryview(buffer).cast("B")
+
+
+class ReadBuffer:
+    """Bytes received but not yet consumed, in one fixed staging area."""
+
+    def __init__(self, size_bytes: int = STAGING_BYTES) -> None:
+        self._buf = bytearray(size_bytes)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def writable(self) -> memoryview:
+        """Where the next receive should land (compacting first when needed)."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buf):
+            size = self._end - self._start
+            self._buf[:size] = self._buf[self._start : self._end]
+            self._start, self._end = 0, size
+        return self._view[self._end :]
+
+    def wrote(self, size_bytes: int) -> None:
+        self._end += size_bytes
+
+    def take(self, size_bytes: int) -> bytes | None:
+        """Consume ``size_bytes`` if that many are buffered."""
+        if self._end - self._start < size_bytes:
+            return None
+        data = bytes(self._view[self._start : self._start + size_bytes])
+        self._start += size_bytes
+        return data
+
+    def drain_into(self, target: memoryview) -> int:
+        """Move buffered bytes into ``target``; returns how many."""
+        size = min(len(target), self._end - self._start)
+        target[:size] = self._view[self._start : self._start + size]
+        self._start += size
+        return size
+
+
+class SyncFrameReader:
+    def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
+        self._sock = sock
+        self._buffer = ReadBuffer()
+        self.max_payload_bytes = max_payload_bytes
+
+    def _read_exact(self, size_bytes: int, *, eof_ok: bool = False) -> bytes | None:
+        while (data := self._buffer.take(size_bytes)) is None:
+            received = self._sock.recv_into(self._buffer.writable())
+            if received == 0:
+                if eof_ok and len(self._buffer) == 0:
+                    return None
+                raise ConnectionClosed("connection closed in the middle of a frame")
+            self._buffer.wrote(received)
+        return data
+
+    def read_head(self) -> tuple[FramePrefix, bytes] | None:
+        """Prefix and header of the next frame; None on a clean close between frames."""
+        raw = self._read_exact(PREFIX_BYTES, eof_ok=True)
+        if raw is None:
+            return None
+        prefix = decode_prefix(raw, self.max_payload_bytes)
+        header = self._read_exact(prefix.header_bytes)
+        assert header is not None
+        return prefix, header
+
+    def read_payload(self, size_bytes: int) -> memoryview:
+        target = new_payload_buffer(size_bytes)
+        filled = self._buffer.drain_into(target)
+        while filled < size_bytes:
+            received = self._sock.recv_into(target[filled:])
+            if received == 0:
+                raise ConnectionClosed("connection closed in the middle of a payload")
+            filled += received
+        return target
+
+
+class AsyncFrameReader:
+    def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._buffer = ReadBuffer()
+        self.max_payload_bytes = max_payload_bytes
+
+    async def _read_exact(self, size_bytes: int, *, eof_ok: bool = False) -> bytes | None:
+        while (data := self._buffer.take(size_bytes)) is None:
+            received = await self._loop.sock_recv_into(self._sock, self._buffer.writable())
+            if received == 0:
+                if eof_ok and len(self._buffer) == 0:
+                    return None
+                raise ConnectionClosed("connection closed in the middle of a frame")
+            self._buffer.wrote(received)
+        return data
+
+    async def read_head(self) -> tuple[FramePrefix, bytes] | None:
+        """Prefix and header of the next frame; None on a clean close between frames."""
+        raw = await self._read_exact(PREFIX_BYTES, eof_ok=True)
+        if raw is None:
+            return None
+        prefix = decode_prefix(raw, self.max_payload_bytes)
+        header = await self._read_exact(prefix.header_bytes)
+        assert header is not None
+        return prefix, header
+
+    async def read_payload(self, size_bytes: int) -> memoryview:
+        target = new_payload_buffer(size_bytes)
+        await self._fill(target)
+        return target
+
+    async def skip_payload(self, size_bytes: int) -> None:
+        """Read and drop a payload we refused, to reach the next frame."""
+        scratch = memoryview(bytearray(min(size_bytes, SKIP_CHUNK_BYTES)))
+        while size_bytes > 0:
+            chunk = scratch[: min(size_bytes, len(scratch))]
+            await self._fill(chunk)
+            size_bytes -= len(chunk)
+
+    async def _fill(self, target: memoryview) -> None:
+        filled = self._buffer.drain_into(target)
+        while filled < len(target):
+            received = await self._loop.sock_recv_into(self._sock, target[filled:])
+            if received == 0:
+                raise ConnectionClosed("connection closed in the middle of a payload")
+            filled += received

@@ -1,0 +1,76 @@
+"""asyncio shell over ``Mailbox``: receivers wait on futures, senders wait for space."""
+
+from __future__ import annotations
+
+import asyncio
+
+from wangate.errors import RecvTimeout
+from wangate.localapi.mailbox import HandedToWaiter, Mailbox, OfferResult, Refused
+from wangate.service import Delivery
+
+
+class Inbox:
+    def __init__(self, peer_inbox_bytes: int) -> None:
+        self.mailbox = Mailbox(peer_inbox_bytes)
+        self._waiters: dict[int, asyncio.Future[Delivery]] = {}
+        self._space_freed: dict[str, asyncio.Event] = {}
+
+    def try_deliver(self, delivery: Delivery) -> bool:
+        """Hand over or queue ``delivery``; False when its source's inbox is full.
+
+        On False the transport holds the source back and calls again after
+        ``wait_for_space(source)`` returns.
+        """
+        return not isinstance(self._settle(self.mailbox.offer(delivery)), Refused)
+
+    async def deliver(self, delivery: Delivery) -> None:
+        """Deliver, waiting while the source's inbox is full (backpressure)."""
+        while not self.try_deliver(delivery):
+            await self.wait_for_space(delivery.source)
+
+    async def wait_for_space(self, source: str) -> None:
+        await self._space_freed.setdefault(source, asyncio.Event()).wait()
+
+    async def receive(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery:
+        delivery = self._take(tag, source, step)
+        if delivery is not None:
+            return delivery
+        waiter_id = self.mailbox.register(tag, source, step)
+        future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        self._waiters[waiter_id] = future
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except BaseException as exc:  # timeout or cancellation (client went away)
+            self.mailbox.cancel(waiter_id)
+            self._waiters.pop(waiter_id, None)
+            if future.done() and not future.cancelled():
+                # Handed a delivery just as we left: it must not be lost.
+                self._settle(self.mailbox.put_back(future.result()))
+            if isinstance(exc, TimeoutError):
+                what = f"{tag!r}" + (f" from {source!r}" if source else "")
+                what += f" at step {step}" if step is not None else ""
+                raise RecvTimeout(
+                    f"no message {what} arrived within {timeout_s:g} s", code="timeout"
+                ) from None
+            raise
+
+    def _take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
+        delivery = self.mailbox.take(tag, source, step)
+        if delivery is not None:
+            event = self._space_freed.pop(delivery.source, None)
+            if event is not None:
+                event.set()
+        return delivery
+
+    def _settle(self, result: OfferResult) -> OfferResult:
+        # A waiter whose future is already cancelled cannot take the delivery: offer it on.
+        while isinstance(result, HandedToWaiter):
+            future = self._waiters.pop(result.waiter_id)
+            if not future.done():
+                future.set_result(result.delivery)
+                break
+            result = self.mailbox.put_back(result.delivery)
+        return result

@@ -1,0 +1,344 @@
+"""Local API wire format: frames between trainers and their site's gateway (proto/localapi.md).
+
+A frame is a fixed 16-byte prefix, a msgpack header, then raw payload bytes::
+
+    "WG" | version u8 | flags u8 | header_len u32 | payload_len u64     (big-endian)
+
+The payload length lives in the prefix, not in the header, so a reader always knows
+where the next frame starts: a header it cannot understand costs one error reply,
+not the connection. Tensor bytes never pass through msgpack; the I/O layer reads
+them straight into one preallocated buffer after checking ``payload_len``.
+
+Everything here is pure: bytes in, values (or ``FrameError``) out.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from wangate.errors import LocalProtocolError
+
+MAGIC = b"WG"
+VERSION = 1
+PREFIX = struct.Struct("!2sBBIQ")
+PREFIX_BYTES = PREFIX.size  # 16
+MAX_HEADER_BYTES = 64 * 1024
+MAX_NAME_BYTES = 256  # peer, source and tag names, UTF-8 encoded
+MAX_ID = 2**32 - 1
+MAX_STEP = 2**63 - 1
+MAX_CHECKSUM = 2**32 - 1
+
+OPS = ("hello", "send", "recv", "paths", "status", "ping")
+REQUEST_KEYS: dict[str, frozenset[str]] = {
+    "hello": frozenset({"op", "id"}),
+    "send": frozenset({"op", "id", "peer", "tag", "step", "critical", "meta", "checksum"}),
+    "recv": frozenset({"op", "id", "tag", "source", "step", "timeout_s"}),
+    "paths": frozenset({"op", "id"}),
+    "status": frozenset({"op", "id"}),
+    "ping": frozenset({"op", "id"}),
+}
+ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
+
+# Error codes that leave the stream unusable: the reader cannot find the next frame.
+FATAL_CODES = frozenset({"bad_magic", "bad_version", "bad_flags", "header_too_large", "too_large"})
+
+
+class FrameError(LocalProtocolError):
+    """A frame breaks the local API protocol.
+
+    ``code`` is the error code sent back; ``request_id`` the request's id when the
+    header got far enough to tell; ``fatal`` means the connection must close because
+    the position of the next frame is unknown (or too costly to reach).
+    """
+
+    def __init__(self, code: str, message: str, request_id: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.request_id = request_id
+
+    @property
+    def fatal(self) -> bool:
+        return self.code in FATAL_CODES
+
+
+@dataclass(frozen=True)
+class FramePrefix:
+    version: int
+    flags: int
+    header_bytes: int
+    payload_bytes: int
+
+
+@dataclass(frozen=True)
+class HelloRequest:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class SendRequest:
+    request_id: int
+    peer: str
+    tag: str
+    step: int
+    critical: bool
+    meta: bytes
+    checksum: int
+
+
+@dataclass(frozen=True)
+class RecvRequest:
+    request_id: int
+    tag: str
+    source: str | None
+    step: int | None
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class PathsRequest:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class PingRequest:
+    request_id: int
+
+
+Request = HelloRequest | SendRequest | RecvRequest | PathsRequest | StatusRequest | PingRequest
+
+
+# ---------------------------------------------------------------- prefix
+
+
+def encode_prefix(header_bytes: int, payload_bytes: int, flags: int = 0) -> bytes:
+    return PREFIX.pack(MAGIC, VERSION, flags, header_bytes, payload_bytes)
+
+
+def decode_prefix(data: bytes | bytearray | memoryview, max_payload_bytes: int) -> FramePrefix:
+    """Check the 16-byte prefix; every failure here is fatal for the connection."""
+    if len(data) != PREFIX_BYTES:
+        raise FrameError("bad_magic", f"frame prefix must be {PREFIX_BYTES} bytes")
+    magic, version, flags, header_bytes, payload_bytes = PREFIX.unpack(data)
+    if magic != MAGIC:
+        raise FrameError("bad_magic", f"not a wangate frame (starts with {bytes(magic)!r})")
+    if version != VERSION:
+        raise FrameError(
+            "bad_version", f"protocol version {version} not supported (this side speaks {VERSION})"
+        )
+    if flags != 0:
+        raise FrameError("bad_flags", f"unknown frame flags 0x{flags:02x}")
+    if header_bytes == 0 or header_bytes > MAX_HEADER_BYTES:
+        raise FrameError(
+            "header_too_large", f"header length {header_bytes} outside 1..{MAX_HEADER_BYTES}"
+        )
+    if payload_bytes > max_payload_bytes:
+        raise FrameError(
+            "too_large",
+            f"payload of {payload_bytes} bytes exceeds the gateway's limit of "
+            f"{max_payload_bytes} bytes (max_message_bytes)",
+        )
+    return FramePrefix(version, flags, header_bytes, payload_bytes)
+
+
+# ---------------------------------------------------------------- headers
+
+
+def _unpack_map(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    size = len(data)
+    try:
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=size,
+            max_map_len=size,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated classes
+        raise FrameError("bad_header", f"header is not valid msgpack: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError("bad_header", f"header must be a msgpack map, got {type(obj).__name__}")
+    return obj
+
+
+def _pack(obj: dict[str, Any]) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def encode_header(header: dict[str, Any], payload_bytes: int = 0) -> bytes:
+    """Prefix plus msgpack header; the caller writes the payload bytes after it."""
+    body = _pack(header)
+    if len(body) > MAX_HEADER_BYTES:
+        raise FrameError("header_too_large", f"header of {len(body)} bytes exceeds the limit")
+    return encode_prefix(len(body), payload_bytes) + body
+
+
+def _request_id(header: dict[str, Any]) -> int | None:
+    rid = header.get("id")
+    return rid if type(rid) is int and 0 <= rid <= MAX_ID else None
+
+
+def _name(header: dict[str, Any], key: str, rid: int, *, optional: bool = False) -> Any:
+    value = header[key]
+    if value is None and optional:
+        return None
+    if type(value) is not str or not value or len(value.encode()) > MAX_NAME_BYTES:
+        raise FrameError(
+            "bad_request", f"{key!r} must be a non-empty string of at most "
+            f"{MAX_NAME_BYTES} UTF-8 bytes", rid)
+    return value
+
+
+def _int(header: dict[str, Any], key: str, rid: int, high: int, *, optional: bool = False) -> Any:
+    value = header[key]
+    if value is None and optional:
+        return None
+    if type(value) is not int or not 0 <= value <= high:
+        raise FrameError("bad_request", f"{key!r} must be an integer in 0..{high}", rid)
+    return value
+
+
+def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> Request:
+    """Validate a request header (exact key set per op, exact types)."""
+    header = _unpack_map(data)
+    rid = _request_id(header)
+    op = header.get("op")
+    if type(op) is not str:
+        raise FrameError("bad_request", "'op' must be a string", rid)
+    if op not in REQUEST_KEYS:
+        raise FrameError("unknown_op", f"unknown op {op!r}; known: {', '.join(OPS)}", rid)
+    expected = REQUEST_KEYS[op]
+    if header.keys() != expected:
+        missing = sorted(expected - header.keys())
+        extra = sorted(header.keys() - expected)
+        raise FrameError(
+            "bad_request", f"{op}: missing keys {missing}, unexpected keys {extra}", rid
+        )
+    if rid is None:
+        raise FrameError("bad_request", f"'id' must be an integer in 0..{MAX_ID}")
+    if op != "send" and payload_bytes != 0:
+        raise FrameError("bad_request", f"{op} carries no payload", rid)
+    if op == "send":
+        meta = header["meta"]
+        if type(meta) is not bytes:
+            raise FrameError("bad_request", "'meta' must be msgpack bin", rid)
+        if type(header["critical"]) is not bool:
+            raise FrameError("bad_request", "'critical' must be a boolean", rid)
+        return SendRequest(
+            rid,
+            _name(header, "peer", rid),
+            _name(header, "tag", rid),
+            _int(header, "step", rid, MAX_STEP),
+            header["critical"],
+            meta,
+            _int(header, "checksum", rid, MAX_CHECKSUM),
+        )
+    if op == "recv":
+        timeout_s = header["timeout_s"]
+        if timeout_s is not None and (
+            type(timeout_s) not in (int, float) or not math.isfinite(timeout_s) or timeout_s < 0
+        ):
+            raise FrameError("bad_request", "'timeout_s' must be a number >= 0 or nil", rid)
+        return RecvRequest(
+            rid,
+            _name(header, "tag", rid),
+            _name(header, "source", rid, optional=True),
+            _int(header, "step", rid, MAX_STEP, optional=True),
+            None if timeout_s is None else float(timeout_s),
+        )
+    if op == "hello":
+        return HelloRequest(rid)
+    if op == "paths":
+        return PathsRequest(rid)
+    if op == "status":
+        return StatusRequest(rid)
+    return PingRequest(rid)
+
+
+def request_header(request: Request) -> dict[str, Any]:
+    """The msgpack map for ``request`` (key order fixed, so encodings are byte-exact)."""
+    if isinstance(request, SendRequest):
+        return {
+            "op": "send", "id": request.request_id, "peer": request.peer, "tag": request.tag,
+            "step": request.step, "critical": request.critical, "meta": request.meta,
+            "checksum": request.checksum,
+        }
+    if isinstance(request, RecvRequest):
+        return {
+            "op": "recv", "id": request.request_id, "tag": request.tag,
+            "source": request.source, "step": request.step, "timeout_s": request.timeout_s,
+        }
+    op = {HelloRequest: "hello", PathsRequest: "paths", StatusRequest: "status"}.get(
+        type(request), "ping"
+    )
+    return {"op": op, "id": request.request_id}
+
+
+def encode_request(request: Request, payload_bytes: int = 0) -> bytes:
+    return encode_header(request_header(request), payload_bytes)
+
+
+def ok_reply(request_id: int, **fields: Any) -> dict[str, Any]:
+    return {"ok": True, "id": request_id, **fields}
+
+
+def error_reply(request_id: int | None, code: str, message: str) -> dict[str, Any]:
+    return {"ok": False, "id": request_id, "code": code, "error": message}
+
+
+def decode_reply(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Validate the common part of a reply; op-specific keys are checked by the caller."""
+    header = _unpack_map(data)
+    ok = header.get("ok")
+    rid = header.get("id")
+    if type(ok) is not bool or not (rid is None or (type(rid) is int and 0 <= rid <= MAX_ID)):
+        raise FrameError("bad_header", "reply needs a boolean 'ok' and an integer or nil 'id'")
+    if not ok and (
+        header.keys() != ERROR_KEYS
+        or type(header["code"]) is not str
+        or type(header["error"]) is not str
+    ):
+        raise FrameError("bad_header", "error reply must be exactly {ok, id, code, error}")
+    return header
+
+
+@dataclass(frozen=True)
+class DecodedFrame:
+    prefix: FramePrefix
+    header: bytes
+    payload: bytes
+    frame_bytes: int
+
+
+def split_frame(
+    data: bytes | bytearray | memoryview, max_payload_bytes: int
+) -> DecodedFrame | None:
+    """Cut the first whole frame out of ``data``; None when more bytes are needed.
+
+    For buffers already in memory (tests, tools, golden vectors). Streaming readers use
+    ``decode_prefix`` then read header and payload themselves, to avoid copies.
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < PREFIX_BYTES:
+        return None
+    prefix = decode_prefix(view[:PREFIX_BYTES], max_payload_bytes)
+    end_header = PREFIX_BYTES + prefix.header_bytes
+    end = end_header + prefix.payload_bytes
+    if len(view) < end:
+        return None
+    return DecodedFrame(
+        prefix, bytes(view[PREFIX_BYTES:end_header]), bytes(view[end_header:end]), end
+    )

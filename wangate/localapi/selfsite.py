@@ -1,0 +1,96 @@
+"""A gateway service for one site on its own: trainers of the site exchange messages.
+
+Messages addressed to the site's own name go straight into the site's inbox (the same
+path the daemon uses for intra-site delivery); any other peer is unknown here.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import count
+from typing import Any
+
+from wangate import __version__
+from wangate.errors import GatewayError
+from wangate.localapi.inbox import Inbox
+from wangate.service import Delivery, Submission
+
+
+def default_client_settings(max_message_bytes: int) -> dict[str, Any]:
+    return {
+        "compression": {"default": "none", "tags": [], "min_lossy_bytes": 0},
+        "max_message_bytes": max_message_bytes,
+    }
+
+
+class SelfSiteService:
+    """``GatewayService`` delivering only to its own site."""
+
+    def __init__(
+        self,
+        site_name: str,
+        inbox: Inbox,
+        client_settings: dict[str, Any],
+        *,
+        started_at_s: float | None = None,
+    ) -> None:
+        self._site_name = site_name
+        self.inbox = inbox
+        self._client_settings = client_settings
+        self._message_ids = count(1)
+        self._started_at_s = time.monotonic() if started_at_s is None else started_at_s
+        self.submitted = 0
+        self.received = 0
+
+    @property
+    def site_name(self) -> str:
+        return self._site_name
+
+    async def submit(self, submission: Submission) -> int:
+        if submission.peer != self._site_name:
+            raise GatewayError(
+                f"unknown peer {submission.peer!r}: this gateway ({self._site_name!r}) "
+                "has no path to it; check [[peers]] in the config",
+                code="unknown_peer",
+            )
+        message_id = next(self._message_ids)
+        await self.inbox.deliver(
+            Delivery(
+                source=self._site_name,
+                tag=submission.tag,
+                step=submission.step,
+                critical=submission.critical,
+                meta=submission.meta,
+                payload=submission.payload,
+                checksum=submission.checksum,
+            )
+        )
+        self.submitted += 1
+        return message_id
+
+    async def receive(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery:
+        delivery = await self.inbox.receive(tag, source, step, timeout_s)
+        self.received += 1
+        return delivery
+
+    def paths(self) -> list[dict[str, Any]]:
+        return []
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "site": self._site_name,
+            "version": __version__,
+            "uptime_s": round(time.monotonic() - self._started_at_s, 3),
+            "peers": {},
+            "messages": {
+                "submitted": self.submitted,
+                "received": self.received,
+                "queued": self.inbox.mailbox.queued_count(),
+                "waiting_recvs": self.inbox.mailbox.waiter_count(),
+            },
+        }
+
+    def client_settings(self) -> dict[str, Any]:
+        return self._client_settings

@@ -1,0 +1,186 @@
+"""QUIC TLS between gateways: mutual certificate authentication of sites.
+
+Both ends present their site certificate and both check the other's against the site
+CA. aioquic (1.7.2) checks the server's certificate itself, but on the server side it
+neither asks for a client certificate nor checks one. So, on every server connection:
+
+1. :func:`require_client_certificate` right after the connection is built makes its TLS
+   context send a CertificateRequest (RFC 8446 section 4.3.2) and turns session
+   resumption off: a resumed session (or its 0-RTT data) carries no certificate at all.
+2. On ``HandshakeCompleted``, :func:`authenticate_peer` checks the certificate the peer
+   proved it holds the key of (CertificateVerify): that it chains to our CA, is valid
+   now, and names a configured peer site. Clients call it too, for the site check.
+3. Until that succeeds nothing from the connection reaches the application:
+   :class:`AuthenticationGate` drops every event before it and closes the connection
+   on failure. The server's 1-RTT keys only exist after the client's Finished, so no
+   stream data can precede ``HandshakeCompleted``; the gate does not rely on that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEvent
+
+from wangate.certs import load_ca_certificates, verify_site_certificate
+from wangate.config import Config
+from wangate.errors import AuthenticationError, ConfigError, LocalProtocolError, WangateError
+
+ALPN = "wangate/1"
+IDLE_TIMEOUT_S = 10.0
+MAX_DATAGRAM_FRAME_SIZE = 65536
+# Application error code closing a connection whose peer failed site authentication.
+# 0x2A mirrors the TLS alert bad_certificate(42) (RFC 8446 section 6.2).
+AUTHENTICATION_FAILED_ERROR_CODE = 0x2A
+_MAX_REASON_CHARS = 256
+
+
+def server_quic_configuration(config: Config, *, max_datagram_size: int) -> QuicConfiguration:
+    """Configuration for connections peers dial to us: our certificate, their CA check."""
+    return _configuration(config, is_client=False, max_datagram_size=max_datagram_size)
+
+
+def client_quic_configuration(
+    config: Config, peer: str, *, max_datagram_size: int
+) -> QuicConfiguration:
+    """Configuration for dialling ``peer``: aioquic checks its certificate names ``peer``."""
+    config.peer(peer)  # an unknown peer is a ConfigError
+    configuration = _configuration(config, is_client=True, max_datagram_size=max_datagram_size)
+    configuration.server_name = peer
+    return configuration
+
+
+def _configuration(config: Config, *, is_client: bool, max_datagram_size: int) -> QuicConfiguration:
+    configuration = QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=[ALPN],
+        idle_timeout=IDLE_TIMEOUT_S,
+        max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
+        max_datagram_size=max_datagram_size,
+        session_ticket=None,  # no resumption, no 0-RTT: every connection shows its cert
+    )
+    try:
+        configuration.load_cert_chain(config.tls.cert, config.tls.key)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{config.path}: tls: cannot load {config.tls.cert} / {config.tls.key}: {exc}"
+        ) from exc
+    configuration.load_verify_locations(cafile=str(config.tls.ca))
+    return configuration
+
+
+def require_client_certificate(connection: QuicConnection) -> None:
+    """Make a server-side connection ask the client for its certificate.
+
+    Call right after constructing the connection, before it receives any datagram: its
+    TLS context is created when the first Initial packet arrives, inside
+    ``QuicConnection._initialize``, which is wrapped here to set the request flag.
+    """
+    if connection.configuration.is_client:
+        raise LocalProtocolError("require_client_certificate() is for server connections")
+    if getattr(connection, "tls", None) is not None:
+        raise LocalProtocolError(
+            "require_client_certificate() must be called before the connection receives data"
+        )
+    original_initialize = connection._initialize
+
+    def initialize(peer_cid: bytes) -> None:
+        original_initialize(peer_cid)
+        context = connection.tls
+        if not hasattr(context, "_request_client_certificate"):
+            raise LocalProtocolError("this aioquic cannot request client certificates")
+        context._request_client_certificate = True
+        # Without a ticket fetcher a client's PSK (and its 0-RTT data) is never accepted,
+        # and without a handler no ticket is ever issued.
+        context.get_session_ticket_cb = None
+        context.new_session_ticket_cb = None
+
+    setattr(connection, "_initialize", initialize)  # noqa: B010 - instance override
+    setattr(connection, "_wangate_requests_client_certificate", True)  # noqa: B010
+
+
+def authenticate_peer(
+    connection: QuicConnection,
+    *,
+    ca_path: Path,
+    allowed_sites: Collection[str],
+    expected_site: str | None = None,
+) -> str:
+    """Return the site the peer of ``connection`` proved to be, after its handshake.
+
+    Raises :class:`AuthenticationError` unless the peer presented a certificate that
+    chains to the CA in ``ca_path``, is valid now, and names a site in ``allowed_sites``
+    (and ``expected_site``, when given).
+    """
+    if not getattr(connection, "_handshake_complete", False):
+        raise LocalProtocolError("authenticate_peer() needs a completed handshake")
+    role = "client" if connection.configuration.is_client else "server"
+    if role == "server" and not getattr(connection, "_wangate_requests_client_certificate", False):
+        raise LocalProtocolError("call require_client_certificate() on server connections")
+    context = connection.tls
+    if context.session_resumed:
+        raise AuthenticationError("peer resumed a session instead of presenting a certificate")
+    certificate = context._peer_certificate
+    if certificate is None:
+        raise AuthenticationError("peer presented no certificate")
+    trusted_cas = load_ca_certificates(ca_path)
+    site = verify_site_certificate(certificate, list(context._peer_certificate_chain), trusted_cas)
+    if expected_site is not None and site != expected_site:
+        raise AuthenticationError(
+            f"peer certificate names site {site!r}, but this connection is to {expected_site!r}"
+        )
+    if site not in allowed_sites:
+        raise AuthenticationError(f"peer certificate names site {site!r}, not a configured peer")
+    return site
+
+
+class AuthenticationGate:
+    """Holds back a connection's events from the application until its peer is authenticated.
+
+    Feed it every event in order; deliver an event only if :meth:`admit` returns true.
+    Before ``HandshakeCompleted`` nothing passes; on it the peer is authenticated; on
+    failure the connection is closed with ``AUTHENTICATION_FAILED_ERROR_CODE`` and nothing
+    passes again but the final ``ConnectionTerminated``.
+    """
+
+    def __init__(
+        self,
+        connection: QuicConnection,
+        *,
+        ca_path: Path,
+        allowed_sites: Collection[str],
+        expected_site: str | None = None,
+    ) -> None:
+        self._connection = connection
+        self._ca_path = ca_path
+        self._allowed_sites = frozenset(allowed_sites)
+        self._expected_site = expected_site
+        self.site: str | None = None  # the authenticated peer site
+        self.failure: AuthenticationError | None = None
+
+    def admit(self, event: QuicEvent) -> bool:
+        if isinstance(event, ConnectionTerminated) or self.site is not None:
+            return True
+        if self.failure is not None or not isinstance(event, HandshakeCompleted):
+            return False
+        try:
+            self.site = authenticate_peer(
+                self._connection,
+                ca_path=self._ca_path,
+                allowed_sites=self._allowed_sites,
+                expected_site=self._expected_site,
+            )
+        except WangateError as exc:
+            # Fail closed, even when our own CA file is unreadable.
+            self.failure = (
+                exc if isinstance(exc, AuthenticationError) else AuthenticationError(str(exc))
+            )
+            reason = f"site authentication failed: {self.failure}"[:_MAX_REASON_CHARS]
+            self._connection.close(
+                error_code=AUTHENTICATION_FAILED_ERROR_CODE, reason_phrase=reason
+            )
+            return False
+        return True

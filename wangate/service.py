@@ -1,0 +1,75 @@
+"""What the local API asks of a gateway: the seam between the Unix socket and the daemon.
+
+The local API server (``wangate.localapi``) speaks to trainers and calls a
+``GatewayService``; the daemon implements it. Payload buffers are handed over, not
+copied: a submitted ``bytearray`` belongs to the gateway from then on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A message a trainer hands over for delivery to ``peer``."""
+
+    peer: str
+    tag: str
+    step: int
+    critical: bool
+    meta: bytes  # tensor description from wangate.codec (dtype, shape, codec); opaque here
+    payload: Buffer  # the tensor bytes as encoded by the client
+    checksum: int  # CRC-32 of meta followed by payload, computed by the sending client
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message that arrived, verified, waiting for a trainer's ``recv``."""
+
+    source: str
+    tag: str
+    step: int
+    critical: bool
+    meta: bytes
+    payload: Buffer
+    checksum: int
+
+
+class GatewayService(Protocol):
+    """Implemented by the daemon; called by the local API server."""
+
+    @property
+    def site_name(self) -> str: ...
+
+    async def submit(self, submission: Submission) -> int:
+        """Accept a message for sending; returns its message id once accepted.
+
+        Raises ``GatewayError`` (unknown peer, over budget, too large) without
+        affecting anyone else's messages.
+        """
+        ...
+
+    async def receive(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery:
+        """Wait for a message matching tag (and source/step when given); oldest first.
+
+        Raises ``RecvTimeout`` when ``timeout_s`` passes first.
+        """
+        ...
+
+    def paths(self) -> list[dict[str, Any]]:
+        """One row per path, keys as in the contract (``wangate paths --json``)."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Site name, version, uptime, peers and their state, message counters."""
+        ...
+
+    def client_settings(self) -> dict[str, Any]:
+        """What a client needs on connect: compression policy, size limits."""
+        ...
