@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aioquic.asyncio import QuicConnectionProtocol, connect, serve
-from aioquic.asyncio.server import QuicServer
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import (
@@ -101,7 +102,6 @@ class ServerLog:
     held_back: list[QuicEvent] = field(default_factory=list)
     gates: list[AuthenticationGate] = field(default_factory=list)
     authenticated: asyncio.Event = field(default_factory=asyncio.Event)
-    refused: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class GatedServerProtocol(QuicConnectionProtocol):
@@ -119,8 +119,6 @@ class GatedServerProtocol(QuicConnectionProtocol):
     def quic_event_received(self, event: QuicEvent) -> None:
         if not self._gate.admit(event):
             self._log.held_back.append(event)
-            if self._gate.failure is not None:
-                self._log.refused.set()
             return
         if isinstance(event, HandshakeCompleted):
             self._log.authenticated.set()
@@ -161,6 +159,7 @@ async def _start_server(config: Config, log: ServerLog) -> tuple[QuicServer, int
         configuration=server_quic_configuration(config, max_datagram_size=DATAGRAM_BYTES),
         create_protocol=partial(GatedServerProtocol, log=log, config=config),
     )
+    assert server._transport is not None
     port: int = server._transport.get_extra_info("sockname")[1]
     return server, port
 
@@ -206,7 +205,7 @@ async def _refused_by_server(server_config: Config, client: QuicConfiguration) -
     raise gate.failure
 
 
-def test_a_site_from_our_ca_is_accepted_and_its_data_delivered(tmp_path: Path, pki: Pki) -> None:
+def test_a_site_from_our_ca_is_accepted_and_its_data_delivered(pki: Pki) -> None:
     async def main() -> None:
         server_config = site_config(pki.ours, "sh", peer="bj")
         client_config = site_config(pki.ours, "bj", peer="sh")
@@ -369,7 +368,8 @@ def test_configurations(pki: Pki) -> None:
         assert configuration.certificate.subject.rfc4514_string() == "CN=bj"
         assert configuration.private_key.public_key() == configuration.certificate.public_key()
     assert client.server_name == "sh"
-    assert client.verify_mode is None  # aioquic's default for clients: CERT_REQUIRED
+    assert client.verify_mode == ssl.CERT_REQUIRED
+    assert server.verify_mode is None  # the server's check is authenticate_peer()
     with pytest.raises(ConfigError, match="no peer named 'gz'"):
         client_quic_configuration(config, "gz", max_datagram_size=1300)
 
@@ -478,3 +478,26 @@ def test_resumption_is_off_on_gated_server_connections(pki: Pki) -> None:
     assert server.tls.get_session_ticket_cb is None
     assert server.tls.new_session_ticket_cb is None
     assert tickets == []  # no ticket issued: no later 0-RTT or certificate-less resumption
+
+
+def test_authenticate_peer_checks_the_expected_and_allowed_sites(pki: Pki) -> None:
+    server_config = site_config(pki.ours, "sh", peer="bj")
+    client = _client_connection(pki)
+    server = _server_connection(server_config, client)
+    require_client_certificate(server)
+    client.connect(SERVER_ADDR, now=0.0)
+    for _ in _exchange(client, server):
+        pass
+    ca = pki.ours / "ca.pem"
+    assert authenticate_peer(client, ca_path=ca, allowed_sites={"sh"}, expected_site="sh") == "sh"
+    assert authenticate_peer(server, ca_path=ca, allowed_sites={"bj", "gz"}) == "bj"
+    with pytest.raises(
+        AuthenticationError, match="names site 'sh', but this connection is to 'gz'"
+    ):
+        authenticate_peer(client, ca_path=ca, allowed_sites={"sh", "gz"}, expected_site="gz")
+    with pytest.raises(AuthenticationError, match="names site 'bj', not a configured peer"):
+        authenticate_peer(server, ca_path=ca, allowed_sites={"gz"})
+    with pytest.raises(AuthenticationError, match="does not verify against our CA"):
+        authenticate_peer(server, ca_path=pki.theirs / "ca.pem", allowed_sites={"bj"})
+    with pytest.raises(AuthenticationError, match="cannot check the peer: cannot read CA file"):
+        authenticate_peer(server, ca_path=pki.ours / "missing.pem", allowed_sites={"bj"})

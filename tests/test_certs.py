@@ -186,6 +186,9 @@ def test_name_rule() -> None:
     assert is_valid_name("A9._-" + "x" * 58)
     assert not is_valid_name("A9._-" + "x" * 59)
     assert not is_valid_name("_a")
+    assert is_valid_name("10.0.0")
+    assert not is_valid_name("10.0.0.1")  # would be checked against IP SANs
+    assert not is_valid_name("::1")
 
 
 def test_verify_rejects_another_ca(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ offers everywhere.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import re
 import secrets
@@ -34,8 +35,17 @@ _CLOCK_SKEW = datetime.timedelta(minutes=5)
 
 
 def is_valid_name(name: str) -> bool:
-    """Whether ``name`` may name a site, a peer or a path."""
-    return NAME_PATTERN.fullmatch(name) is not None
+    """Whether ``name`` may name a site, a peer or a path.
+
+    Not an IP address: TLS would check such a server name against IP SANs instead.
+    """
+    if NAME_PATTERN.fullmatch(name) is None:
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return True
+    return False
 
 
 def create_ca(

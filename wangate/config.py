@@ -137,7 +137,6 @@ def parse_config(text: str, path: Path) -> Config:
     return _Parser(path).config(document)
 
 
-_ADDRESS_HINT = "HOST:PORT"
 _SOCKET_MODE_STRING = re.compile(r"0?[0-7]{3}|0o[0-7]{3}")
 
 
@@ -208,7 +207,7 @@ class _Parser:
             raise self.error(
                 key,
                 f"{text!r} is not a valid name (1-63 of letters, digits, '.', '_', '-', "
-                "starting with a letter or digit)",
+                "starting with a letter or digit, and not an IP address)",
             )
         return text
 
@@ -230,7 +229,7 @@ class _Parser:
         text = self.string(value, key)
 
         def bad(reason: str) -> ConfigError:
-            return self.error(key, f"{text!r} is not {_ADDRESS_HINT}: {reason}")
+            return self.error(key, f"{text!r} is not HOST:PORT: {reason}")
 
         if text.startswith("["):
             host, bracket, port_text = text[1:].partition("]:")

@@ -69,9 +69,9 @@ def measure_accuracy(run_id: str | None = None) -> dict[str, Any]:
     with Lab(scenario, run_id=run_id) as lab:
         lab.start_timeline()
         # Below the rate: no queueing, so delay = 20 ms + one serialisation (0.49 ms).
-        paced = blast(lab, [("a", 10.0, 6000, 0.0), ("b", 5.0, 500, 0.0)])
+        paced = blast(lab, [("a", 15.0, 6000, 0.0), ("b", 5.0, 500, 0.0)])
         # Above the rate: the bottleneck sets the received rate.
-        saturated = blast(lab, [("a", 30.0, 0, 2.5)])[0]
+        saturated = blast(lab, [("a", 30.0, 0, 1.5)])[0]
     return {
         "configured": {"delay_ms": 20.0, "rate_mbps": 20.0, "loss": 0.02},
         "sent_packets": paced[0].sent["sent"],
@@ -118,7 +118,7 @@ def run_selftest(run_id: str | None = None) -> str:
     lines = [
         "## Emulator accuracy (delay 20 ms, 20 Mbit/s, loss 2 %)", "",
         "| measure | configured | measured |", "|---|---|---|",
-        f"| one-way delay median (10 Mbit/s offered) | 20 ms + 0.49 ms serialisation | "
+        f"| one-way delay median (15 Mbit/s offered) | 20 ms + 0.49 ms serialisation | "
         f"{accuracy['delay_median_ms']:.2f} ms (p95 {accuracy['delay_p95_ms']:.2f}) |",
         f"| loss over {accuracy['sent_packets']} packets | 2.00 % | "
         f"{100 * accuracy['loss']:.2f} % |",
@@ -138,5 +138,6 @@ def run_selftest(run_id: str | None = None) -> str:
         loss = ", ".join(f"{100 * v:.1f} %" for v in result["loss"])
         cpu_text = ", ".join(f"{v:.0f} %" for v in result["forwarder_cpu_percent"])
         label = f"{rate:.0f} Mbit/s" if rate else "unlimited"
-        lines.append(f"| {path_count} | {label} | {offered_text} | {received} | {loss} | {cpu_text} |")
+        lines.append(f"| {path_count} | {label} | {offered_text} | {received} | {loss} "
+                     f"| {cpu_text} |")
     return "\n".join(lines)

@@ -57,7 +57,8 @@ class ErrorFeedback:
             self._residuals[key] = (shape, flat.copy())
             return
         self._check_shape(key, entry[0], shape)
-        entry[1] += flat
+        residual = entry[1]
+        residual += flat
 
     def reset(self, key: Hashable | None = None) -> None:
         """Forget the residual for ``key``, or every residual when ``key`` is None."""
@@ -69,11 +70,13 @@ class ErrorFeedback:
     def checkout(self, key: Hashable, flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """A float32 work buffer holding input + residual; the key's entry is removed until
         ``commit`` puts the new residual back, so a failed encode leaves no stale residual."""
+        entry = self._residuals.get(key)
+        if entry is not None:
+            self._check_shape(key, entry[0], shape)
         values = as_float32(flat)
-        entry = self._residuals.pop(key, None)
         if entry is None:
             return values.copy() if values is flat else values
-        self._check_shape(key, entry[0], shape)
+        del self._residuals[key]
         work = entry[1]
         work += values
         return work

@@ -57,17 +57,25 @@ def encode_tensor(
     *,
     feedback: ErrorFeedback | None = None,
     key: Hashable | None = None,
+    bfloat16: bool = False,
 ) -> EncodedTensor:
     """Encode ``array`` with ``spec``. With ``feedback`` (and ``key``), a lossy codec first adds
     the key's residual and stores what it dropped; lossless codecs leave feedback untouched.
 
     "none" does not copy a C-contiguous little-endian array: the payload is a view of it, so do
-    not modify the array until the payload has been sent.
+    not modify the array until the payload has been sent. ``bfloat16=True`` marks a uint16
+    array as bfloat16 bits (an ml_dtypes bfloat16 array is recognised by itself); it is carried
+    bit-exactly by the lossless codecs and comes back as uint16.
     """
     parsed = parse_spec(spec)
     if not isinstance(array, np.ndarray):
         raise CodecError(f"encode_tensor needs a numpy array, got {type(array).__name__}")
-    wired, code, bfloat16 = wire_array(array)
+    wired, code, is_bf16 = wire_array(array)
+    if bfloat16 and not is_bf16:
+        if wired.dtype != np.uint16:
+            raise CodecError(f"bfloat16=True needs the bits as a uint16 array, got {wired.dtype}")
+        is_bf16 = True
+    bfloat16 = is_bf16
     shape = tuple(int(dim) for dim in wired.shape)
     if not parsed.lossy:
         body = wired.reshape(-1).view(np.uint8).data

@@ -3,7 +3,7 @@
 A zstd frame declares its content size and the decompressor would trust it, so the decoder
 checks ``frame_content_size`` against the size the meta declares (itself checked against the
 shape), then reads through ``stream_reader`` into a buffer of exactly that size and refuses any
-byte beyond it.
+byte beyond it (a further frame concatenated after the first included).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def decompress(payload: memoryview, body_size: int) -> np.ndarray:
     view = body.data
     filled = 0
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(payload, read_across_frames=False)
+        reader = zstandard.ZstdDecompressor().stream_reader(payload, read_across_frames=True)
         with reader:
             while filled < body_size:
                 got = reader.readinto(view[filled:])

@@ -150,6 +150,23 @@ class PathEstimator:
         self._record_outcome(lost=True)
         self._consecutive_losses += 1
 
+    def on_spurious_loss(self, size_bytes: int, now: float) -> None:
+        """A datagram reported lost was acknowledged after all: take the loss back.
+
+        The newest loss still in the window is turned into a delivery (which loss it
+        was does not change the rate); bytes count as acked, not lost.
+        """
+        _check_size(size_bytes)
+        self._lost_bytes = max(0, self._lost_bytes - size_bytes)
+        self._acked_bytes += size_bytes
+        self._consecutive_losses = 0
+        outcomes = self._outcomes
+        for i in range(len(outcomes) - 1, -1, -1):
+            if outcomes[i]:
+                outcomes[i] = False
+                self._lost_in_window -= 1
+                break
+
     def on_rtt_sample(self, rtt_s: float, now: float, *, ack_delay_s: float = 0.0) -> None:
         """One RTT measurement; ``ack_delay_s`` is the delay the receiver reported."""
         if not rtt_s >= 0 or not ack_delay_s >= 0:

@@ -66,9 +66,13 @@ class PathSender:
         self.estimator.on_sent(sent.size_bytes, sent.sent_at)
         return seq
 
-    def acknowledge(self, ack: Ack, now: float) -> list[SentDatagram]:
-        """Pop every in-flight datagram the ack covers (unknown seqs are ignored)."""
+    def acknowledge(self, ack: Ack, now: float) -> tuple[list[SentDatagram], list[SentDatagram]]:
+        """Pop every datagram the ack covers: (in flight, declared lost before).
+
+        Unknown sequence numbers are ignored.
+        """
         acked: list[SentDatagram] = []
+        late_acked: list[SentDatagram] = []
         inflight = self.inflight
         spurious = 0
         for first, last in ack.ranges:
@@ -87,6 +91,8 @@ class PathSender:
                     late = self.recently_lost.pop(seq, None)
                     if late is not None:
                         spurious += 1
+                        late_acked.append(late)
+                        self.estimator.on_spurious_loss(late.size_bytes, now)
                         lateness_s = now - late.sent_at
                         self.rto_floor_s = min(
                             max(self.rto_floor_s, 1.25 * lateness_s), RTO_FLOOR_MAX_S
@@ -96,7 +102,7 @@ class PathSender:
             self.spurious_losses += spurious
         else:
             self.rto_floor_s = max(MIN_RTO_S, self.rto_floor_s * RTO_FLOOR_DECAY)
-        return acked
+        return acked, late_acked
 
     def detect_lost(self, now: float) -> list[SentDatagram]:
         est = self.estimator

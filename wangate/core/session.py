@@ -134,7 +134,8 @@ class PeerSession:
         if sender.usable:
             sender.usable = False
             self._events.append(PathStateChanged(path, "down", reason))
-        self._receivers[path] = PathReceiver()
+        # acks owed on the old connection die with it; the byte count carries on
+        self._receivers[path] = PathReceiver(received_bytes=self._receivers[path].received_bytes)
 
     def forget_path(self, path: str, now: float) -> None:
         self.path_down(path, now, "removed")
@@ -249,8 +250,10 @@ class PeerSession:
         rtt_s = now - ack.echo_sent_ns / 1e9
         if 0.0 < rtt_s < 60.0:
             est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
-        for sent in sender.acknowledge(ack, now):
+        acked, late_acked = sender.acknowledge(ack, now)
+        for sent in acked:
             est.on_acked(sent.size_bytes, now)
+        for sent in acked + late_acked:
             if sent.msg_id:
                 done = self._queue.mark_acked(sent.msg_id, sent.start, sent.end)
                 if done is not None:

@@ -48,7 +48,6 @@ from wangate.service import Buffer, GatewayService, Submission
 log = logging.getLogger("wangate.localapi")
 
 SOCKET_MODE = 0o660
-SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_REQUESTS_IN_FLIGHT = 64  # per connection
 
 
@@ -116,8 +115,6 @@ class LocalApiServer:
                 await asyncio.sleep(0.1)
                 continue
             sock.setblocking(False)
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
             task = asyncio.create_task(_Connection(self, sock).run())
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)

@@ -18,6 +18,7 @@ neither asks for a client certificate nor checks one. So, on every server connec
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Collection
 from pathlib import Path
 
@@ -50,6 +51,7 @@ def client_quic_configuration(
     config.peer(peer)  # an unknown peer is a ConfigError
     configuration = _configuration(config, is_client=True, max_datagram_size=max_datagram_size)
     configuration.server_name = peer
+    configuration.verify_mode = ssl.CERT_REQUIRED
     return configuration
 
 
@@ -113,12 +115,14 @@ def authenticate_peer(
 
     Raises :class:`AuthenticationError` unless the peer presented a certificate that
     chains to the CA in ``ca_path``, is valid now, and names a site in ``allowed_sites``
-    (and ``expected_site``, when given).
+    (and ``expected_site``, when given). An unreadable CA file is an authentication
+    failure too. Calling it before the handshake completed, or on a server connection
+    that did not :func:`require_client_certificate`, is a :class:`LocalProtocolError`.
     """
     if not getattr(connection, "_handshake_complete", False):
         raise LocalProtocolError("authenticate_peer() needs a completed handshake")
-    role = "client" if connection.configuration.is_client else "server"
-    if role == "server" and not getattr(connection, "_wangate_requests_client_certificate", False):
+    is_server = not connection.configuration.is_client
+    if is_server and not getattr(connection, "_wangate_requests_client_certificate", False):
         raise LocalProtocolError("call require_client_certificate() on server connections")
     context = connection.tls
     if context.session_resumed:
@@ -126,7 +130,10 @@ def authenticate_peer(
     certificate = context._peer_certificate
     if certificate is None:
         raise AuthenticationError("peer presented no certificate")
-    trusted_cas = load_ca_certificates(ca_path)
+    try:
+        trusted_cas = load_ca_certificates(ca_path)
+    except WangateError as exc:  # fail closed: no CA to check against, no peer
+        raise AuthenticationError(f"cannot check the peer: {exc}") from exc
     site = verify_site_certificate(certificate, list(context._peer_certificate_chain), trusted_cas)
     if expected_site is not None and site != expected_site:
         raise AuthenticationError(

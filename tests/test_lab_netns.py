@@ -1,0 +1,85 @@
+"""The emulator on real namespaces and TUN devices, measured with a UDP blaster.
+
+Tolerances: one-way delay median within 3 ms of delay + one serialisation time,
+received rate within 10 % of rate x (1 - loss), loss within 1 percentage point over
+6000 packets; a blackhole delivers nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.lab import netns
+from bench.lab.lab import Lab, cleanup
+from bench.lab.scenario import TimelineEvent
+from bench.lab.selftest import blast, measure_accuracy, two_site_scenario
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
+_problem = netns.environment_problem()
+if _problem:
+    pytestmark.append(pytest.mark.skip(reason=_problem))
+
+
+def _namespaces_of(run_id: str) -> list[str]:
+    return [n for n in netns.list_namespaces() if n.startswith(f"wglab-{run_id}-")]
+
+
+def test_measured_link_matches_configuration() -> None:
+    result = measure_accuracy(run_id="tacc")
+    serialisation_ms = (1200 + 28) * 8 / 20e6 * 1000
+    assert abs(result["delay_median_ms"] - (20.0 + serialisation_ms)) < 3.0
+    assert result["sent_packets"] == 6000
+    assert abs(result["loss"] - 0.02) < 0.01
+    assert abs(result["saturated_received_mbps"] - 20.0 * 0.98) < 0.1 * 19.6
+    assert result["blackhole_sent"] == 500
+    assert result["blackhole_received"] == 0
+    assert result["forwarder_stats"]["b"]["a_to_b"]["dropped_blackhole"] == 500
+    assert _namespaces_of("tacc") == []
+
+
+def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
+    scenario = two_site_scenario([{"name": "a", "delay_ms": 1.0}, {"name": "b", "delay_ms": 1.0}])
+    with Lab(scenario, run_id="tadr") as lab:
+        assert [(a.path, a.local, a.remote) for a in lab.site_addresses("bj")] == [
+            ("a", "10.77.1.1", "10.77.1.2"), ("b", "10.77.2.1", "10.77.2.2")]
+        route = lab.run_in("bj", ["ip", "-o", "route", "get", "10.77.2.2", "from", "10.77.2.1"],
+                           stdout=subprocess.PIPE)
+        assert "dev wltadrp2a" in route.communicate(timeout=10)[0].decode()
+        assert sorted(_namespaces_of("tadr")) == ["wglab-tadr-bj", "wglab-tadr-sh"]
+    assert _namespaces_of("tadr") == []
+    assert not [link for link in netns.list_links() if link.startswith("wltadr")]
+
+
+def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
+    up = subprocess.Popen([sys.executable, "-m", "bench.lab", "up", "jitter_swap", "--run-id",
+                           "tsig"], stdout=subprocess.PIPE, text=True)
+    assert up.stdout is not None
+    for line in up.stdout:
+        if line.startswith("timeline started"):
+            break
+    assert len(_namespaces_of("tsig")) == 2
+    up.send_signal(signal.SIGTERM)
+    up.wait(timeout=20)
+    assert _namespaces_of("tsig") == []
+    # a namespace left by a crashed run (no owner process) is removed by cleanup
+    netns.ip("netns", "add", "wglab-torph-bj")
+    removed = cleanup()
+    assert "namespace wglab-torph-bj" in removed
+    assert _namespaces_of("torph") == []
+
+
+def test_timeline_changes_delay_during_a_run() -> None:
+    scenario = dataclasses.replace(
+        two_site_scenario([{"name": "a", "delay_ms": 5.0}]),
+        timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),))
+    with Lab(scenario, run_id="ttl") as lab:
+        lab.start_timeline()
+        time.sleep(1.0)
+        late = blast(lab, [("a", 2.0, 200, 0.0)])[0]
+    assert abs(late.received["delay_median_ms"] - 40.0) < 3.0

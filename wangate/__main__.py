@@ -1,0 +1,5 @@
+import sys
+
+from wangate.cli import main
+
+sys.exit(main())
