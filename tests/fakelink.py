@@ -65,6 +65,7 @@ class WireStats:
     datagrams_dropped: int = 0
     payload_sent: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     payload_dropped: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    payload_by_path: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def repaired_bytes(self, msg_id: int, body_bytes: int) -> int:
         """Bytes of a message sent more than once (first sends cover the body once)."""
@@ -348,7 +349,7 @@ class SimulatedPair:
             data = session.datagram_to_send(path.name, self.now)
             if data is None:
                 return
-            self._record_sent(site, data, link)
+            self._record_sent(site, data, path.name)
             arrivals = link.transmit(len(data), self.now)
             if not arrivals:
                 self._record_dropped(site, data)
@@ -419,12 +420,13 @@ class SimulatedPair:
 
     # ----------------------------------------------------------- bookkeeping
 
-    def _record_sent(self, site: str, data: bytes, link: FakeLink) -> None:
+    def _record_sent(self, site: str, data: bytes, path: str) -> None:
         stats = self.wire[site]
         stats.datagrams_sent += 1
         datagram = decode_datagram(data)
         if isinstance(datagram, ShardDatagram):
             stats.payload_sent[datagram.msg_id] += len(datagram.data)
+            stats.payload_by_path[path] += len(datagram.data)
 
     def _record_dropped(self, site: str, data: bytes) -> None:
         stats = self.wire[site]

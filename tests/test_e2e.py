@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -118,3 +119,44 @@ def test_unknown_peer_is_a_clear_error_and_the_daemon_keeps_serving(
         gw.send("sh", "after", np.ones(3, np.float32), step=0)
     with sites["sh"].client() as gw:
         assert gw.recv("after", source="bj", step=0, timeout=30).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_path_reset_mid_transfer_loses_nothing(sites: LoopbackSites) -> None:
+    """Kill one path's connection while a 64 MiB message crosses: the others finish it."""
+    arr = np.random.default_rng(7).standard_normal(16 * MiB, np.float32)
+    result: dict[str, np.ndarray] = {}
+
+    def receive() -> None:
+        with sites["sh"].client() as gw:
+            result["got"] = gw.recv("reset", source="bj", step=0, timeout=120)
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    with sites["bj"].client() as gw:
+        before = {r["path"]: r["sent_bytes"] for r in gw.paths()}
+        repair_before = gw.status()["peers"]["sh"]["repair_bytes"]
+        gw.send("sh", "reset", arr, step=0)
+        # wait until fiber-b carries part of the message, then cut its connection
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = {r["path"]: r for r in gw.paths()}
+            if rows["fiber-b"]["sent_bytes"] - before["fiber-b"] > 2 * MiB:
+                break
+        else:
+            pytest.fail("fiber-b never carried 2 MiB of the message")
+        with sites["sh"].client() as sh:
+            sh.reset_path("bj", "fiber-b")
+        receiver.join()
+        status = gw.status()["peers"]["sh"]
+    assert result["got"].tobytes() == arr.tobytes()
+    # only what was in flight on the cut path was sent again, never the whole message
+    assert 0 < status["repair_bytes"] - repair_before < arr.nbytes // 4
+    log = sites["sh"].log_path.read_text()
+    assert "bj/fiber-b: connection reset by operator" in log
+    sites.wait_all_paths_up(timeout_s=20)  # and the path comes back by itself
+
+
+def test_reset_of_an_unknown_path_is_refused(sites: LoopbackSites) -> None:
+    with sites["bj"].client() as gw, pytest.raises(wangate.GatewayError) as info:
+        gw.reset_path("sh", "no-such-path")
+    assert info.value.code == "unknown_path"

@@ -8,6 +8,7 @@ received rate within 10 % of rate x (1 - loss), loss within 1 percentage point o
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,12 +27,18 @@ if _problem:
     pytestmark.append(pytest.mark.skip(reason=_problem))
 
 
+def _run_id() -> str:
+    """Fresh per test, so concurrent runs of this file never collide."""
+    return "t" + secrets.token_hex(2)
+
+
 def _namespaces_of(run_id: str) -> list[str]:
     return [n for n in netns.list_namespaces() if n.startswith(f"wglab-{run_id}-")]
 
 
 def test_measured_link_matches_configuration() -> None:
-    result = measure_accuracy(run_id="tacc")
+    run_id = _run_id()
+    result = measure_accuracy(run_id=run_id)
     serialisation_ms = (1200 + 28) * 8 / 20e6 * 1000
     assert abs(result["delay_median_ms"] - (20.0 + serialisation_ms)) < 3.0
     assert result["sent_packets"] == 6000
@@ -40,45 +47,47 @@ def test_measured_link_matches_configuration() -> None:
     assert result["blackhole_sent"] == 500
     assert result["blackhole_received"] == 0
     assert result["forwarder_stats"]["b"]["a_to_b"]["dropped_blackhole"] == 500
-    assert _namespaces_of("tacc") == []
+    assert _namespaces_of(run_id) == []
 
 
 def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
     scenario = two_site_scenario([{"name": "a", "delay_ms": 1.0}, {"name": "b", "delay_ms": 1.0}])
-    with Lab(scenario, run_id="tadr") as lab:
+    run_id = _run_id()
+    with Lab(scenario, run_id=run_id) as lab:
         assert [(a.path, a.local, a.remote) for a in lab.site_addresses("bj")] == [
             ("a", "10.77.1.1", "10.77.1.2"), ("b", "10.77.2.1", "10.77.2.2")]
         route = lab.run_in("bj", ["ip", "-o", "route", "get", "10.77.2.2", "from", "10.77.2.1"],
                            stdout=subprocess.PIPE)
-        assert "dev wltadrp2a" in route.communicate(timeout=10)[0].decode()
-        assert sorted(_namespaces_of("tadr")) == ["wglab-tadr-bj", "wglab-tadr-sh"]
-    assert _namespaces_of("tadr") == []
-    assert not [link for link in netns.list_links() if link.startswith("wltadr")]
+        assert f"dev wl{run_id}p2a" in route.communicate(timeout=10)[0].decode()
+        assert sorted(_namespaces_of(run_id)) == [f"wglab-{run_id}-bj", f"wglab-{run_id}-sh"]
+    assert _namespaces_of(run_id) == []
+    assert not [link for link in netns.list_links() if link.startswith(f"wl{run_id}")]
 
 
 def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
+    run_id, orphan = _run_id(), _run_id()
     up = subprocess.Popen([sys.executable, "-m", "bench.lab", "up", "jitter_swap", "--run-id",
-                           "tsig"], stdout=subprocess.PIPE, text=True)
+                           run_id], stdout=subprocess.PIPE, text=True)
     assert up.stdout is not None
     for line in up.stdout:
         if line.startswith("timeline started"):
             break
-    assert len(_namespaces_of("tsig")) == 2
+    assert len(_namespaces_of(run_id)) == 2
     up.send_signal(signal.SIGTERM)
     up.wait(timeout=20)
-    assert _namespaces_of("tsig") == []
+    assert _namespaces_of(run_id) == []
     # a namespace left by a crashed run (no owner process) is removed by cleanup
-    netns.ip("netns", "add", "wglab-torph-bj")
+    netns.ip("netns", "add", f"wglab-{orphan}-bj")
     removed = cleanup()
-    assert "namespace wglab-torph-bj" in removed
-    assert _namespaces_of("torph") == []
+    assert f"namespace wglab-{orphan}-bj" in removed
+    assert _namespaces_of(orphan) == []
 
 
 def test_timeline_changes_delay_during_a_run() -> None:
     scenario = dataclasses.replace(
         two_site_scenario([{"name": "a", "delay_ms": 5.0}]),
         timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),))
-    with Lab(scenario, run_id="ttl") as lab:
+    with Lab(scenario, run_id=_run_id()) as lab:
         lab.start_timeline()
         time.sleep(1.0)
         late = blast(lab, [("a", 2.0, 200, 0.0)])[0]

@@ -46,8 +46,10 @@ class GatewayThread:
         client_budget_bytes: int = 2 * MAX_MESSAGE,
         peer_inbox_bytes: int = 4 * MAX_MESSAGE,
         client_settings: dict[str, Any] | None = None,
+        use_uvloop: bool = False,
     ) -> None:
         self.path = path
+        self.use_uvloop = use_uvloop
         self.service = SelfSiteService(
             site,
             Inbox(peer_inbox_bytes),
@@ -59,7 +61,16 @@ class GatewayThread:
         )
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        factory = None
+        if self.use_uvloop:
+            import uvloop
+
+            factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(self._main())
 
     async def _main(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -207,6 +218,16 @@ def test_bad_input_gets_its_error_and_others_are_unaffected(sock_path: Path, cas
         else:
             assert is_closed(bad)
         check_good()
+        bad.close()
+
+
+def test_server_under_uvloop(sock_path: Path) -> None:
+    with GatewayThread(sock_path, use_uvloop=True):
+        bad = raw_connect(sock_path)
+        bad.sendall(frame(pack({"op": "allreduce", "id": 5})))
+        assert read_reply(bad)[0]["code"] == "unknown_op"
+        good_transfer(sock_path, "good-uvloop")()
+        assert ping_works(bad)
         bad.close()
 
 

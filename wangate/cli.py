@@ -159,6 +159,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reset_path(args: argparse.Namespace) -> int:
+    from wangate.client import Client
+
+    with Client(_socket_from(args)) as gw:
+        gw.reset_path(args.peer, args.path)
+    print(f"{args.peer}/{args.path}: connection reset; it reconnects by itself")
+    return 0
+
+
 # ---------------------------------------------------------------------- certs
 
 
@@ -211,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     target(status)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    reset = sub.add_parser("reset-path", help="close one path's connection (it reconnects)")
+    target(reset)
+    reset.add_argument("peer")
+    reset.add_argument("path")
+    reset.set_defaults(func=cmd_reset_path)
 
     certs = sub.add_parser("certs", help="make a site CA and site certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)

@@ -17,7 +17,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from itertools import count
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from wangate.localapi.protocol import (
     PingRequest,
     RecvRequest,
     Request,
+    ResetPathRequest,
     SendRequest,
     StatusRequest,
     decode_reply,
@@ -50,6 +51,7 @@ DEFAULT_SOCKET = "/run/wangate/wangate.sock"
 SOCKET_ENV = "WANGATE_SOCKET"
 
 Reply = tuple[dict[str, Any], memoryview]
+T = TypeVar("T")
 
 
 def _socket_path(path: str | os.PathLike[str] | None) -> str:
@@ -134,7 +136,7 @@ class _Session:
         return decode_tensor(meta, payload)
 
 
-def _field(reply: dict[str, Any], key: str, kind: type) -> Any:
+def _field(reply: dict[str, Any], key: str, kind: type[T]) -> T:
     value = reply.get(key)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise GatewayError(f"malformed reply from the gateway: {key!r}", code="bad_reply")
@@ -167,7 +169,8 @@ def _unix_socket() -> socket.socket:
 
 
 class Client:
-    """Blocking client; one request at a time (thread-safe by a lock)."""
+    """Blocking client. Calls are serialised by a lock, so a thread blocked in ``recv``
+    holds up the others: use one ``Client`` per thread, or ``AsyncClient``."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
         self._session = _Session(_socket_path(path))
@@ -209,7 +212,7 @@ class Client:
         """Hand ``array`` to the gateway for ``peer``; returns the message id once accepted."""
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
         reply, _ = self._call(_send_request(peer, tag, step, critical, meta, checksum), payload)
-        return _field(reply, "message_id", int)  # type: ignore[no-any-return]
+        return _field(reply, "message_id", int)
 
     def recv(
         self,
@@ -224,10 +227,14 @@ class Client:
         return self._session.decode(reply, payload)
 
     def paths(self) -> list[dict[str, Any]]:
-        return _field(self._call(PathsRequest)[0], "paths", list)  # type: ignore[no-any-return]
+        return _field(self._call(PathsRequest)[0], "paths", list)
 
     def status(self) -> dict[str, Any]:
-        return _field(self._call(StatusRequest)[0], "status", dict)  # type: ignore[no-any-return]
+        return _field(self._call(StatusRequest)[0], "status", dict)
+
+    def reset_path(self, peer: str, path: str) -> None:
+        """Close one path's connection now; the gateway reconnects it by itself."""
+        self._call(lambda rid: ResetPathRequest(rid, peer, path))
 
     def ping(self) -> None:
         self._call(PingRequest)
@@ -341,7 +348,7 @@ class AsyncClient:
         reply, _ = await self._call(
             _send_request(peer, tag, step, critical, meta, checksum), payload
         )
-        return _field(reply, "message_id", int)  # type: ignore[no-any-return]
+        return _field(reply, "message_id", int)
 
     async def recv(
         self,
@@ -355,10 +362,14 @@ class AsyncClient:
         return self._session.decode(reply, payload)
 
     async def paths(self) -> list[dict[str, Any]]:
-        return _field((await self._call(PathsRequest))[0], "paths", list)  # type: ignore[no-any-return]
+        return _field((await self._call(PathsRequest))[0], "paths", list)
 
     async def status(self) -> dict[str, Any]:
-        return _field((await self._call(StatusRequest))[0], "status", dict)  # type: ignore[no-any-return]
+        return _field((await self._call(StatusRequest))[0], "status", dict)
+
+    async def reset_path(self, peer: str, path: str) -> None:
+        """Close one path's connection now; the gateway reconnects it by itself."""
+        await self._call(lambda rid: ResetPathRequest(rid, peer, path))
 
     async def ping(self) -> None:
         await self._call(PingRequest)

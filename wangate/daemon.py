@@ -36,7 +36,14 @@ from wangate.core.session import PeerSession
 from wangate.errors import GatewayError, LocalProtocolError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.server import LocalApiServer
-from wangate.net.link import ERROR_DUPLICATE, ERROR_PROTOCOL, ERROR_SHUTDOWN, LinkHost, PathLink
+from wangate.net.link import (
+    ERROR_DUPLICATE,
+    ERROR_PROTOCOL,
+    ERROR_RESET,
+    ERROR_SHUTDOWN,
+    LinkHost,
+    PathLink,
+)
 from wangate.net.tls import (
     authenticate_peer,
     client_quic_configuration,
@@ -443,6 +450,17 @@ class Gateway(LinkHost):
                 "waiting_recvs": self.inbox.mailbox.waiter_count(),
             },
         }
+
+    def reset_path(self, peer: str, path: str) -> None:
+        state = self.peers.get(peer)
+        if state is None or path not in {p.name for p in self.config.peer(peer).paths}:
+            raise GatewayError(f"no path {path!r} to peer {peer!r} in {self.config.path}",
+                               code="unknown_path")
+        link = state.links.get(path)
+        if link is None:
+            raise GatewayError(f"path {peer}/{path} is not connected", code="path_down")
+        log.warning("%s/%s: connection reset by operator", peer, path)
+        link.refuse(ERROR_RESET, "reset by operator")
 
     def client_settings(self) -> dict[str, Any]:
         compression = self.config.compression

@@ -85,8 +85,9 @@ def run_demo(sites: int = 3, paths: int = 3, size_mib: int = 32) -> int:
         threads = []
         for site in lab.sites:
             peers = [n for n in names if n != site.name]
-            threads.append(threading.Thread(target=_receiver, args=(site, peers, bulk_bytes, tally)))
-            threads.append(threading.Thread(target=_sender, args=(site, peers, bulk_bytes, tally)))
+            args = (site, peers, bulk_bytes, tally)
+            threads.append(threading.Thread(target=_receiver, args=args))
+            threads.append(threading.Thread(target=_sender, args=args))
         cpu_before = {s.name: lab.cpu_seconds(s) for s in lab.sites}
         started = time.perf_counter()
         for t in threads:

@@ -73,3 +73,10 @@ class GatewayService(Protocol):
     def client_settings(self) -> dict[str, Any]:
         """What a client needs on connect: compression policy, size limits."""
         ...
+
+    def reset_path(self, peer: str, path: str) -> None:
+        """Close that path's connection now; it reconnects by itself.
+
+        Raises ``GatewayError`` (code ``unknown_path``) for a path not configured.
+        """
+        ...

@@ -1,4 +1,4 @@
-"""Forward error correction for shards: systematic Reed–Solomon blocks over zfec.
+"""Forward error correction for shards: systematic Reed-Solomon blocks over zfec.
 
 A *block* is ``k`` source symbols of ``symbol_bytes`` each. Source symbols go on the
 wire unchanged (systematic code, indices ``0..k-1``); repair symbols have indices
@@ -21,7 +21,7 @@ spreads several blocks over time so a burst costs each block only a little.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import zfec
 
@@ -32,12 +32,12 @@ MAX_SYMBOLS = 256  # GF(2^8): at most 256 distinct symbols per block
 Buffer = bytes | bytearray | memoryview
 
 
-@lru_cache(maxsize=None)
+@cache
 def _encoder(k: int) -> zfec.Encoder:
     return zfec.Encoder(k, MAX_SYMBOLS)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decoder(k: int) -> zfec.Decoder:
     return zfec.Decoder(k, MAX_SYMBOLS)
 
@@ -145,20 +145,22 @@ class BlockDecoder:
     def add(self, index: int, data: Buffer) -> bool:
         """Store symbol ``index``; True once any ``k`` distinct symbols are here.
 
-        A duplicate index is ignored. A source symbol may be short (zero-padded);
-        a repair symbol must be exactly ``symbol_bytes``.
+        A duplicate index is ignored, and so is a repair symbol once ``k`` symbols are
+        here. A source symbol may be short (zero-padded); a repair symbol must be
+        exactly ``symbol_bytes``.
         """
         if not 0 <= index < MAX_SYMBOLS:
             raise LocalProtocolError(f"symbol index {index} outside 0..{MAX_SYMBOLS - 1}")
-        if index in self._symbols or len(self._symbols) >= self.k:
-            return len(self._symbols) >= self.k
-        if index >= self.k and len(data) != self.symbol_bytes:
+        symbols = self._symbols
+        if index in symbols or (index >= self.k and len(symbols) >= self.k):
+            return len(symbols) >= self.k
+        if index >= self.k and memoryview(data).nbytes != self.symbol_bytes:
             raise LocalProtocolError(
-                f"repair symbol {index} is {len(data)} bytes, the block's are "
-                f"{self.symbol_bytes}"
+                f"repair symbol {index} is {memoryview(data).nbytes} bytes, the block's "
+                f"are {self.symbol_bytes}"
             )
-        self._symbols[index] = _symbol(data, self.symbol_bytes, index)
-        return len(self._symbols) >= self.k
+        symbols[index] = _symbol(data, self.symbol_bytes, index)
+        return len(symbols) >= self.k
 
     def missing_sources(self) -> list[int]:
         """Source indices not received (whether or not they can be recovered yet)."""
@@ -176,8 +178,9 @@ class BlockDecoder:
         if not missing:
             self._recovered = {}
             return self._recovered
-        indices = tuple(self._symbols)
-        decoded = _decoder(self.k).decode(tuple(self._symbols.values()), indices)
+        # exactly k symbols: every source we have, then repairs to make up the rest
+        chosen = sorted(self._symbols)[: self.k]
+        decoded = _decoder(self.k).decode(tuple(self._symbols[i] for i in chosen), tuple(chosen))
         self._recovered = {i: decoded[i] for i in missing}
         return self._recovered
 

@@ -80,6 +80,7 @@ class PeerSession:
         self._events: deque[Event] = deque()
         self._senders: dict[str, PathSender] = {}
         self._receivers: dict[str, PathReceiver] = {}
+        self._closed: set[str] = set()  # path_down called: no connection to send on
 
         # sending
         self._next_msg_id = 1
@@ -120,6 +121,7 @@ class PeerSession:
             self._senders[path] = sender
         sender.datagram_bytes = datagram_bytes
         sender.usable = True
+        self._closed.discard(path)
         sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
         sender.estimator.on_heard(now)
         self._receivers.setdefault(path, PathReceiver())
@@ -131,6 +133,7 @@ class PeerSession:
         if sender is None:
             return
         self._requeue(sender, sender.take_all_inflight())
+        self._closed.add(path)
         if sender.usable:
             sender.usable = False
             self._events.append(PathStateChanged(path, "down", reason))
@@ -141,6 +144,7 @@ class PeerSession:
         self.path_down(path, now, "removed")
         self._senders.pop(path, None)
         self._receivers.pop(path, None)
+        self._closed.discard(path)
 
     def peer_restarted(self, now: float) -> None:
         """The peer came back as a new instance: it forgot everything in progress."""
@@ -152,10 +156,13 @@ class PeerSession:
             sender.take_all_inflight()
         self._peer_granted = 0
         self._started_bytes = 0
+        # Delivered messages not yet consumed stay with the trainers: they still count
+        # against the window, and their later consumed() must not grant the new instance
+        # more than one window in all.
+        self._held_bytes -= sum(len(m.body) for m in self._inbound.values())
         self._inbound.clear()
         self._completed.clear()
-        self._held_bytes = 0
-        self._consumed_bytes = 0
+        self._consumed_bytes = -self._held_bytes
         self._credit_dirty.update(self._senders)
 
     # ----------------------------------------------------------------- sending
@@ -210,7 +217,7 @@ class PeerSession:
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
         sender = self._senders.get(path)
-        if sender is None:
+        if sender is None or path in self._closed:
             return None
         if sender.usable:
             piece = self._queue.take(sender.datagram_bytes - SHARD_HEADER_BYTES)
@@ -345,7 +352,7 @@ class PeerSession:
 
     @property
     def granted_bytes(self) -> int:
-        return self._consumed_bytes + self.inbox_window_bytes
+        return max(0, self._consumed_bytes + self.inbox_window_bytes)
 
     # ----------------------------------------------------------------- control
 
@@ -387,6 +394,8 @@ class PeerSession:
     def get_timer(self) -> float | None:
         deadlines: list[float] = [self._credit_refresh_at]
         for name, sender in self._senders.items():
+            if name in self._closed:
+                continue  # nothing in flight, nothing owed, and no probe until path_up
             loss = sender.loss_deadline()
             if loss is not None:
                 deadlines.append(loss)

@@ -33,7 +33,7 @@ MAX_ID = 2**32 - 1
 MAX_STEP = 2**63 - 1
 MAX_CHECKSUM = 2**32 - 1
 
-OPS = ("hello", "send", "recv", "paths", "status", "ping")
+OPS = ("hello", "send", "recv", "paths", "status", "ping", "reset_path")
 REQUEST_KEYS: dict[str, frozenset[str]] = {
     "hello": frozenset({"op", "id"}),
     "send": frozenset({"op", "id", "peer", "tag", "step", "critical", "meta", "checksum"}),
@@ -41,6 +41,7 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "paths": frozenset({"op", "id"}),
     "status": frozenset({"op", "id"}),
     "ping": frozenset({"op", "id"}),
+    "reset_path": frozenset({"op", "id", "peer", "path"}),
 }
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
@@ -114,7 +115,24 @@ class PingRequest:
     request_id: int
 
 
-Request = HelloRequest | SendRequest | RecvRequest | PathsRequest | StatusRequest | PingRequest
+@dataclass(frozen=True)
+class ResetPathRequest:
+    """Close one path's connection now (it reconnects by itself): for operators and tests."""
+
+    request_id: int
+    peer: str
+    path: str
+
+
+Request = (
+    HelloRequest
+    | SendRequest
+    | RecvRequest
+    | PathsRequest
+    | StatusRequest
+    | PingRequest
+    | ResetPathRequest
+)
 
 
 # ---------------------------------------------------------------- prefix
@@ -265,6 +283,8 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
         return PathsRequest(rid)
     if op == "status":
         return StatusRequest(rid)
+    if op == "reset_path":
+        return ResetPathRequest(rid, _name(header, "peer", rid), _name(header, "path", rid))
     return PingRequest(rid)
 
 
@@ -281,6 +301,9 @@ def request_header(request: Request) -> dict[str, Any]:
             "op": "recv", "id": request.request_id, "tag": request.tag,
             "source": request.source, "step": request.step, "timeout_s": request.timeout_s,
         }
+    if isinstance(request, ResetPathRequest):
+        return {"op": "reset_path", "id": request.request_id, "peer": request.peer,
+                "path": request.path}
     op = {HelloRequest: "hello", PathsRequest: "paths", StatusRequest: "status"}.get(
         type(request), "ping"
     )

@@ -94,3 +94,8 @@ class SelfSiteService:
 
     def client_settings(self) -> dict[str, Any]:
         return self._client_settings
+
+    def reset_path(self, peer: str, path: str) -> None:
+        raise GatewayError(
+            f"no path {path!r} to {peer!r}: this gateway has no peers", code="unknown_path"
+        )

@@ -36,6 +36,7 @@ from wangate.localapi.protocol import (
     PathsRequest,
     RecvRequest,
     Request,
+    ResetPathRequest,
     SendRequest,
     StatusRequest,
     decode_request,
@@ -243,6 +244,9 @@ class _Connection:
             return ok_reply(rid, paths=service.paths()), b""
         if isinstance(request, StatusRequest):
             return ok_reply(rid, status=service.status()), b""
+        if isinstance(request, ResetPathRequest):
+            service.reset_path(request.peer, request.path)
+            return ok_reply(rid), b""
         return ok_reply(rid), b""
 
     async def _write(self, reply: dict[str, Any], payload: Buffer = b"") -> None:

@@ -19,6 +19,7 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
 from wangate.errors import AuthenticationError, RemoteProtocolError, WangateError
+from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
 if TYPE_CHECKING:
     from wangate.core.session import PeerSession
@@ -26,10 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("wangate.link")
 
 CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1)
-ERROR_AUTHENTICATION = 0x101
 ERROR_PROTOCOL = 0x102
 ERROR_DUPLICATE = 0x103
 ERROR_SHUTDOWN = 0x104
+ERROR_RESET = 0x105
 DATAGRAM_OVERHEAD_BYTES = 40  # short header, packet number, AEAD tag, frame type+length
 PENDING_LOW_WATER = 4  # datagrams queued inside aioquic before we stop adding
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
@@ -121,7 +122,7 @@ class PathLink(QuicConnectionProtocol):
         try:
             self.peer = self.host.authenticate(self)
         except AuthenticationError as exc:
-            self.refuse(ERROR_AUTHENTICATION, str(exc))
+            self.refuse(AUTHENTICATION_FAILED_ERROR_CODE, f"site authentication failed: {exc}")
             return
         self.authenticated = True
         if self.dialed:

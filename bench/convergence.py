@@ -1,0 +1,177 @@
+"""Convergence under compression: a numpy MLP trained with its gradients passed through each
+codec (with and without error feedback), against uncompressed training.
+
+Run: .venv/bin/python -m bench.convergence [--steps 1500] [--seeds 3]
+
+Task: teacher-student classification. A fixed random teacher (64-128-10, tanh) labels
+Gaussian inputs; a student MLP (64-256-256-10, ReLU, 84k parameters) learns it with SGD and
+momentum, batch 128, a fresh batch each step (no overfitting, so the test loss measures
+optimisation). Every gradient goes encode -> decode before the update, chosen per tensor by
+a CodecPolicy (tensors under 4 KiB, the biases, stay uncompressed). Seeds fix teacher,
+batches and initialisation, so runs differ only by the codec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
+
+INPUTS, HIDDEN, CLASSES = 64, 256, 10
+TEST, BATCH = 8192, 128
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
+
+RUNS = (
+    ("none", True),
+    ("fp16", True),
+    ("bf16", True),
+    ("int8", True),
+    ("int8", False),
+    ("int4", True),
+    ("split:0.01/int8", True),
+    ("split:0.05/int4", True),
+    ("topk:0.01", True),
+    ("topk:0.01", False),
+    ("topk:0.01/int8+zstd", True),
+    ("topk:0.1", True),
+    ("topk:0.1", False),
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    teacher_hidden: np.ndarray
+    teacher_out: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+
+    def sample(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, np.ndarray]:
+        x = rng.standard_normal((count, INPUTS)).astype(np.float32)
+        return x, label(self.teacher_hidden, self.teacher_out, x)
+
+
+def label(hidden: np.ndarray, out: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return np.argmax(np.tanh(x @ hidden) @ out, axis=1)
+
+
+def make_task(seed: int) -> Task:
+    rng = np.random.default_rng(1000 + seed)
+    hidden = (rng.standard_normal((INPUTS, 128)) / np.sqrt(INPUTS)).astype(np.float32)
+    out = (rng.standard_normal((128, CLASSES)) * 2 / np.sqrt(128)).astype(np.float32)
+    test_x = rng.standard_normal((TEST, INPUTS)).astype(np.float32)
+    return Task(hidden, out, test_x, label(hidden, out, test_x))
+
+
+def init_params(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2000 + seed)
+
+    def he(fan_in: int, fan_out: int) -> np.ndarray:
+        return (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    return {
+        "layer1.weight": he(INPUTS, HIDDEN),
+        "layer1.bias": np.zeros(HIDDEN, np.float32),
+        "layer2.weight": he(HIDDEN, HIDDEN),
+        "layer2.bias": np.zeros(HIDDEN, np.float32),
+        "layer3.weight": he(HIDDEN, CLASSES),
+        "layer3.bias": np.zeros(CLASSES, np.float32),
+    }
+
+
+def forward_loss(
+    params: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray, want_grads: bool
+) -> tuple[float, float, dict[str, np.ndarray]]:
+    """(mean cross-entropy, accuracy, gradients)."""
+    h1 = np.maximum(x @ params["layer1.weight"] + params["layer1.bias"], 0)
+    h2 = np.maximum(h1 @ params["layer2.weight"] + params["layer2.bias"], 0)
+    logits = h2 @ params["layer3.weight"] + params["layer3.bias"]
+    logits = logits - logits.max(axis=1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(axis=1, keepdims=True)
+    rows = np.arange(y.size)
+    loss = float(-np.log(probs[rows, y] + 1e-12).mean())
+    accuracy = float((probs.argmax(axis=1) == y).mean())
+    if not want_grads:
+        return loss, accuracy, {}
+    d3 = probs
+    d3[rows, y] -= 1
+    d3 /= y.size
+    d2 = (d3 @ params["layer3.weight"].T) * (h2 > 0)
+    d1 = (d2 @ params["layer2.weight"].T) * (h1 > 0)
+    grads = {
+        "layer3.weight": h2.T @ d3, "layer3.bias": d3.sum(axis=0),
+        "layer2.weight": h1.T @ d2, "layer2.bias": d2.sum(axis=0),
+        "layer1.weight": x.T @ d1, "layer1.bias": d1.sum(axis=0),
+    }
+    return loss, accuracy, {name: g.astype(np.float32) for name, g in grads.items()}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    test_loss: float
+    test_accuracy: float
+    wire_bytes_per_step: float
+
+
+def train(task: Task, seed: int, spec: str, feedback_on: bool, steps: int) -> RunResult:
+    params = init_params(seed)
+    velocity = {name: np.zeros_like(p) for name, p in params.items()}
+    policy = CodecPolicy(default=spec, min_lossy_bytes=4096)
+    feedback = ErrorFeedback() if feedback_on else None
+    batches = np.random.default_rng(3000 + seed)
+    wire_bytes = 0
+    for _ in range(steps):
+        x, y = task.sample(batches, BATCH)
+        _, _, grads = forward_loss(params, x, y, True)
+        for name, grad in grads.items():
+            chosen = policy.choose(name, grad.nbytes, dtype=grad.dtype)
+            encoded = encode_tensor(grad, chosen, feedback=feedback, key=("peer", name))
+            wire_bytes += len(encoded.meta) + memoryview(encoded.payload).nbytes
+            received = decode_tensor(encoded.meta, encoded.payload)
+            velocity[name] *= MOMENTUM
+            velocity[name] += received
+            params[name] -= LEARNING_RATE * velocity[name]
+    loss, accuracy, _ = forward_loss(params, task.test_x, task.test_y, False)
+    return RunResult(loss, accuracy, wire_bytes / steps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--seeds", type=int, default=3)
+    args = parser.parse_args()
+    tasks = [make_task(seed) for seed in range(args.seeds)]
+    started = time.perf_counter()
+    results: dict[tuple[str, bool], list[RunResult]] = {}
+    for spec, feedback_on in RUNS:
+        results[(spec, feedback_on)] = [
+            train(tasks[seed], seed, spec, feedback_on, args.steps) for seed in range(args.seeds)
+        ]
+    baseline = np.mean([r.test_loss for r in results[("none", True)]])
+    raw_bytes = results[("none", True)][0].wire_bytes_per_step
+    print(
+        f"Teacher-student MLP (84k parameters), SGD+momentum, {args.steps} steps, batch {BATCH},"
+        f" mean of {args.seeds} seeds; test set {TEST} samples\n"
+    )
+    print("| codec | error feedback | test loss | vs none | test accuracy | bytes/step | ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (spec, feedback_on), runs in results.items():
+        losses = [r.test_loss for r in runs]
+        loss = float(np.mean(losses))
+        spread = float(np.std(losses))
+        accuracy = float(np.mean([r.test_accuracy for r in runs]))
+        sent = runs[0].wire_bytes_per_step
+        print(
+            f"| {spec} | {'yes' if feedback_on else 'no'} | {loss:.4f} ± {spread:.4f} | "
+            f"{100 * (loss / baseline - 1):+.1f}% | {100 * accuracy:.1f}% | {sent:,.0f} | "
+            f"{raw_bytes / sent:.1f} |"
+        )
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""A model-based, loss-tolerant congestion controller for aioquic ("wangate").
+
+aioquic's "reno" and "cubic" halve the window on every loss, so 1 % random loss on a
+long WAN path leaves a few percent of its capacity. This controller follows BBR v1
+(draft-cheng-iccrg-bbr-congestion-control-00, with the delivery-rate estimator of
+draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
+(a multiplicative cut on loss, a gentler ProbeRTT):
+
+* Model: bottleneck bandwidth = windowed max of delivery-rate samples over
+  ``BW_WINDOW_ROUNDS`` round trips; propagation delay = min RTT over ``MIN_RTT_WINDOW_S``.
+  BDP = bandwidth × min RTT.
+* Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
+  separate pacing hook, so the window *is* the pacing control:
+  ``cwnd = gain × bandwidth × rtt_w`` with ``rtt_w`` the smoothed RTT clamped to
+  ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
+  pacing rate is ``gain × bandwidth``; once a queue grows past it, the window stops
+  following the RTT, so the rate falls as ``bandwidth × (min_rtt + allowance) / srtt``
+  and the queue drains. After Startup the window never exceeds ``CWND_CAP_GAIN × BDP``.
+* States (BBR §4.3): Startup (gain 2/ln 2, grows by the bytes acked each ack: doubles
+  per round) until the bandwidth grew < 25 % for 3 rounds; Drain (window = BDP) until
+  in flight <= BDP; ProbeBW cycling gains 1.25, 0.75, 1 × 6, one min RTT each (probe
+  for more, then drain the probe's queue: this cycling is what leaves room for a
+  competing TCP flow); ProbeRTT (window = BDP / 2 for 200 ms and a round) when the
+  min RTT was not refreshed for ``MIN_RTT_WINDOW_S``.
+* Loss (RFC 9002 §7 leaves the response to the controller): a round's loss counts as
+  congestion only if at least ``LOSS_MIN_PACKETS`` packets were lost and either the
+  loss exceeds ``HIGH_LOSS_RATE`` or it exceeds ``QUEUE_LOSS_RATE`` while the round's
+  lowest RTT is above ``min_rtt × QUEUE_RTT_FACTOR`` (a standing queue). Congestion cuts
+  the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
+  (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
+  few percent leaves the model alone. Persistent congestion (RFC 9002 §7.6) drops the
+  window to the minimum; it regrows by the bytes acked, the model is kept.
+
+Pure: aioquic passes ``now``; nothing here reads a clock or does I/O. Importing the
+module registers it under ``CONGESTION_CONTROL_NAME``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from aioquic.quic.congestion.base import (
+    K_INITIAL_WINDOW,
+    QuicCongestionControl,
+    register_congestion_control,
+)
+from aioquic.quic.packet_builder import QuicSentPacket
+
+CONGESTION_CONTROL_NAME = "wangate"
+
+STARTUP_GAIN = 2.0 / math.log(2.0)  # BBR: the smallest gain that doubles each round
+PROBE_BW_GAINS = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+PROBE_BW_START_PHASE = 2  # start cruising; BBR picks at random, we stay deterministic
+BW_WINDOW_ROUNDS = 10
+MIN_RTT_WINDOW_S = 10.0
+PROBE_RTT_DURATION_S = 0.2
+PROBE_RTT_CWND_GAIN = 0.5  # BBR v2: half a BDP, not 4 packets
+FULL_BW_GROWTH = 1.25
+FULL_BW_ROUNDS = 3
+CWND_CAP_GAIN = 2.0
+MIN_CWND_PACKETS = 4
+RTT_ALLOWANCE_FRACTION = 0.25  # queueing tolerated before the rate starts to fall...
+RTT_ALLOWANCE_MIN_S = 0.002  # ...but at least this (timer and ack-delay noise)
+MIN_RTT_FLOOR_S = 0.001  # aioquic floors RTTs at 1 ms as well
+HIGH_LOSS_RATE = 0.15
+QUEUE_LOSS_RATE = 0.02
+QUEUE_RTT_FACTOR = 1.25
+LOSS_MIN_PACKETS = 3
+LOSS_BETA = 0.7
+APP_LIMITED_FRACTION = 0.75  # sending with less than this much of cwnd in flight
+SRTT_WEIGHT = 0.125  # RFC 9002 §5.3
+
+STARTUP, DRAIN, PROBE_BW, PROBE_RTT = "startup", "drain", "probe_bw", "probe_rtt"
+
+
+class _Sent:
+    """Delivery-rate state remembered for one packet until it is acked or lost."""
+
+    __slots__ = ("app_limited", "delivered", "delivered_at", "first_sent_at", "sent_at")
+
+    def __init__(
+        self,
+        delivered: int,
+        delivered_at: float,
+        first_sent_at: float,
+        sent_at: float,
+        app_limited: bool,
+    ) -> None:
+        self.delivered = delivered
+        self.delivered_at = delivered_at
+        self.first_sent_at = first_sent_at
+        self.sent_at = sent_at
+        self.app_limited = app_limited
+
+
+class WangateCongestionControl(QuicCongestionControl):
+    def __init__(self, *, max_datagram_size: int) -> None:
+        super().__init__(max_datagram_size=max_datagram_size)
+        self.max_datagram_size = max_datagram_size
+        self.initial_window = K_INITIAL_WINDOW * max_datagram_size
+        self.min_window = MIN_CWND_PACKETS * max_datagram_size
+        self.state = STARTUP
+
+        # delivery-rate estimation
+        self._sent: dict[tuple[int, int], _Sent] = {}
+        self.delivered_bytes = 0
+        self._delivered_at = 0.0
+        self._first_sent_at = 0.0
+        self._app_limited_until = 0  # delivered count that ends an app-limited bubble
+
+        # model
+        self._bw_samples: list[tuple[int, float]] = []  # (round, bytes/s), max-filter window
+        self.btl_bw_bps = 0.0  # bytes per second
+        self.min_rtt_s: float | None = None
+        self._min_rtt_at = 0.0
+        self.srtt_s: float | None = None
+
+        # rounds
+        self.round_count = 0
+        self._next_round_delivered = 0
+        self._round_min_rtt_s = math.inf
+        self._round_lost_packets = 0
+        self._round_lost_bytes = 0
+        self._round_acked_bytes = 0
+        self.congestion_events = 0
+        self._recovery_start = -math.inf
+
+        # state machine
+        self._full_bw_bps = 0.0
+        self._full_bw_count = 0
+        self.filled_pipe = False
+        self._phase = PROBE_BW_START_PHASE
+        self._phase_start = 0.0
+        self._probe_rtt_done_at: float | None = None
+        self._probe_rtt_round = 0
+        self._prior_cwnd = 0
+
+    # -------------------------------------------------------------- the model
+
+    @property
+    def bdp_bytes(self) -> float:
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return float(self.initial_window)
+        return self.btl_bw_bps * self.min_rtt_s
+
+    @property
+    def pacing_gain(self) -> float:
+        if self.state == STARTUP:
+            return STARTUP_GAIN
+        if self.state == PROBE_BW:
+            return PROBE_BW_GAINS[self._phase]
+        return 1.0
+
+    def _window_rtt_s(self) -> float:
+        assert self.min_rtt_s is not None
+        allowance = max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
+        srtt = self.srtt_s if self.srtt_s is not None else self.min_rtt_s
+        return min(max(srtt, self.min_rtt_s), self.min_rtt_s + allowance)
+
+    def target_window(self) -> int:
+        """The window the current state aims at (see the module notes)."""
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return self.initial_window
+        bdp = self.bdp_bytes
+        if self.state == PROBE_RTT:
+            target = PROBE_RTT_CWND_GAIN * bdp
+        elif self.state == DRAIN:
+            target = bdp
+        else:
+            target = self.pacing_gain * self.btl_bw_bps * self._window_rtt_s()
+            if self.state == PROBE_BW:
+                target = min(target, CWND_CAP_GAIN * bdp)
+        return max(int(target), self.min_window)
+
+    def _update_bw(self, sample_bps: float) -> None:
+        samples = self._bw_samples
+        while samples and samples[-1][1] <= sample_bps:
+            samples.pop()  # monotonic deque: a newer, larger sample dominates
+        samples.append((self.round_count, sample_bps))
+        while samples[0][0] <= self.round_count - BW_WINDOW_ROUNDS:
+            samples.pop(0)
+        self.btl_bw_bps = samples[0][1]
+
+    # ------------------------------------------------------- aioquic interface
+
+    def on_packet_sent(self, *, packet: QuicSentPacket) -> None:
+        sent_at = packet.sent_time if packet.sent_time is not None else self._delivered_at
+        if self.bytes_in_flight == 0:
+            # restart the send/ack intervals after idle (delivery-rate draft §3.2)
+            self._first_sent_at = sent_at
+            self._delivered_at = sent_at
+        if self.bytes_in_flight < APP_LIMITED_FRACTION * self.congestion_window:
+            self._app_limited_until = max(
+                self.delivered_bytes + self.bytes_in_flight + packet.sent_bytes, 1
+            )
+        self._sent[(packet.epoch, packet.packet_number)] = _Sent(
+            self.delivered_bytes,
+            self._delivered_at,
+            self._first_sent_at,
+            sent_at,
+            self._app_limited_until > 0,
+        )
+        self.bytes_in_flight += packet.sent_bytes
+
+    def on_packet_acked(self, *, now: float, packet: QuicSentPacket) -> None:
+        self.bytes_in_flight -= packet.sent_bytes
+        sent = self._sent.pop((packet.epoch, packet.packet_number), None)
+        acked = packet.sent_bytes
+        self.delivered_bytes += acked
+        self._delivered_at = now
+        if self._app_limited_until and self.delivered_bytes > self._app_limited_until:
+            self._app_limited_until = 0
+        if sent is None:
+            return
+        if sent.sent_at > self._recovery_start:
+            self._round_acked_bytes += acked
+        if sent.delivered >= self._next_round_delivered:
+            self._start_round(now)
+        self._first_sent_at = sent.sent_at
+        interval_s = max(sent.sent_at - sent.first_sent_at, now - sent.delivered_at)
+        if interval_s > 0.0 and (self.min_rtt_s is None or interval_s >= self.min_rtt_s):
+            rate_bps = (self.delivered_bytes - sent.delivered) / interval_s
+            if not sent.app_limited or rate_bps >= self.btl_bw_bps:
+                self._update_bw(rate_bps)
+                if not sent.app_limited and self.state == STARTUP:
+                    self._check_full_pipe(rate_bps)
+        self._advance_state(now)
+        self._set_window(acked)
+
+    def on_packets_expired(self, *, packets: Iterable[QuicSentPacket]) -> None:
+        for packet in packets:
+            self.bytes_in_flight -= packet.sent_bytes
+            self._sent.pop((packet.epoch, packet.packet_number), None)
+
+    def on_packets_lost(self, *, now: float, packets: Iterable[QuicSentPacket]) -> None:
+        for packet in packets:
+            self.bytes_in_flight -= packet.sent_bytes
+            sent = self._sent.pop((packet.epoch, packet.packet_number), None)
+            if sent is not None and sent.sent_at > self._recovery_start:
+                self._round_lost_packets += 1
+                self._round_lost_bytes += packet.sent_bytes
+        # a heavy loss burst is judged at once, not only at the end of the round
+        if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
+            self._on_congestion(now)
+
+    def on_persistent_congestion(self) -> None:
+        self._prior_cwnd = max(self._prior_cwnd, self.congestion_window)
+        self.congestion_window = self.min_window
+
+    def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
+        rtt = max(rtt, MIN_RTT_FLOOR_S)
+        self.srtt_s = rtt if self.srtt_s is None else self.srtt_s + SRTT_WEIGHT * (
+            rtt - self.srtt_s
+        )
+        self._round_min_rtt_s = min(self._round_min_rtt_s, rtt)
+        expired = now > self._min_rtt_at + MIN_RTT_WINDOW_S
+        if self.min_rtt_s is None or rtt <= self.min_rtt_s or expired:
+            self.min_rtt_s = rtt
+            self._min_rtt_at = now
+        if expired and self.state != PROBE_RTT and self.filled_pipe:
+            self._enter_probe_rtt()
+        self.congestion_window = min(self.congestion_window, self._ceiling())
+
+    def get_log_data(self) -> dict[str, Any]:
+        data = super().get_log_data()
+        data.update(
+            state=self.state,
+            btl_bw_bps=int(self.btl_bw_bps),
+            min_rtt_ms=None if self.min_rtt_s is None else self.min_rtt_s * 1000.0,
+            pacing_gain=self.pacing_gain,
+        )
+        return data
+
+    # ----------------------------------------------------------- the machine
+
+    def _start_round(self, now: float) -> None:
+        if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
+            self._on_congestion(now)
+        self.round_count += 1
+        self._next_round_delivered = self.delivered_bytes
+        self._round_min_rtt_s = math.inf
+        self._round_lost_packets = 0
+        self._round_lost_bytes = 0
+        self._round_acked_bytes = 0
+
+    def _is_congestion(self) -> bool:
+        total = self._round_lost_bytes + self._round_acked_bytes
+        loss_rate = self._round_lost_bytes / total if total else 0.0
+        if loss_rate > HIGH_LOSS_RATE:
+            return True
+        queue = (
+            self.min_rtt_s is not None
+            and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
+            and self._round_min_rtt_s - self.min_rtt_s > RTT_ALLOWANCE_MIN_S
+        )
+        return loss_rate > QUEUE_LOSS_RATE and queue
+
+    def _on_congestion(self, now: float) -> None:
+        self.congestion_events += 1
+        self._recovery_start = now
+        self._bw_samples = [(r, bw * LOSS_BETA) for r, bw in self._bw_samples]
+        self.btl_bw_bps *= LOSS_BETA
+        self._round_lost_packets = 0
+        self._round_lost_bytes = 0
+        self._round_acked_bytes = 0
+        if self.state == STARTUP:
+            self.filled_pipe = True
+            self.state = DRAIN
+        self.congestion_window = min(self.congestion_window, self._ceiling())
+
+    def _check_full_pipe(self, rate_bps: float) -> None:
+        # once per round: did the bandwidth still grow by 25 %? (BBR §4.3.2.2)
+        if self.round_count == self._full_bw_round_checked():
+            return
+        self._full_bw_checked_round = self.round_count
+        if self.btl_bw_bps >= self._full_bw_bps * FULL_BW_GROWTH:
+            self._full_bw_bps = self.btl_bw_bps
+            self._full_bw_count = 0
+            return
+        self._full_bw_count += 1
+        if self._full_bw_count >= FULL_BW_ROUNDS:
+            self.filled_pipe = True
+            self.state = DRAIN
+
+    def _full_bw_round_checked(self) -> int:
+        return getattr(self, "_full_bw_checked_round", -1)
+
+    def _advance_state(self, now: float) -> None:
+        min_rtt = self.min_rtt_s if self.min_rtt_s is not None else 0.0
+        if self.state == DRAIN and self.bytes_in_flight <= self.bdp_bytes:
+            self._enter_probe_bw(now)
+        elif self.state == PROBE_BW:
+            elapsed = now - self._phase_start > min_rtt
+            gain = PROBE_BW_GAINS[self._phase]
+            if elapsed or (gain < 1.0 and self.bytes_in_flight <= self.bdp_bytes):
+                self._phase = (self._phase + 1) % len(PROBE_BW_GAINS)
+                self._phase_start = now
+        elif self.state == PROBE_RTT:
+            if self._probe_rtt_done_at is None:
+                if self.bytes_in_flight <= self.target_window():
+                    self._probe_rtt_done_at = now + PROBE_RTT_DURATION_S
+                    self._probe_rtt_round = self.round_count + 1
+            elif now >= self._probe_rtt_done_at and self.round_count >= self._probe_rtt_round:
+                self._min_rtt_at = now
+                self._enter_probe_bw(now)
+                self.congestion_window = max(self.congestion_window, self._prior_cwnd)
+                self._prior_cwnd = 0
+
+    def _enter_probe_bw(self, now: float) -> None:
+        self.state = PROBE_BW
+        self._phase = PROBE_BW_START_PHASE
+        self._phase_start = now
+
+    def _enter_probe_rtt(self) -> None:
+        self._prior_cwnd = max(self._prior_cwnd, self.congestion_window)
+        self.state = PROBE_RTT
+        self._probe_rtt_done_at = None
+
+    def _ceiling(self) -> int:
+        if self.state == STARTUP and not self.filled_pipe:
+            return max(self.congestion_window, self.target_window())
+        return self.target_window()
+
+    def _set_window(self, acked_bytes: int) -> None:
+        target = self.target_window()
+        cwnd = self.congestion_window
+        if self.state == STARTUP:
+            # grow by what was acked, like slow start (BBR §4.2.3.6)
+            if cwnd < target or self.delivered_bytes < self.initial_window:
+                cwnd += acked_bytes
+        else:
+            cwnd = min(cwnd + acked_bytes, target)
+        self.congestion_window = max(cwnd, self.min_window)
+
+
+register_congestion_control(CONGESTION_CONTROL_NAME, WangateCongestionControl)
