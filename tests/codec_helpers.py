@@ -8,9 +8,23 @@ import zlib
 import numpy as np
 
 LOSSY_SPECS = (
-    "fp16", "bf16", "int8", "int4", "int8:64", "int4:16", "topk:0.1", "topk:0.2/int8",
-    "topk:0.1/bf16", "topk:0.1/fp32", "topk:0.1/int4", "split:0.1/int8", "split:0.05/int4",
-    "split:0.1/fp16/fp16", "split:0.1/bf16", "int8+zstd", "topk:0.1/int8+zstd:1",
+    "fp16",
+    "bf16",
+    "int8",
+    "int4",
+    "int8:64",
+    "int4:16",
+    "topk:0.1",
+    "topk:0.2/int8",
+    "topk:0.1/bf16",
+    "topk:0.1/fp32",
+    "topk:0.1/int4",
+    "split:0.1/int8",
+    "split:0.05/int4",
+    "split:0.1/fp16/fp16",
+    "split:0.1/bf16",
+    "int8+zstd",
+    "topk:0.1/int8+zstd:1",
 )
 F32_TINY = float(np.finfo(np.float32).tiny)
 F32_MAX = float(np.finfo(np.float32).max)

@@ -21,8 +21,9 @@ from __future__ import annotations
 import heapq
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from wangate.core.events import Event, MessageReceived
 from wangate.core.frames import (
@@ -36,6 +37,7 @@ from wangate.core.message import MessageHeader, message_checksum
 from wangate.core.session import PeerSession
 
 SITES = ("bj", "sh")
+E = TypeVar("E", bound=Event)
 CLOCK_TICK_S = 1e-6  # the fake clock's resolution: how far a timer that is due "now" moves
 MAX_STUCK_TICKS = 1000  # a timer that stays due after this many ticks is a session bug
 
@@ -129,21 +131,31 @@ def make_header(
 
 
 class SimulatedPair:
-    """Two gateways, N paths, a fake clock and an event loop that advances it."""
+    """Two gateways, N paths, a fake clock and an event loop that advances it.
+
+    ``paths`` maps a path name to one ``LinkProfile`` for both directions, or to a pair
+    (what bj sends, what sh sends). The clock moves to the next of: a delivery, a pull
+    opportunity (a link free to send again), a session timer. A timer that
+    ``handle_timer`` never clears raises ``SimulationStuck``.
+    """
 
     def __init__(
         self,
-        paths: dict[str, LinkProfile | tuple[LinkProfile, LinkProfile]],
+        paths: Mapping[str, LinkProfile | tuple[LinkProfile, LinkProfile]],
         *,
         seed: int = 0,
         max_message_bytes: int = 8 << 20,
         inbox_window_bytes: int = 32 << 20,
-        datagram_bytes: int = 1200,
+        datagram_bytes: int | Mapping[str, int] = 1200,
         auto_consume: bool = True,
         start_s: float = 1000.0,
     ) -> None:
         self.now = start_s
-        self.datagram_bytes = datagram_bytes
+        self.datagram_bytes = (
+            dict(datagram_bytes)
+            if isinstance(datagram_bytes, Mapping)
+            else dict.fromkeys(paths, datagram_bytes)
+        )
         self.auto_consume = auto_consume
         self.sessions = {
             site: PeerSession(
@@ -191,7 +203,9 @@ class SimulatedPair:
             assert isinstance(decoded, Hello) and decoded == hello
             self.sessions[other(site)].set_peer_limits(decoded.max_message_bytes)
         for site in SITES:
-            self.sessions[site].path_up(name, datagram_bytes=self.datagram_bytes, now=self.now)
+            self.sessions[site].path_up(
+                name, datagram_bytes=self.datagram_bytes[name], now=self.now
+            )
         self._service_all()
 
     def close_path(self, name: str, reason: str = "closed") -> None:
@@ -448,5 +462,5 @@ class SimulatedPair:
 
     # ------------------------------------------------------------------ views
 
-    def events_of(self, site: str, kind: type[Event]) -> list[Event]:
+    def events_of(self, site: str, kind: type[E]) -> list[E]:
         return [event for _, event in self.events[site] if isinstance(event, kind)]

@@ -49,7 +49,8 @@ def test_topk_residual_is_exactly_what_was_not_sent() -> None:
     # Next step: the residual is added before selection, so 3.0 (+ 0.0) now goes out.
     zeros = np.zeros(10, dtype=np.float32)
     encoded = encode_tensor(zeros, "topk:0.2/fp32", feedback=feedback, key="t")
-    assert decode_tensor(encoded.meta, encoded.payload).tolist() == [0, 0, 0, 3.0, 0, 0, 0, 2.0, 0, 0]
+    expected = [0, 0, 0, 3.0, 0, 0, 0, 2.0, 0, 0]
+    assert decode_tensor(encoded.meta, encoded.payload).tolist() == expected
 
 
 def test_keys_are_independent_and_reset_forgets() -> None:

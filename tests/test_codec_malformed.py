@@ -108,7 +108,9 @@ def zstd_frame(meta: bytes, body: bytes, **kwargs: bool) -> tuple[bytes, bytes]:
 
 def test_zstd_content_size_must_match_meta() -> None:
     meta, _ = frame("int8+zstd")
-    body = bytes(encode_tensor(np.linspace(-2, 2, 600, dtype=np.float32).reshape(20, 30), "int8").payload)
+    body = bytes(
+        encode_tensor(np.linspace(-2, 2, 600, dtype=np.float32).reshape(20, 30), "int8").payload
+    )
     good_meta, good_payload = zstd_frame(meta, body)
     assert decode_tensor(good_meta, good_payload).shape == (20, 30)
     # A frame that declares (and holds) a different size, up to a bomb of 64 MiB of zeros.
@@ -187,7 +189,9 @@ def params_frame(spec: str, fmt: str, value: int, offset_in_params: int) -> tupl
         ("split:0.1/int8", "<I", 11, 12, "block size"),
     ],
 )
-def test_codec_parameter_rejections(spec: str, fmt: str, offset: int, value: int, match: str) -> None:
+def test_codec_parameter_rejections(
+    spec: str, fmt: str, offset: int, value: int, match: str
+) -> None:
     rejects(*params_frame(spec, fmt, value, offset), match)
 
 
@@ -244,8 +248,18 @@ def test_bad_argument_types_raise_codec_error() -> None:
 
 
 FUZZ_SPECS = (
-    "none", "zstd", "fp16", "bf16", "int8", "int4", "topk:0.1", "topk:0.2/int8",
-    "split:0.1/int8", "split:0.2/int4/fp16", "int8+zstd", "topk:0.1/int4+zstd",
+    "none",
+    "zstd",
+    "fp16",
+    "bf16",
+    "int8",
+    "int4",
+    "topk:0.1",
+    "topk:0.2/int8",
+    "split:0.1/int8",
+    "split:0.2/int4/fp16",
+    "int8+zstd",
+    "topk:0.1/int4+zstd",
 )
 FUZZ_FRAMES = {
     spec: frame(spec, (np.random.default_rng(1).standard_t(3.0, size=(7, 11))).astype("f4"))

@@ -14,7 +14,20 @@ from wangate.codec.spec import selected_count
 from wangate.errors import CodecError
 
 ALL_DTYPES = (
-    "?", "i1", "u1", "<i2", ">i2", "<u2", "<i4", ">u4", "<i8", "<u8", "<f2", "<f4", ">f4", "<f8",
+    "?",
+    "i1",
+    "u1",
+    "<i2",
+    ">i2",
+    "<u2",
+    "<i4",
+    ">u4",
+    "<i8",
+    "<u8",
+    "<f2",
+    "<f4",
+    ">f4",
+    "<f8",
 )
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=7)
 
@@ -100,7 +113,9 @@ def check_lossy(x: np.ndarray, spec: str) -> None:
     ref = x.astype(np.float32).astype(np.float64).reshape(-1)
     # The codecs work in float32; float64 inputs gain float32 rounding, float16 outputs gain
     # float16 rounding on the way back.
-    slack = np.abs(ref) * 2.0**-23 + (np.abs(ref) * 2.0**-10 + 2.0**-24 if x.dtype == np.float16 else 0)
+    slack = np.abs(ref) * 2.0**-23 + (
+        np.abs(ref) * 2.0**-10 + 2.0**-24 if x.dtype == np.float16 else 0
+    )
     error = np.abs(y - ref)
     values = parsed.values
     assert values is not None
@@ -119,7 +134,9 @@ def check_lossy(x: np.ndarray, spec: str) -> None:
             bound = dense_bound(values.name, ref, 1)
             assert (error[kept] <= bound[kept] + slack[kept]).all()
         else:
-            assert (error[kept] <= np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001 + slack[kept]).all()
+            assert (
+                error[kept] <= np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001 + slack[kept]
+            ).all()
         return
     key = parsed.key
     assert key is not None
@@ -152,7 +169,9 @@ def test_lossy_codecs_stay_within_bounds_and_finite(x: np.ndarray, spec: str) ->
 
 @settings(max_examples=60, deadline=None)
 @given(
-    hnp.arrays(np.float64, st.integers(0, 600), elements=st.floats(allow_nan=False, allow_infinity=False)),
+    hnp.arrays(
+        np.float64, st.integers(0, 600), elements=st.floats(allow_nan=False, allow_infinity=False)
+    ),
     st.sampled_from(LOSSY_SPECS),
 )
 def test_float64_beyond_float32_range_saturates_never_inf(x: np.ndarray, spec: str) -> None:
@@ -160,7 +179,9 @@ def test_float64_beyond_float32_range_saturates_never_inf(x: np.ndarray, spec: s
     assert np.isfinite(y).all()
 
 
-@pytest.mark.parametrize("spec", ["fp16", "bf16", "int8", "int4", "topk:0.5/fp16", "split:0.5/fp16"])
+@pytest.mark.parametrize(
+    "spec", ["fp16", "bf16", "int8", "int4", "topk:0.5/fp16", "split:0.5/fp16"]
+)
 def test_values_beyond_the_carrier_range_saturate(spec: str) -> None:
     x = np.array([3.0e38, -3.3e38, 1e6, -70000.0, 1.0, 0.0] * 50, dtype=np.float32)
     y = roundtrip(x, spec)
@@ -181,7 +202,9 @@ def test_fp16_rounding_matches_numpy_on_every_magnitude() -> None:
     x = bits.view(np.float32)
     x = np.clip(x[np.isfinite(x)], -65504, 65504)
     halves = np.array([1.0, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 65504, 2.0**-14, 0.1], np.float32)
-    x = np.concatenate([x, halves, -halves, (rng.standard_normal(10_000) * 1e-6).astype(np.float32)])
+    x = np.concatenate(
+        [x, halves, -halves, (rng.standard_normal(10_000) * 1e-6).astype(np.float32)]
+    )
     payload = np.frombuffer(encode_tensor(x, "fp16").payload, dtype=np.uint16)
     assert np.array_equal(payload, x.astype(np.float16).view(np.uint16))
 

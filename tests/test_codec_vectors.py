@@ -84,7 +84,7 @@ def test_vector_decodes_exactly(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(_inputs()))
 def test_vector_reencodes_byte_exactly(name: str) -> None:
     fields = _read(VECTORS / f"codec_{name}.hex")
-    spec, array, bfloat16 = _inputs()[name]
+    spec, array, _ = _inputs()[name]
     assert fields["spec"] == spec
     assert _input_array(fields).tobytes() == array.tobytes()
     encoded = encode_tensor(_input_array(fields), spec, bfloat16=fields["bfloat16"] == "1")
@@ -93,7 +93,11 @@ def test_vector_reencodes_byte_exactly(name: str) -> None:
         # zstd output is not canonical across library versions: compare what it holds.
         ours, theirs = read_meta(encoded.meta), read_meta(meta)
         assert (ours.codec, ours.dtype_code, ours.shape, ours.params, ours.body_size) == (
-            theirs.codec, theirs.dtype_code, theirs.shape, theirs.params, theirs.body_size
+            theirs.codec,
+            theirs.dtype_code,
+            theirs.shape,
+            theirs.params,
+            theirs.body_size,
         )
         assert _body(encoded.meta, bytes(encoded.payload)) == _body(meta, payload)
     else:

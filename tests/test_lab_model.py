@@ -218,9 +218,11 @@ def test_scenario_errors_name_the_key(data: dict[str, object], message: str) -> 
 
 
 def test_refuses_clearly_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
     from bench.lab import netns
 
-    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(netns.LabUnavailable, match="needs root"):
         netns.check_environment()
 

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +62,14 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
                            stdout=subprocess.PIPE)
         assert f"dev wl{run_id}p2a" in route.communicate(timeout=10)[0].decode()
         assert sorted(_namespaces_of(run_id)) == [f"wglab-{run_id}-bj", f"wglab-{run_id}-sh"]
+        # the gateway hook: a command per site, run in its namespace, given its config
+        hooks = lab.start_gateways("cat {config}", port=7000, stdout=subprocess.PIPE)
+        config = tomllib.loads(hooks["sh"].communicate(timeout=10)[0].decode())
+        assert config["site"]["name"] == "sh"
+        assert [(p["name"], p["local"], p["remote"]) for p in config["peers"][0]["paths"]] == [
+            ("a", "10.77.1.2", "10.77.1.1:7000"), ("b", "10.77.2.2", "10.77.2.1:7000")]
+        assert config["peers"][0]["name"] == "bj"
+        assert all(Path(config["tls"][key]).is_file() for key in ("ca", "cert", "key"))
     assert _namespaces_of(run_id) == []
     assert not [link for link in netns.list_links() if link.startswith(f"wl{run_id}")]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,7 +62,14 @@ def test_insert_between_and_merge_across_several() -> None:
 def test_membership_and_cover_at_the_edges() -> None:
     rs = make((10, 20), (30, 40))
     assert [v in rs for v in (9, 10, 19, 20, 29, 30, 39, 40)] == [
-        False, True, True, False, False, True, True, False,
+        False,
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+        False,
     ]
     assert rs.covers(10, 20)
     assert rs.covers(12, 13)
@@ -127,7 +136,7 @@ def test_agrees_with_a_set_of_integers(
             model = {v for v in model if v >= a}
     ranges = list(rs.ranges())
     # canonical: sorted, non-empty, disjoint and not touching
-    for (s1, e1), (s2, e2) in zip(ranges, ranges[1:], strict=False):
+    for (s1, e1), (s2, e2) in pairwise(ranges):
         assert s1 < e1 < s2 < e2
     assert {v for s, e in ranges for v in range(s, e)} == model
     assert rs.total() == len(model)

@@ -67,7 +67,7 @@ def send(bind: str, to: tuple[str, int], rate_mbps: float, size: int, count: int
             "sent_mbps": sent * wire_bytes * 8 / elapsed / 1e6 if elapsed > 0 else 0.0}
 
 
-def sink(bind: tuple[str, int], idle_s: float, max_s: float) -> dict[str, Any]:
+def sink(bind: tuple[str, int], idle_s: float, max_s: float, first_s: float) -> dict[str, Any]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     sock.bind(bind)
@@ -78,7 +78,7 @@ def sink(bind: tuple[str, int], idle_s: float, max_s: float) -> dict[str, Any]:
     size = 0
     buffer = bytearray(65536)
     unpack, now_ns, recv_into = HEADER.unpack_from, time.monotonic_ns, sock.recv_into
-    sock.settimeout(max_s)  # waiting for the first packet
+    sock.settimeout(first_s)  # waiting for the first packet
     deadline = time.monotonic() + max_s
     while time.monotonic() < deadline:
         try:
@@ -132,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     receiver.add_argument("--bind", required=True, type=_address)
     receiver.add_argument("--idle-s", type=float, default=1.0)
     receiver.add_argument("--max-s", type=float, default=60.0)
+    receiver.add_argument("--first-s", type=float, default=3.0,
+                          help="give up when no packet arrives this long after start")
     args = parser.parse_args(argv)
     if args.mode == "send":
         if args.size < HEADER.size:
             parser.error(f"--size must be at least {HEADER.size}")
         result = send(args.bind, args.to, args.rate_mbps, args.size, args.count, args.duration_s)
     else:
-        result = sink(args.bind, args.idle_s, args.max_s)
+        result = sink(args.bind, args.idle_s, args.max_s, args.first_s)
     print(json.dumps(result), flush=True)
     return 0
 

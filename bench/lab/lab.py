@@ -152,8 +152,9 @@ class Lab:
         self._record_pid(process.pid)
 
     def _record_pid(self, pid: int) -> None:
+        # With its start time, so cleanup never signals a process that reused the id.
         with open(self.state_dir / "pids", "a") as handle:
-            handle.write(f"{pid}\n")
+            handle.write(f"{pid} {_start_time(pid)}\n")
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -170,6 +171,9 @@ class Lab:
         if self._closed:
             return
         self._closed = True
+        in_main = threading.current_thread() is threading.main_thread()
+        # A second Ctrl-C must not cut the teardown short and leave namespaces behind.
+        old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         try:
             netns.terminate(self._children)
             for name, process in self._forwarders.items():
@@ -182,6 +186,8 @@ class Lab:
         finally:
             for signum, handler in self._old_handlers.items():
                 signal.signal(signum, handler)
+            if in_main:
+                signal.signal(signal.SIGINT, old_sigint)
             atexit.unregister(self.close)
 
     @staticmethod
@@ -295,12 +301,12 @@ def cleanup(state_root: Path = STATE_ROOT) -> list[str]:
     live_runs = set()
     if state_root.exists():
         for state_dir in state_root.iterdir():
-            owner = _read_pid(state_dir / "owner.pid")
-            if owner is not None and _alive(owner):
+            owner = _read_pids(state_dir / "owner.pid")
+            if owner and _alive(owner[0]):
                 live_runs.add(state_dir.name)
                 continue
-            for pid in _read_pids(state_dir / "pids"):
-                if _alive(pid):
+            for pid, started in _read_pid_records(state_dir / "pids"):
+                if _alive(pid) and _start_time(pid) == started:
                     netns.kill_pid(pid)
                     removed.append(f"process {pid}")
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -320,9 +326,26 @@ def cleanup(state_root: Path = STATE_ROOT) -> list[str]:
     return removed
 
 
-def _read_pid(file: Path) -> int | None:
-    pids = _read_pids(file)
-    return pids[0] if pids else None
+def _read_pid_records(file: Path) -> list[tuple[int, str]]:
+    try:
+        lines = file.read_text().splitlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines:
+        words = line.split()
+        if len(words) == 2 and words[0].isdigit():
+            records.append((int(words[0]), words[1]))
+    return records
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _read_pids(file: Path) -> list[int]:

@@ -233,7 +233,8 @@ def _decode(
     if info.dtype_code not in FLOAT_CODES:
         raise CodecError(f"lossy codec {info.codec_name} on a non-float dtype {dtype}")
     values, key, k, width = layout
-    out = np.empty(n, dtype=dtype)
+    # Top-k leaves most elements zero: calloc'd pages are only touched where values land.
+    out = np.zeros(n, dtype=dtype) if info.codec == CODEC_TOPK else np.empty(n, dtype=dtype)
     if info.codec in _CODEC_DENSE:
         target = out if dtype == np.float32 else np.empty(n, dtype=np.float32)
         dense.decode(values, body, target)
@@ -241,7 +242,6 @@ def _decode(
         chosen = decode_indices(body[: k * width], width, n)
         picked = np.empty(k, dtype=np.float32)
         dense.decode(values, body[k * width :], picked)
-        out[...] = 0
         target = np.empty(k, dtype=dtype)
         store_as(target, picked)
         out[chosen] = target

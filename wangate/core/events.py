@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wangate.core.message import MessageHeader
+from wangate.core.selector import RouteChanged
 
 
 @dataclass(frozen=True)
@@ -49,4 +50,11 @@ class PathStateChanged:
     reason: str
 
 
-Event = MessageReceived | MessageDelivered | MessageFailed | MessageDropped | PathStateChanged
+Event = (
+    MessageReceived
+    | MessageDelivered
+    | MessageFailed
+    | MessageDropped
+    | PathStateChanged
+    | RouteChanged  # the critical route moved (wangate.core.selector)
+)

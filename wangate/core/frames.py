@@ -31,6 +31,7 @@ CTRL_HELLO = 0x01
 CTRL_ACK = 0x02
 CTRL_CREDIT = 0x03
 CTRL_REJECTED = 0x04
+CTRL_ROUTE = 0x05
 
 SHARD_FLAG_CRITICAL = 0x01
 
@@ -89,7 +90,8 @@ def encode_shard(
 ) -> bytes:
     if offset + len(data) > msg_len:
         raise LocalProtocolError("shard extends past the end of its message")
-    head = _SHARD.pack(
+    head = _pack(
+        _SHARD,
         DGRAM_SHARD,
         SHARD_FLAG_CRITICAL if critical else 0,
         path_seq,
@@ -102,7 +104,14 @@ def encode_shard(
 
 
 def encode_probe(path_seq: int, sent_ns: int) -> bytes:
-    return _PROBE.pack(DGRAM_PROBE, 0, path_seq, sent_ns)
+    return _pack(_PROBE, DGRAM_PROBE, 0, path_seq, sent_ns)
+
+
+def _pack(layout: struct.Struct, *values: int) -> bytes:
+    try:
+        return layout.pack(*values)
+    except struct.error as exc:  # a field out of range for its width
+        raise LocalProtocolError(f"{values} cannot be encoded: {exc}") from exc
 
 
 def decode_datagram(data: bytes) -> Datagram:
@@ -172,11 +181,18 @@ class MessageRejected:
     reason: str
 
 
+@dataclass(frozen=True)
+class RouteChosen:
+    """The sender tells its peer which path now carries its critical traffic."""
+
+    path: str
+
+
 REJECT_TOO_LARGE = 1
 REJECT_CHECKSUM = 2
 REJECT_MALFORMED = 3
 
-ControlFrame = Hello | Ack | Credit | MessageRejected
+ControlFrame = Hello | Ack | Credit | MessageRejected | RouteChosen
 
 
 def _name_bytes(name: str, what: str) -> bytes:
@@ -190,7 +206,7 @@ def encode_control(frame: ControlFrame) -> bytes:
         site = _name_bytes(frame.site, "site")
         path = _name_bytes(frame.path, "path")
         body = (
-            _HELLO.pack(frame.version, frame.instance_id, frame.max_message_bytes)
+            _pack(_HELLO, frame.version, frame.instance_id, frame.max_message_bytes)
             + bytes([len(site)])
             + site
             + bytes([len(path)])
@@ -201,33 +217,39 @@ def encode_control(frame: ControlFrame) -> bytes:
         if not 0 < len(frame.ranges) <= MAX_ACK_RANGES:
             raise LocalProtocolError(f"an ack carries 1..{MAX_ACK_RANGES} ranges")
         delay_us = min(frame.ack_delay_us, _U32)
-        parts = [_ACK_HEAD.pack(frame.echo_sent_ns, delay_us, len(frame.ranges))]
-        parts.extend(_ACK_RANGE.pack(first, last) for first, last in frame.ranges)
+        if any(last < first for first, last in frame.ranges):
+            raise LocalProtocolError("an ack range is reversed")
+        parts = [_pack(_ACK_HEAD, frame.echo_sent_ns, delay_us, len(frame.ranges))]
+        parts.extend(_pack(_ACK_RANGE, first, last) for first, last in frame.ranges)
         body = b"".join(parts)
         kind = CTRL_ACK
+    elif isinstance(frame, RouteChosen):
+        path = _name_bytes(frame.path, "path")
+        body = bytes([len(path)]) + path
+        kind = CTRL_ROUTE
     elif isinstance(frame, Credit):
-        body = _CREDIT.pack(frame.granted_bytes)
+        body = _pack(_CREDIT, frame.granted_bytes)
         kind = CTRL_CREDIT
     else:
         reason = frame.reason.encode()[:1024]
-        body = _REJECTED.pack(frame.msg_id, frame.code) + reason
+        body = _pack(_REJECTED, frame.msg_id, frame.code) + reason
         kind = CTRL_REJECTED
     return _CTRL.pack(kind, len(body)) + body
 
 
-def _decode_name(body: bytes, pos: int, what: str) -> tuple[str, int]:
+def _decode_name(body: bytes, pos: int, frame: str, what: str) -> tuple[str, int]:
     if pos >= len(body):
-        raise RemoteProtocolError(f"hello truncated before {what}")
+        raise RemoteProtocolError(f"{frame} truncated before {what}")
     n = body[pos]
     raw = body[pos + 1 : pos + 1 + n]
     if len(raw) != n:
-        raise RemoteProtocolError(f"hello truncated inside {what}")
+        raise RemoteProtocolError(f"{frame} truncated inside {what}")
     try:
         name = raw.decode()
     except UnicodeDecodeError as exc:
-        raise RemoteProtocolError(f"hello {what} is not UTF-8") from exc
+        raise RemoteProtocolError(f"{frame} {what} is not UTF-8") from exc
     if not NAME_RE.match(name):
-        raise RemoteProtocolError(f"hello {what} {name!r} is not a valid name")
+        raise RemoteProtocolError(f"{frame} {what} {name!r} is not a valid name")
     return name, pos + 1 + n
 
 
@@ -240,8 +262,8 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
             raise RemoteProtocolError(
                 f"peer speaks wire version {version}, this gateway speaks {WIRE_VERSION}"
             )
-        site, pos = _decode_name(body, _HELLO.size, "site")
-        path, pos = _decode_name(body, pos, "path")
+        site, pos = _decode_name(body, _HELLO.size, "hello", "site")
+        path, pos = _decode_name(body, pos, "hello", "path")
         if pos != len(body):
             raise RemoteProtocolError("hello has trailing bytes")
         return Hello(site, path, instance_id, max_message, version)
@@ -258,6 +280,11 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
             if last < first:
                 raise RemoteProtocolError(f"ack range {first}..{last} is reversed")
         return Ack(echo, delay, ranges)
+    if kind == CTRL_ROUTE:
+        path, pos = _decode_name(body, 0, "route", "path")
+        if pos != len(body):
+            raise RemoteProtocolError("route frame has trailing bytes")
+        return RouteChosen(path)
     if kind == CTRL_CREDIT:
         if len(body) != _CREDIT.size:
             raise RemoteProtocolError("credit frame has the wrong length")

@@ -75,9 +75,12 @@ class OutboundQueue:
         self._critical: deque[OutboundMessage] = deque()
         self._bulk: deque[OutboundMessage] = deque()
         self.repair_bytes = 0  # cumulative bytes sent again
+        self.bulk_backlog_bytes = 0  # bulk bytes still to send (new and repairs)
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
+        if not message.critical:
+            self.bulk_backlog_bytes += message.body_len
         self._enqueue(message)
 
     def _enqueue(self, message: OutboundMessage) -> None:
@@ -85,24 +88,28 @@ class OutboundQueue:
             message.queued = True
             (self._critical if message.critical else self._bulk).append(message)
 
-    def has_work(self, critical_only: bool = False) -> bool:
-        if self._critical:
-            return True
-        return not critical_only and bool(self._bulk)
+    def has_work(self) -> bool:
+        return bool(self._critical) or bool(self._bulk)
 
-    def take(self, max_bytes: int, critical_only: bool = False) -> Piece | None:
-        """The next piece of at most ``max_bytes``, or None when there is nothing to send."""
-        for work in (self._critical, self._bulk):
-            if critical_only and work is self._bulk:
-                return None
-            while work:
-                message = work[0]
-                piece = self._take_from(message, max_bytes)
-                if not message.has_work:
-                    work.popleft()
-                    message.queued = False
-                if piece is not None:
-                    return piece
+    @property
+    def has_critical_work(self) -> bool:
+        return bool(self._critical)
+
+    @property
+    def has_bulk_work(self) -> bool:
+        return bool(self._bulk)
+
+    def take(self, max_bytes: int, *, critical: bool) -> Piece | None:
+        """The next critical (or bulk) piece of at most ``max_bytes``, if any."""
+        work = self._critical if critical else self._bulk
+        while work:
+            message = work[0]
+            piece = self._take_from(message, max_bytes)
+            if not message.has_work:
+                work.popleft()
+                message.queued = False
+            if piece is not None:
+                return piece
         return None
 
     def _take_from(self, message: OutboundMessage, max_bytes: int) -> Piece | None:
@@ -110,7 +117,9 @@ class OutboundQueue:
             start, end = message.repairs.popleft()
             gap = message.acked.first_gap(start, end)
             if gap is None:
+                self._settle(message, end - start)
                 continue  # acknowledged after all (a late ack beat the repair)
+            self._settle(message, gap[0] - start)
             start, gap_end = gap
             if gap_end < end:
                 message.repairs.appendleft((gap_end, end))
@@ -118,19 +127,28 @@ class OutboundQueue:
             if end < gap_end:
                 message.repairs.appendleft((end, gap_end))
             self.repair_bytes += end - start
+            self._settle(message, end - start)
             return Piece(message, start, end, True)
         if message.next_offset < message.body_len:
             start = message.next_offset
             end = min(message.body_len, start + max_bytes)
             message.next_offset = end
+            self._settle(message, end - start)
             return Piece(message, start, end, False)
         return None
+
+    def _settle(self, message: OutboundMessage, size_bytes: int) -> None:
+        """``size_bytes`` of the message's work left the backlog (sent, or acked meanwhile)."""
+        if not message.critical:
+            self.bulk_backlog_bytes -= size_bytes
 
     def mark_lost(self, msg_id: int, start: int, end: int) -> None:
         message = self.messages.get(msg_id)
         if message is None or message.acked.covers(start, end):
             return
         message.repairs.append((start, end))
+        if not message.critical:
+            self.bulk_backlog_bytes += end - start
         self._enqueue(message)
 
     def mark_acked(self, msg_id: int, start: int, end: int) -> OutboundMessage | None:
@@ -147,6 +165,10 @@ class OutboundQueue:
     def drop(self, msg_id: int) -> OutboundMessage | None:
         message = self.messages.pop(msg_id, None)
         if message is not None:
+            if not message.critical:
+                self.bulk_backlog_bytes -= (message.body_len - message.next_offset) + sum(
+                    end - start for start, end in message.repairs
+                )
             message.repairs.clear()
             message.next_offset = message.body_len
         return message

@@ -34,6 +34,7 @@ from wangate.core.frames import (
     Credit,
     MessageRejected,
     ProbeDatagram,
+    RouteChosen,
     ShardDatagram,
     decode_datagram,
     encode_control,
@@ -41,9 +42,10 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.message import MessageHeader, verify_body
-from wangate.core.outbound import OutboundMessage, OutboundQueue
+from wangate.core.outbound import OutboundMessage, OutboundQueue, Piece
 from wangate.core.paths import PathReceiver, PathSender, SentDatagram
 from wangate.core.rangeset import RangeSet
+from wangate.core.scheduler import PathScheduler
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
@@ -89,6 +91,10 @@ class PeerSession:
         self._peer_granted = 0
         self._peer_max_message: int | None = None
         self._started_bytes = 0
+        self._scheduler = PathScheduler()
+        self._route_dirty = False  # tell the peer our critical route
+        self.peer_critical_path: str | None = None  # the path the peer sends critical data on
+        self._path_states: dict[str, str] = {}
 
         # receiving
         self._inbound: dict[int, InboundMessage] = {}
@@ -126,6 +132,11 @@ class PeerSession:
         sender.estimator.on_heard(now)
         self._receivers.setdefault(path, PathReceiver())
         self._credit_dirty.add(path)
+        self._route_dirty = True
+        if self._path_states.get(path, "up") == "down":
+            self._events.append(PathStateChanged(path, "up", "connected"))
+        self._path_states[path] = "up"
+        self._reselect(now)
 
     def path_down(self, path: str, now: float, reason: str) -> None:
         """A path's connection closed: whatever it had in flight goes out elsewhere."""
@@ -137,8 +148,10 @@ class PeerSession:
         if sender.usable:
             sender.usable = False
             self._events.append(PathStateChanged(path, "down", reason))
+        self._path_states[path] = "down"
         # acks owed on the old connection die with it; the byte count carries on
         self._receivers[path] = PathReceiver(received_bytes=self._receivers[path].received_bytes)
+        self._reselect(now)
 
     def forget_path(self, path: str, now: float) -> None:
         self.path_down(path, now, "removed")
@@ -220,7 +233,7 @@ class PeerSession:
         if sender is None or path in self._closed:
             return None
         if sender.usable:
-            piece = self._queue.take(sender.datagram_bytes - SHARD_HEADER_BYTES)
+            piece = self._next_piece(path, sender.datagram_bytes - SHARD_HEADER_BYTES, now)
             if piece is not None:
                 message = piece.message
                 sent = SentDatagram(
@@ -243,6 +256,37 @@ class PeerSession:
             return encode_probe(seq, int(now * 1e9))
         return None
 
+    def _usable(self) -> dict[str, bool]:
+        return {n: s.usable and n not in self._closed for n, s in self._senders.items()}
+
+    def _estimators(self) -> dict[str, PathEstimator]:
+        return {n: s.estimator for n, s in self._senders.items()}
+
+    def _next_piece(self, path: str, max_bytes: int, now: float) -> Piece | None:
+        """What ``path`` should carry next: critical work if it is the critical route,
+        duplicates if it backs up a lossy route, bulk if it finishes it earliest."""
+        queue, scheduler = self._queue, self._scheduler
+        if queue.has_critical_work and scheduler.takes_critical(path, self._usable()):
+            piece = queue.take(max_bytes, critical=True)
+            if piece is not None:
+                scheduler.offer_duplicate(piece)
+                return piece
+        piece = scheduler.take_duplicate(path)
+        if piece is not None:
+            return piece
+        if queue.has_bulk_work and scheduler.bulk_helps(
+            path, self._estimators(), self._usable(), queue.bulk_backlog_bytes, max_bytes, now
+        ):
+            return queue.take(max_bytes, critical=False)
+        return None
+
+    def _reselect(self, now: float) -> None:
+        open_paths = {n for n, ok in self._usable().items() if ok}
+        change = self._scheduler.update(now, self._estimators(), open_paths)
+        if change is not None:
+            self._events.append(change)
+            self._route_dirty = True
+
     def _requeue(self, sender: PathSender, lost: Iterable[SentDatagram]) -> None:
         for sent in lost:
             sender.estimator.on_lost(sent.size_bytes, sent.sent_at)
@@ -258,6 +302,8 @@ class PeerSession:
         if 0.0 < rtt_s < 60.0:
             est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
         acked, late_acked = sender.acknowledge(ack, now)
+        if acked:
+            self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
             est.on_acked(sent.size_bytes, now)
         for sent in acked + late_acked:
@@ -283,6 +329,7 @@ class PeerSession:
         if not sender.usable:
             sender.usable = True
             self._events.append(PathStateChanged(path, "up", "heard again"))
+            self._path_states[path] = "up"
         datagram = decode_datagram(data)
         sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
         if isinstance(datagram, ProbeDatagram):
@@ -366,6 +413,8 @@ class PeerSession:
             if frame.granted_bytes > self._peer_granted:
                 self._peer_granted = frame.granted_bytes
                 self._admit()
+        elif isinstance(frame, RouteChosen):
+            self.peer_critical_path = frame.path
         elif isinstance(frame, MessageRejected):
             if self._queue.drop(frame.msg_id) is not None:
                 self._events.append(
@@ -387,12 +436,16 @@ class PeerSession:
             out.append(encode_control(Credit(self.granted_bytes)))
         while self._rejections:
             out.append(encode_control(self._rejections.popleft()))
+        current = self._scheduler.selector.current
+        if self._route_dirty and current is not None and path == current:
+            self._route_dirty = False
+            out.append(encode_control(RouteChosen(current)))
         return b"".join(out)
 
     # ------------------------------------------------------------ timers/events
 
     def get_timer(self) -> float | None:
-        deadlines: list[float] = [self._credit_refresh_at]
+        deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
         for name, sender in self._senders.items():
             if name in self._closed:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
@@ -414,12 +467,17 @@ class PeerSession:
             self._credit_dirty.update(self._senders)
         for name, sender in self._senders.items():
             self._requeue(sender, sender.detect_lost(now))
-            if sender.usable and sender.estimator.state(now).kind == "down":
+            if name in self._closed:
+                continue
+            state = sender.estimator.state(now)
+            if sender.usable and state.kind == "down":
                 sender.usable = False
                 self._requeue(sender, sender.take_all_inflight())
-                self._events.append(
-                    PathStateChanged(name, "down", sender.estimator.state(now).reason)
-                )
+            if state.kind != self._path_states.get(name, "up"):
+                self._events.append(PathStateChanged(name, state.kind, state.reason))
+            self._path_states[name] = state.kind
+        if now >= self._scheduler.next_select_at:
+            self._reselect(now)
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
@@ -433,6 +491,11 @@ class PeerSession:
         row["usable"] = sender.usable
         row["spurious_losses"] = sender.spurious_losses
         row["rto_ms"] = sender.retransmission_timeout_s() * 1e3
+        row["role"] = self._scheduler.role(path)
+        row["peer_role"] = "critical" if self.peer_critical_path == path else "bulk"
+        change = self._scheduler.last_change
+        row["last_switch_s"] = None if change is None else round(now - change.at, 3)
+        row["last_switch_reason"] = None if change is None else change.reason
         return row
 
     def status(self) -> dict[str, int]:

@@ -8,24 +8,24 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
 
 * Model: bottleneck bandwidth = windowed max of delivery-rate samples over
   ``BW_WINDOW_ROUNDS`` round trips; propagation delay = min RTT over ``MIN_RTT_WINDOW_S``.
-  BDP = bandwidth × min RTT.
+  BDP = bandwidth x min RTT.
 * Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
   separate pacing hook, so the window *is* the pacing control:
-  ``cwnd = gain × bandwidth × rtt_w`` with ``rtt_w`` the smoothed RTT clamped to
+  ``cwnd = gain x bandwidth x rtt_w`` with ``rtt_w`` the smoothed RTT clamped to
   ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
-  pacing rate is ``gain × bandwidth``; once a queue grows past it, the window stops
-  following the RTT, so the rate falls as ``bandwidth × (min_rtt + allowance) / srtt``
-  and the queue drains. After Startup the window never exceeds ``CWND_CAP_GAIN × BDP``.
-* States (BBR §4.3): Startup (gain 2/ln 2, grows by the bytes acked each ack: doubles
+  pacing rate is ``gain x bandwidth``; once a queue grows past it, the window stops
+  following the RTT, so the rate falls as ``bandwidth x (min_rtt + allowance) / srtt``
+  and the queue drains. After Startup the window never exceeds ``CWND_CAP_GAIN x BDP``.
+* States (BBR §4.3): Startup (gain 2/ln 2, grows by the bytes acked: about 1.5-2x
   per round) until the bandwidth grew < 25 % for 3 rounds; Drain (window = BDP) until
-  in flight <= BDP; ProbeBW cycling gains 1.25, 0.75, 1 × 6, one min RTT each (probe
+  in flight <= BDP; ProbeBW cycling gains 1.25, 0.75, 1 x 6, one min RTT each (probe
   for more, then drain the probe's queue: this cycling is what leaves room for a
   competing TCP flow); ProbeRTT (window = BDP / 2 for 200 ms and a round) when the
   min RTT was not refreshed for ``MIN_RTT_WINDOW_S``.
 * Loss (RFC 9002 §7 leaves the response to the controller): a round's loss counts as
   congestion only if at least ``LOSS_MIN_PACKETS`` packets were lost and either the
   loss exceeds ``HIGH_LOSS_RATE`` or it exceeds ``QUEUE_LOSS_RATE`` while the round's
-  lowest RTT is above ``min_rtt × QUEUE_RTT_FACTOR`` (a standing queue). Congestion cuts
+  lowest RTT is above ``min_rtt x QUEUE_RTT_FACTOR`` (a standing queue). Congestion cuts
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
   few percent leaves the model alone. Persistent congestion (RFC 9002 §7.6) drops the
@@ -47,6 +47,7 @@ from aioquic.quic.congestion.base import (
     register_congestion_control,
 )
 from aioquic.quic.packet_builder import QuicSentPacket
+from aioquic.tls import Epoch
 
 CONGESTION_CONTROL_NAME = "wangate"
 
@@ -69,7 +70,7 @@ QUEUE_LOSS_RATE = 0.02
 QUEUE_RTT_FACTOR = 1.25
 LOSS_MIN_PACKETS = 3
 LOSS_BETA = 0.7
-APP_LIMITED_FRACTION = 0.75  # sending with less than this much of cwnd in flight
+APP_LIMITED_FRACTION = 0.5  # sending with less than this much of cwnd in flight
 SRTT_WEIGHT = 0.125  # RFC 9002 §5.3
 
 STARTUP, DRAIN, PROBE_BW, PROBE_RTT = "startup", "drain", "probe_bw", "probe_rtt"
@@ -104,7 +105,7 @@ class WangateCongestionControl(QuicCongestionControl):
         self.state = STARTUP
 
         # delivery-rate estimation
-        self._sent: dict[tuple[int, int], _Sent] = {}
+        self._sent: dict[tuple[Epoch, int], _Sent] = {}
         self.delivered_bytes = 0
         self._delivered_at = 0.0
         self._first_sent_at = 0.0
@@ -130,6 +131,7 @@ class WangateCongestionControl(QuicCongestionControl):
         # state machine
         self._full_bw_bps = 0.0
         self._full_bw_count = 0
+        self._full_bw_checked_round = -1
         self.filled_pipe = False
         self._phase = PROBE_BW_START_PHASE
         self._phase_start = 0.0
@@ -241,18 +243,16 @@ class WangateCongestionControl(QuicCongestionControl):
             if sent is not None and sent.sent_at > self._recovery_start:
                 self._round_lost_packets += 1
                 self._round_lost_bytes += packet.sent_bytes
-        # a heavy loss burst is judged at once, not only at the end of the round
-        if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
-            self._on_congestion(now)
+        # judged when the round ends (_start_round): early in a round a few random
+        # losses against few acks would look like a high loss rate
 
     def on_persistent_congestion(self) -> None:
-        self._prior_cwnd = max(self._prior_cwnd, self.congestion_window)
         self.congestion_window = self.min_window
 
     def on_rtt_measurement(self, *, now: float, rtt: float) -> None:
         rtt = max(rtt, MIN_RTT_FLOOR_S)
-        self.srtt_s = rtt if self.srtt_s is None else self.srtt_s + SRTT_WEIGHT * (
-            rtt - self.srtt_s
+        self.srtt_s = (
+            rtt if self.srtt_s is None else self.srtt_s + SRTT_WEIGHT * (rtt - self.srtt_s)
         )
         self._round_min_rtt_s = min(self._round_min_rtt_s, rtt)
         expired = now > self._min_rtt_at + MIN_RTT_WINDOW_S
@@ -312,7 +312,7 @@ class WangateCongestionControl(QuicCongestionControl):
 
     def _check_full_pipe(self, rate_bps: float) -> None:
         # once per round: did the bandwidth still grow by 25 %? (BBR §4.3.2.2)
-        if self.round_count == self._full_bw_round_checked():
+        if self.round_count == self._full_bw_checked_round:
             return
         self._full_bw_checked_round = self.round_count
         if self.btl_bw_bps >= self._full_bw_bps * FULL_BW_GROWTH:
@@ -323,9 +323,6 @@ class WangateCongestionControl(QuicCongestionControl):
         if self._full_bw_count >= FULL_BW_ROUNDS:
             self.filled_pipe = True
             self.state = DRAIN
-
-    def _full_bw_round_checked(self) -> int:
-        return getattr(self, "_full_bw_checked_round", -1)
 
     def _advance_state(self, now: float) -> None:
         min_rtt = self.min_rtt_s if self.min_rtt_s is not None else 0.0

@@ -1,0 +1,400 @@
+"""The "wangate" congestion controller, driven sans-IO by a fake bottleneck under a fake
+clock, then once for real between two aioquic endpoints on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.server import serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.congestion.base import QuicCongestionControl, create_congestion_control
+from aioquic.quic.packet import QuicPacketType
+from aioquic.quic.packet_builder import QuicSentPacket
+from aioquic.tls import Epoch
+
+from wangate.certs import create_ca, issue_site_certificate
+from wangate.net.congestion import (
+    CONGESTION_CONTROL_NAME,
+    DRAIN,
+    PROBE_BW,
+    PROBE_RTT,
+    STARTUP,
+    WangateCongestionControl,
+)
+
+MSS = 1200
+RATE_BPS = 2_500_000.0  # bytes/s: 20 Mbit/s
+BASE_RTT_S = 0.040
+BDP = RATE_BPS * BASE_RTT_S  # 100 kB
+
+
+# ------------------------------------------------------------- a fake bottleneck
+
+
+@dataclass
+class Flow:
+    cc: QuicCongestionControl
+    start_s: float = 0.0
+    next_pn: int = 0
+    next_send_s: float = 0.0
+    srtt_s: float | None = None  # as aioquic's pacer sees it (RFC 9002 §5.3)
+    delivered_bytes: int = 0
+    lost: int = 0
+    sent: int = 0
+    send_scheduled: bool = False
+
+
+@dataclass
+class Link:
+    """One FIFO bottleneck shared by every flow, a drop-tail buffer, then random loss.
+
+    ``extra_delay_s(t)`` adds a delay after the bottleneck (a queue we do not cause)."""
+
+    rate_bps: float = RATE_BPS
+    base_rtt_s: float = BASE_RTT_S
+    buffer_bytes: float = BDP
+    loss: float = 0.0
+    seed: int = 1
+    extra_delay_s: Callable[[float], float] = lambda t: 0.0
+    rate_at: Callable[[float], float] | None = None
+    free_at: float = 0.0
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+
+class Simulation:
+    def __init__(self, link: Link, flows: list[Flow]) -> None:
+        self.link = link
+        self.flows = flows
+        self.events: list[tuple[float, int, str, int, QuicSentPacket | None]] = []
+        self.order = 0
+        self.now = 0.0
+        self.trace: list[tuple[float, int, int]] = []  # (time, flow, cwnd) per ack
+
+    def push(self, at: float, kind: str, flow: int, packet: QuicSentPacket | None) -> None:
+        self.order += 1
+        heapq.heappush(self.events, (at, self.order, kind, flow, packet))
+
+    def run(self, until_s: float, observe: Callable[[Simulation], None] | None = None) -> None:
+        for index, flow in enumerate(self.flows):
+            self.push(flow.start_s, "send", index, None)
+        while self.events and self.events[0][0] <= until_s:
+            at, _, kind, index, packet = heapq.heappop(self.events)
+            self.now = at
+            flow = self.flows[index]
+            if kind == "send":
+                flow.send_scheduled = False
+            elif kind == "ack":
+                assert packet is not None
+                flow.cc.on_packet_acked(now=at, packet=packet)
+                flow.delivered_bytes += packet.sent_bytes
+                assert packet.sent_time is not None
+                rtt = at - packet.sent_time
+                flow.srtt_s = rtt if flow.srtt_s is None else 0.875 * flow.srtt_s + 0.125 * rtt
+                flow.cc.on_rtt_measurement(now=at, rtt=rtt)
+                self.trace.append((at, index, flow.cc.congestion_window))
+            else:
+                assert packet is not None
+                flow.lost += 1
+                flow.cc.on_packets_lost(now=at, packets=[packet])
+            if observe is not None:
+                observe(self)
+            self.try_send(index)
+
+    def try_send(self, index: int) -> None:
+        flow, link, now = self.flows[index], self.link, self.now
+        while flow.cc.congestion_window - flow.cc.bytes_in_flight >= MSS:
+            if now < flow.next_send_s:
+                if not flow.send_scheduled:
+                    flow.send_scheduled = True
+                    self.push(flow.next_send_s, "send", index, None)
+                return
+            packet = QuicSentPacket(
+                epoch=Epoch.ONE_RTT,
+                in_flight=True,
+                is_ack_eliciting=True,
+                is_crypto_packet=False,
+                packet_number=flow.next_pn,
+                packet_type=QuicPacketType.ONE_RTT,
+                sent_time=now,
+                sent_bytes=MSS,
+            )
+            flow.next_pn += 1
+            flow.sent += 1
+            flow.cc.on_packet_sent(packet=packet)
+            if flow.srtt_s is not None:  # aioquic paces at cwnd / srtt
+                flow.next_send_s = max(flow.next_send_s, now - 0.002) + MSS * flow.srtt_s / (
+                    flow.cc.congestion_window
+                )
+            rate = link.rate_at(now) if link.rate_at is not None else link.rate_bps
+            queued = max(0.0, link.free_at - now) * rate
+            if queued + MSS > link.buffer_bytes:
+                self.push(now + link.base_rtt_s * 1.125 + queued / rate, "lost", index, packet)
+                continue
+            link.free_at = max(now, link.free_at) + MSS / rate
+            delay = link.base_rtt_s + link.extra_delay_s(link.free_at)
+            if link.rng.random() < link.loss:
+                self.push(link.free_at + delay * 1.125, "lost", index, packet)
+            else:
+                self.push(link.free_at + delay, "ack", index, packet)
+
+
+def _wangate() -> WangateCongestionControl:
+    cc = create_congestion_control(CONGESTION_CONTROL_NAME, max_datagram_size=MSS)
+    assert isinstance(cc, WangateCongestionControl)
+    return cc
+
+
+def _goodput_bps(flow: Flow, seconds: float) -> float:
+    return flow.delivered_bytes / seconds
+
+
+# ----------------------------------------------------------------- the model
+
+
+def test_startup_grows_exponentially_then_settles_at_bdp() -> None:
+    cc = _wangate()
+    sim = Simulation(Link(buffer_bytes=2 * BDP), [Flow(cc)])
+    windows: list[int] = []  # the window as each round trip starts
+
+    def observe(s: Simulation) -> None:
+        if cc.round_count > len(windows):
+            windows.append(cc.congestion_window)
+
+    sim.run(0.3, observe)
+    # slow-start-like while below the BDP: pacing at cwnd / srtt keeps it a little under
+    # doubling per round, but never linear
+    growing = [w for w in windows if w < BDP]
+    assert len(growing) >= 4
+    for before, after in itertools.pairwise(growing):
+        assert after >= 1.4 * before
+    assert growing[-1] >= 1.5 ** (len(growing) - 1) * growing[0]
+    sim.run(3.0)
+    assert cc.state == PROBE_BW
+    assert cc.filled_pipe
+    assert cc.btl_bw_bps == pytest.approx(RATE_BPS, rel=0.1)
+    assert cc.min_rtt_s == pytest.approx(BASE_RTT_S, rel=0.05)
+    assert 0.9 * BDP <= cc.congestion_window <= 2 * BDP
+    assert _goodput_bps(sim.flows[0], 3.0) > 0.8 * RATE_BPS
+
+
+def test_one_percent_random_loss_keeps_window_near_bdp_and_reno_does_not() -> None:
+    cc = _wangate()
+    sim = Simulation(Link(loss=0.01, seed=3), [Flow(cc)])
+    low_window_after_startup = []
+
+    def observe(s: Simulation) -> None:
+        if s.now > 1.0:
+            low_window_after_startup.append(cc.congestion_window < 0.8 * BDP)
+
+    sim.run(1.0)
+    events_after_startup = cc.congestion_events  # a 1-BDP buffer may overflow in Startup
+    sim.run(8.0, observe)
+    flow = sim.flows[0]
+    assert flow.lost > 200  # the loss really happened
+    assert cc.congestion_events == events_after_startup
+    assert 0.9 * BDP <= cc.congestion_window <= 2 * BDP
+    # the window dips below 0.8 BDP only in ProbeBW's drain phase / ProbeRTT
+    assert sum(low_window_after_startup) < 0.2 * len(low_window_after_startup)
+    assert _goodput_bps(flow, 8.0) > 0.85 * RATE_BPS
+
+    reno = create_congestion_control("reno", max_datagram_size=MSS)
+    baseline = Simulation(Link(loss=0.01, seed=3), [Flow(reno)])
+    baseline.run(8.0)
+    assert _goodput_bps(baseline.flows[0], 8.0) < 0.5 * _goodput_bps(flow, 8.0)
+
+
+def test_five_percent_random_loss_without_queue_is_not_congestion() -> None:
+    cc = _wangate()
+    sim = Simulation(Link(loss=0.05, seed=5), [Flow(cc)])
+    sim.run(1.0)
+    events_after_startup = cc.congestion_events
+    sim.run(6.0)
+    assert cc.congestion_events == events_after_startup
+    assert _goodput_bps(sim.flows[0], 6.0) > 0.75 * RATE_BPS
+
+
+def test_rising_rtt_slows_sending_and_window_does_not_follow_it() -> None:
+    # after 2 s a queue we do not cause adds delay: +100 ms per second, up to 200 ms
+    def extra(t: float) -> float:
+        return min(max(0.0, t - 2.0) * 0.1, 0.2)
+
+    cc = _wangate()
+    sim = Simulation(Link(extra_delay_s=extra, buffer_bytes=10 * BDP), [Flow(cc)])
+    sim.run(2.0)
+    window_before = cc.congestion_window
+    rate_before = cc.congestion_window / (sim.flows[0].srtt_s or 1.0)
+    sim.run(5.0)
+    srtt = sim.flows[0].srtt_s
+    assert srtt is not None and srtt > 0.2
+    pacing_after = cc.congestion_window / srtt
+    assert pacing_after < 0.5 * rate_before
+    assert cc.congestion_window <= 1.6 * window_before
+
+
+def test_bandwidth_drop_builds_a_queue_that_is_drained() -> None:
+    # the bottleneck halves at 2 s with a deep buffer: our own queue raises the RTT
+    def rate(t: float) -> float:
+        return RATE_BPS if t < 2.0 else RATE_BPS / 2
+
+    cc = _wangate()
+    sim = Simulation(Link(rate_at=rate, buffer_bytes=20 * BDP), [Flow(cc)])
+    sim.run(2.0)
+    before = sim.flows[0].delivered_bytes
+    sim.run(8.0)
+    srtt = sim.flows[0].srtt_s
+    assert srtt is not None and srtt < 2.0 * BASE_RTT_S  # no standing queue left
+    assert cc.btl_bw_bps == pytest.approx(RATE_BPS / 2, rel=0.15)
+    assert (sim.flows[0].delivered_bytes - before) / 6.0 > 0.85 * RATE_BPS / 2
+
+
+def test_heavy_loss_with_rising_rtt_backs_off() -> None:
+    def extra(t: float) -> float:
+        return 0.0 if t < 2.0 else 0.03
+
+    cc = _wangate()
+    link = Link(extra_delay_s=extra, seed=9)
+    sim = Simulation(link, [Flow(cc)])
+    sim.run(2.0)
+    events_before = cc.congestion_events
+    bw_before = cc.btl_bw_bps
+    link.loss = 0.05  # 5 % alone is tolerated; with the queue it is congestion
+    sim.run(2.6)
+    assert cc.congestion_events > events_before
+    assert cc.btl_bw_bps <= 0.75 * bw_before
+
+
+def test_very_heavy_loss_alone_backs_off() -> None:
+    cc = _wangate()
+    link = Link(seed=11)
+    sim = Simulation(link, [Flow(cc)])
+    sim.run(2.0)
+    bw_before = cc.btl_bw_bps
+    link.loss = 0.3
+    sim.run(2.5)
+    assert cc.congestion_events >= 1
+    assert cc.btl_bw_bps <= 0.75 * bw_before
+
+
+def test_startup_exits_on_congestion_loss_from_a_shallow_buffer() -> None:
+    cc = _wangate()
+    sim = Simulation(Link(buffer_bytes=0.1 * BDP), [Flow(cc)])
+    sim.run(3.0)
+    assert cc.state in (DRAIN, PROBE_BW, PROBE_RTT)
+    assert _goodput_bps(sim.flows[0], 3.0) > 0.6 * RATE_BPS
+
+
+def test_shares_a_bottleneck_with_reno() -> None:
+    # BBR v1-style cycling and the RTT clamp leave a loss-based flow its share
+    ours = _wangate()
+    reno = create_congestion_control("reno", max_datagram_size=MSS)
+    sim = Simulation(Link(buffer_bytes=BDP, seed=13), [Flow(ours), Flow(reno, start_s=1.0)])
+    sim.run(16.0)
+    ours_bps = sim.flows[0].delivered_bytes / 16.0
+    reno_bps = sim.flows[1].delivered_bytes / 15.0
+    assert ours_bps + reno_bps > 0.85 * RATE_BPS
+    assert reno_bps > 0.25 * RATE_BPS
+    assert ours_bps > 0.25 * RATE_BPS
+
+
+def test_probe_rtt_after_ten_seconds_without_a_new_min_rtt() -> None:
+    cc = _wangate()
+    states: set[str] = set()
+    sim = Simulation(Link(), [Flow(cc)])
+    sim.run(3.0)
+    # from now on the path's RTT is 5 ms higher: the 40 ms minimum is never seen again
+    sim.link.extra_delay_s = lambda t: 0.005
+    sim.run(14.5, lambda s: states.add(cc.state))
+    assert PROBE_RTT in states
+    assert cc.state == PROBE_BW
+    assert cc.min_rtt_s == pytest.approx(BASE_RTT_S + 0.005, rel=0.05)
+
+
+def test_persistent_congestion_collapses_then_regrows() -> None:
+    cc = _wangate()
+    sim = Simulation(Link(), [Flow(cc)])
+    sim.run(3.0)
+    cc.on_persistent_congestion()
+    assert cc.congestion_window == 4 * MSS
+    sim.run(3.6)
+    assert cc.congestion_window >= 0.9 * BDP
+
+
+def test_new_controller_starts_at_initial_window() -> None:
+    cc = _wangate()
+    assert cc.state == STARTUP
+    assert cc.congestion_window == 10 * MSS
+    assert cc.bytes_in_flight == 0
+    assert cc.get_log_data()["state"] == STARTUP
+
+
+# ----------------------------------------------------------- a real transfer
+
+
+def _configurations(tmp_path: Path) -> tuple[QuicConfiguration, QuicConfiguration]:
+    ca_cert, _ = create_ca(tmp_path)
+    cert_file, key_file = issue_site_certificate(tmp_path, "sh")
+    server = QuicConfiguration(
+        is_client=False,
+        alpn_protocols=["wgtest"],
+        congestion_control_algorithm=CONGESTION_CONTROL_NAME,
+    )
+    server.load_cert_chain(cert_file, key_file)
+    client = QuicConfiguration(
+        is_client=True,
+        alpn_protocols=["wgtest"],
+        congestion_control_algorithm=CONGESTION_CONTROL_NAME,
+        server_name="sh",
+    )
+    client.load_verify_locations(str(ca_cert))
+    client.verify_mode = ssl.CERT_REQUIRED
+    return server, client
+
+
+def test_real_aioquic_transfer_with_wangate_controller(tmp_path: Path) -> None:
+    payload = random.Random(21).randbytes(4 << 20)
+    server_config, client_config = _configurations(tmp_path)
+
+    async def main() -> bytes:
+        received = asyncio.get_running_loop().create_future()
+        tasks: list[asyncio.Task[None]] = []
+
+        def on_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            async def consume() -> None:
+                data = await reader.read()
+                writer.write(len(data).to_bytes(8, "big"))
+                writer.write_eof()
+                received.set_result(data)
+
+            tasks.append(asyncio.ensure_future(consume()))
+
+        server = await serve("127.0.0.1", 0, configuration=server_config, stream_handler=on_stream)
+        assert server._transport is not None
+        port = server._transport.get_extra_info("sockname")[1]
+        try:
+            async with connect("127.0.0.1", port, configuration=client_config) as client:
+                loss = client._quic._loss
+                assert isinstance(loss._cc, WangateCongestionControl)
+                reader, writer = await client.create_stream()
+                writer.write(payload)
+                writer.write_eof()
+                echoed = await asyncio.wait_for(reader.read(), 30)
+                assert int.from_bytes(echoed, "big") == len(payload)
+                assert loss._cc.btl_bw_bps > 0
+                assert loss._cc.min_rtt_s is not None
+                return await asyncio.wait_for(received, 5)
+        finally:
+            server.close()
+
+    assert asyncio.run(main()) == payload

@@ -1,0 +1,472 @@
+"""Wire frames: golden vectors, exact bytes, round trips and every rejection."""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wangate.core.frames import (
+    CONTROL_HEADER_BYTES,
+    MAX_ACK_RANGES,
+    MAX_CONTROL_BODY_BYTES,
+    MAX_MESSAGE_BYTES,
+    PROBE_BYTES,
+    SHARD_HEADER_BYTES,
+    WIRE_VERSION,
+    Ack,
+    ControlFrame,
+    ControlStreamDecoder,
+    Credit,
+    Hello,
+    MessageRejected,
+    ProbeDatagram,
+    RouteChosen,
+    ShardDatagram,
+    decode_control_body,
+    decode_datagram,
+    encode_control,
+    encode_probe,
+    encode_shard,
+)
+from wangate.core.message import MessageHeader, verify_body
+from wangate.errors import LocalProtocolError, RemoteProtocolError
+
+VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors"
+
+
+def u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+def u32(value: int) -> bytes:
+    return value.to_bytes(4, "big")
+
+
+def decode_one_control(raw: bytes) -> ControlFrame:
+    (frame,) = ControlStreamDecoder().feed(raw)
+    return frame
+
+
+# ------------------------------------------------------------------ golden vectors
+
+
+def load_vector(path: Path) -> tuple[dict[str, Any], bytes]:
+    lines = path.read_text().splitlines()
+    (fields_line,) = [line for line in lines if line.startswith("# fields: ")]
+    fields = json.loads(fields_line.removeprefix("# fields: "))
+    raw = bytes.fromhex(" ".join(line for line in lines if not line.startswith("#")))
+    return fields, raw
+
+
+def frame_from_fields(f: dict[str, Any]) -> object:
+    kind = f["type"]
+    if kind == "shard":
+        data = bytes.fromhex(f["data"])
+        return ShardDatagram(
+            f["path_seq"], f["sent_ns"], f["msg_id"], f["msg_len"], f["offset"], data, f["critical"]
+        )
+    if kind == "probe":
+        return ProbeDatagram(f["path_seq"], f["sent_ns"])
+    if kind == "hello":
+        return Hello(f["site"], f["path"], f["instance_id"], f["max_message_bytes"], f["version"])
+    if kind == "ack":
+        ranges = tuple((first, last) for first, last in f["ranges"])
+        return Ack(f["echo_sent_ns"], f["ack_delay_us"], ranges)
+    if kind == "credit":
+        return Credit(f["granted_bytes"])
+    if kind == "rejected":
+        return MessageRejected(f["msg_id"], f["code"], f["reason"])
+    if kind == "route":
+        return RouteChosen(f["path"])
+    raise AssertionError(f"vector of unknown type {kind}")
+
+
+VECTOR_FILES = sorted(VECTORS.glob("wire_*.hex"))
+
+
+def test_vectors_cover_every_frame_type() -> None:
+    kinds = {load_vector(path)[0]["type"] for path in VECTOR_FILES}
+    assert kinds == {
+        "shard",
+        "probe",
+        "hello",
+        "ack",
+        "credit",
+        "rejected",
+        "route",
+        "message_body",
+    }
+
+
+@pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
+def test_vector_decodes_and_reencodes_exactly(path: Path) -> None:
+    fields, raw = load_vector(path)
+    if fields["type"] == "message_body":
+        header, payload = verify_body(raw)
+        expected_header = MessageHeader(
+            fields["tag"],
+            fields["step"],
+            fields["critical"],
+            fields["checksum"],
+            bytes.fromhex(fields["meta"]),
+        )
+        assert header == expected_header
+        assert bytes(payload) == bytes.fromhex(fields["payload"])
+        assert raw[0] == fields["version"]
+        assert expected_header.encode() + bytes(payload) == raw
+        return
+    expected = frame_from_fields(fields)
+    if isinstance(expected, ShardDatagram | ProbeDatagram):
+        decoded = decode_datagram(raw)
+        if isinstance(expected, ShardDatagram):
+            assert isinstance(decoded, ShardDatagram)
+            assert decoded == ShardDatagram(
+                expected.path_seq,
+                expected.sent_ns,
+                expected.msg_id,
+                expected.msg_len,
+                expected.offset,
+                decoded.data,
+                expected.critical,
+            )
+            assert bytes(decoded.data) == expected.data
+            assert (
+                encode_shard(
+                    expected.path_seq,
+                    expected.sent_ns,
+                    expected.msg_id,
+                    expected.msg_len,
+                    expected.offset,
+                    expected.data,
+                    expected.critical,
+                )
+                == raw
+            )
+        else:
+            assert decoded == expected
+            assert encode_probe(expected.path_seq, expected.sent_ns) == raw
+        return
+    assert isinstance(expected, Hello | Ack | Credit | MessageRejected | RouteChosen)
+    assert decode_one_control(raw) == expected
+    assert encode_control(expected) == raw
+
+
+# ----------------------------------------------------------------- exact bytes
+
+
+def test_shard_layout() -> None:
+    raw = encode_shard(0x0102, 0x0A0B, 0x77, 100, 90, b"0123456789", critical=True)
+    assert raw == (
+        b"\x10\x01" + u64(0x0102) + u64(0x0A0B) + u64(0x77) + u64(100) + u64(90) + b"0123456789"
+    )
+    assert SHARD_HEADER_BYTES == 42
+    plain = encode_shard(1, 2, 3, 4, 0, b"abcd")
+    assert plain[:2] == b"\x10\x00"
+
+
+def test_probe_layout() -> None:
+    assert encode_probe(5, 6) == b"\x11\x00" + u64(5) + u64(6)
+    assert PROBE_BYTES == 18
+
+
+def test_hello_layout() -> None:
+    raw = encode_control(Hello("sh", "p1", 9, 1 << 20))
+    body = b"\x01" + u64(9) + u64(1 << 20) + b"\x02sh" + b"\x02p1"
+    assert raw == b"\x01" + u32(len(body)) + body
+    assert CONTROL_HEADER_BYTES == 5 and WIRE_VERSION == 1
+
+
+def test_ack_layout_and_delay_clamp() -> None:
+    raw = encode_control(Ack(123, 456, ((1, 3), (7, 7))))
+    body = u64(123) + u32(456) + b"\x00\x02" + u64(1) + u64(3) + u64(7) + u64(7)
+    assert raw == b"\x02" + u32(len(body)) + body
+    clamped = encode_control(Ack(1, 1 << 40, ((1, 1),)))
+    assert clamped[13:17] == b"\xff\xff\xff\xff"
+    assert decode_one_control(clamped) == Ack(1, 0xFFFFFFFF, ((1, 1),))
+
+
+def test_credit_and_rejected_layout() -> None:
+    assert encode_control(Credit(1 << 33)) == b"\x03" + u32(8) + u64(1 << 33)
+    raw = encode_control(MessageRejected(5, 3, "bad"))
+    assert raw == b"\x04" + u32(13) + u64(5) + b"\x00\x03" + b"bad"
+
+
+def test_route_layout() -> None:
+    assert encode_control(RouteChosen("fiber-b")) == b"\x05" + u32(8) + b"\x07fiber-b"
+
+
+def test_rejected_reason_is_cut_at_1024_bytes() -> None:
+    raw = encode_control(MessageRejected(1, 1, "x" * 5000))
+    assert len(raw) == CONTROL_HEADER_BYTES + 10 + 1024
+    frame = decode_one_control(raw)
+    assert frame == MessageRejected(1, 1, "x" * 1024)
+
+
+def test_rejected_reason_that_is_not_utf8_is_replaced_not_refused() -> None:
+    raw = b"\x04" + u32(11) + u64(5) + b"\x00\x01" + b"\xff"
+    assert decode_one_control(raw) == MessageRejected(5, 1, "\ufffd")
+
+
+def test_reserved_flag_bits_are_ignored() -> None:
+    shard = bytearray(encode_shard(1, 2, 3, 4, 0, b"abcd"))
+    shard[1] = 0xFE
+    decoded = decode_datagram(bytes(shard))
+    assert isinstance(decoded, ShardDatagram) and not decoded.critical
+    probe = bytearray(encode_probe(1, 2))
+    probe[1] = 0xFF
+    assert decode_datagram(bytes(probe)) == ProbeDatagram(1, 2)
+
+
+def test_shard_payload_is_a_view_of_the_datagram() -> None:
+    raw = encode_shard(1, 2, 3, 10, 4, b"abcdef")
+    decoded = decode_datagram(raw)
+    assert isinstance(decoded, ShardDatagram)
+    assert isinstance(decoded.data, memoryview) and bytes(decoded.data) == b"abcdef"
+
+
+# ------------------------------------------------------------------ round trips
+
+names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", fullmatch=True)
+u64s = st.integers(0, 2**64 - 1)
+
+
+@given(
+    u64s,
+    u64s,
+    st.integers(1, 2**64 - 1),
+    st.binary(min_size=1, max_size=64),
+    st.integers(0, 1000),
+    st.booleans(),
+)
+def test_shard_round_trip(
+    seq: int, sent_ns: int, msg_id: int, data: bytes, extra: int, critical: bool
+) -> None:
+    offset = extra // 2
+    msg_len = offset + len(data) + extra
+    raw = encode_shard(seq, sent_ns, msg_id, msg_len, offset, data, critical)
+    decoded = decode_datagram(raw)
+    assert isinstance(decoded, ShardDatagram)
+    assert (decoded.path_seq, decoded.sent_ns, decoded.msg_id, decoded.msg_len) == (
+        seq,
+        sent_ns,
+        msg_id,
+        msg_len,
+    )
+    assert (decoded.offset, bytes(decoded.data), decoded.critical) == (offset, data, critical)
+
+
+@given(u64s, u64s)
+def test_probe_round_trip(seq: int, sent_ns: int) -> None:
+    assert decode_datagram(encode_probe(seq, sent_ns)) == ProbeDatagram(seq, sent_ns)
+
+
+control_frames = st.one_of(
+    st.builds(Hello, names, names, u64s, u64s),
+    st.builds(
+        Ack,
+        u64s,
+        st.integers(0, 2**32 - 1),
+        st.lists(
+            st.tuples(u64s, st.integers(0, 1000)).map(
+                lambda t: (t[0], min(t[0] + t[1], 2**64 - 1))
+            ),
+            min_size=1,
+            max_size=20,
+        ).map(tuple),
+    ),
+    st.builds(Credit, u64s),
+    st.builds(MessageRejected, u64s, st.integers(0, 65535), st.text(max_size=100)),
+    st.builds(RouteChosen, names),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(control_frames, min_size=1, max_size=6), st.lists(st.integers(0, 200)))
+def test_control_stream_round_trip_in_any_pieces(
+    frames: list[ControlFrame], cuts: list[int]
+) -> None:
+    stream = b"".join(encode_control(frame) for frame in frames)
+    decoder = ControlStreamDecoder()
+    decoded: list[ControlFrame] = []
+    positions = sorted({min(c, len(stream)) for c in cuts} | {0, len(stream)})
+    for start, end in pairwise(positions):
+        decoded.extend(decoder.feed(stream[start:end]))
+    assert decoded == frames
+
+
+def test_decoder_waits_for_a_whole_frame() -> None:
+    raw = encode_control(Credit(77))
+    decoder = ControlStreamDecoder()
+    for i in range(len(raw) - 1):
+        assert decoder.feed(raw[i : i + 1]) == []
+    assert decoder.feed(raw[-1:]) == [Credit(77)]
+    assert decoder.feed(b"") == []
+
+
+# ------------------------------------------------------------------- rejections
+
+SHARD_HEAD = b"\x10\x00" + u64(1) + u64(2) + u64(3)  # type, flags, seq, sent_ns, msg_id
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", "empty datagram"),
+        (b"\x12" + bytes(20), "unknown datagram type 0x12"),
+        (b"\x00", "unknown datagram type 0x00"),
+        (SHARD_HEAD + u64(10), "shard datagram of 34 bytes is truncated"),
+        (SHARD_HEAD + u64(MAX_MESSAGE_BYTES + 1) + u64(0) + b"x", "declares a 1099511627777"),
+        (SHARD_HEAD + u64(10) + u64(8) + b"xyz", r"shard \[8, 11\) outside message of 10 bytes"),
+        (SHARD_HEAD + u64(10) + u64(2**64 - 1) + b"x", "outside message"),
+        (SHARD_HEAD + u64(10) + u64(0), r"shard \[0, 0\) outside"),
+        (b"\x10\x00" + u64(1) + u64(2) + u64(0) + u64(10) + u64(0) + b"x", "message id 0"),
+        (encode_probe(1, 2)[:-1], "probe datagram of 17 bytes, expected 18"),
+        (encode_probe(1, 2) + b"\x00", "probe datagram of 19 bytes"),
+    ],
+)
+def test_datagram_rejections(raw: bytes, message: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=message):
+        decode_datagram(raw)
+
+
+def test_largest_message_is_accepted() -> None:
+    raw = SHARD_HEAD + u64(MAX_MESSAGE_BYTES) + u64(MAX_MESSAGE_BYTES - 1) + b"x"
+    decoded = decode_datagram(raw)
+    assert isinstance(decoded, ShardDatagram) and decoded.msg_len == 1 << 40
+
+
+HELLO_BODY = b"\x01" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "message"),
+    [
+        (0x00, b"", "unknown control frame type 0x00"),
+        (0x06, b"", "unknown control frame type 0x06"),
+        (0xFF, b"", "unknown control frame type 0xff"),
+        (0x01, HELLO_BODY[:16], "hello truncated"),
+        (0x01, b"\x02" + HELLO_BODY[1:], "peer speaks wire version 2, this gateway speaks 1"),
+        (0x01, b"\x00" + HELLO_BODY[1:], "wire version 0"),
+        (0x01, HELLO_BODY[:17], "hello truncated before site"),
+        (0x01, HELLO_BODY[:18], "hello truncated inside site"),
+        (0x01, HELLO_BODY[:20], "hello truncated before path"),
+        (0x01, HELLO_BODY[:21], "hello truncated inside path"),
+        (0x01, HELLO_BODY + b"\x00", "hello has trailing bytes"),
+        (0x01, HELLO_BODY[:17] + b"\x02\xff\xfe" + b"\x01a", "hello site is not UTF-8"),
+        (0x01, HELLO_BODY[:17] + b"\x00" + b"\x01a", "hello site '' is not a valid name"),
+        (0x01, HELLO_BODY[:17] + b"\x02-x" + b"\x01a", "hello site '-x' is not a valid name"),
+        (0x01, HELLO_BODY[:20] + b"\x03a b", "hello path 'a b' is not a valid name"),
+        (0x01, HELLO_BODY[:17] + b"\x40" + b"a" * 64 + b"\x01a", "not a valid name"),
+        (0x02, u64(1) + u32(0), "ack truncated"),
+        (0x02, u64(1) + u32(0) + b"\x00\x00", "ack with 0 ranges"),
+        (0x02, u64(1) + u32(0) + b"\x04\x01", "ack with 1025 ranges"),
+        (0x02, u64(1) + u32(0) + b"\x00\x01" + u64(1), "does not match its range count"),
+        (0x02, u64(1) + u32(0) + b"\x00\x01" + u64(1) + u64(1) + b"\x00", "does not match"),
+        (0x02, u64(1) + u32(0) + b"\x00\x01" + u64(5) + u64(4), "ack range 5..4 is reversed"),
+        (0x03, u64(1)[:7], "credit frame has the wrong length"),
+        (0x03, u64(1) + b"\x00", "credit frame has the wrong length"),
+        (0x04, u64(1) + b"\x00", "rejected frame truncated"),
+        (0x05, b"", "route truncated before path"),
+        (0x05, b"\x03ab", "route truncated inside path"),
+        (0x05, b"\x02ab!", "route frame has trailing bytes"),
+        (0x05, b"\x02a/", "route path 'a/' is not a valid name"),
+    ],
+)
+def test_control_rejections(kind: int, body: bytes, message: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=message):
+        decode_control_body(kind, body)
+    with pytest.raises(RemoteProtocolError, match=message):
+        ControlStreamDecoder().feed(bytes([kind]) + u32(len(body)) + body)
+
+
+def test_longest_names_and_most_ranges_are_accepted() -> None:
+    hello = Hello("a" * 63, "b" * 63, 2**64 - 1, 2**64 - 1)
+    assert decode_one_control(encode_control(hello)) == hello
+    ack = Ack(0, 0, tuple((2 * i, 2 * i) for i in range(MAX_ACK_RANGES)))
+    assert decode_one_control(encode_control(ack)) == ack
+
+
+def test_oversized_control_frame_is_refused_from_its_header() -> None:
+    decoder = ControlStreamDecoder()
+    assert decoder.feed(b"\x03" + u32(MAX_CONTROL_BODY_BYTES)) == []  # may still come
+    with pytest.raises(RemoteProtocolError, match="control frame of 65537 bytes is too large"):
+        ControlStreamDecoder().feed(b"\x03" + u32(MAX_CONTROL_BODY_BYTES + 1))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: encode_shard(1, 2, 3, 10, 8, b"xyz"), "past the end of its message"),
+        (lambda: encode_control(Hello("b j", "a", 1, 1)), "site 'b j' is not a valid name"),
+        (lambda: encode_control(Hello("bj", "", 1, 1)), "path '' is not a valid name"),
+        (lambda: encode_control(Hello("bj", "a" * 64, 1, 1)), "not a valid name"),
+        (lambda: encode_control(RouteChosen("")), "path '' is not a valid name"),
+        (lambda: encode_control(Ack(1, 0, ())), "1..1024 ranges"),
+        (lambda: encode_control(Ack(1, 0, ((1, 1),) * 1025)), "1..1024 ranges"),
+        (lambda: encode_control(Ack(1, 0, ((5, 4),))), "reversed"),
+        (lambda: encode_shard(-1, 2, 3, 10, 0, b"x"), "cannot be encoded"),
+        (lambda: encode_probe(2**64, 0), "cannot be encoded"),
+        (lambda: encode_control(Credit(-1)), "cannot be encoded"),
+        (lambda: encode_control(Credit(2**64)), "cannot be encoded"),
+        (lambda: encode_control(Hello("bj", "a", 2**64, 1)), "cannot be encoded"),
+        (lambda: encode_control(Ack(1, 0, ((-1, 4),))), "cannot be encoded"),
+        (lambda: encode_control(MessageRejected(1, 65536, "x")), "cannot be encoded"),
+    ],
+)
+def test_encoder_rejections(make: Any, message: str) -> None:
+    with pytest.raises(LocalProtocolError, match=message):
+        make()
+
+
+# ---------------------------------------------------------------------- fuzzing
+
+
+@settings(max_examples=1000)
+@given(
+    st.one_of(
+        st.binary(max_size=100),
+        st.binary(max_size=100).map(lambda b: b"\x10" + b),
+        st.binary(max_size=100).map(lambda b: b"\x11" + b),
+    )
+)
+def test_decode_datagram_only_raises_remote_protocol_error(data: bytes) -> None:
+    try:
+        decoded = decode_datagram(data)
+    except RemoteProtocolError:
+        return
+    assert isinstance(decoded, ShardDatagram | ProbeDatagram)
+
+
+frame_kinds = st.sampled_from([0x01, 0x02, 0x03, 0x04, 0x05, 0x06])
+
+
+@settings(max_examples=1000)
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=60),
+            st.tuples(frame_kinds, st.binary(max_size=60)).map(
+                lambda t: bytes([t[0]]) + u32(len(t[1])) + t[1]
+            ),
+            st.tuples(frame_kinds, st.integers(0, 2**32 - 1)).map(
+                lambda t: bytes([t[0]]) + u32(t[1])
+            ),
+            st.builds(lambda f: encode_control(f), control_frames),
+        ),
+        max_size=6,
+    )
+)
+def test_control_decoder_only_raises_remote_protocol_error(chunks: list[bytes]) -> None:
+    decoder = ControlStreamDecoder()
+    try:
+        for chunk in chunks:
+            for frame in decoder.feed(chunk):
+                assert isinstance(frame, Hello | Ack | Credit | MessageRejected | RouteChosen)
+    except RemoteProtocolError:
+        pass

@@ -1,0 +1,116 @@
+"""Which path carries what: critical pieces on the selected path, bulk where it finishes first.
+
+The session pulls work for a path when that path can send; the scheduler answers
+whether the path should take critical work (it is the critical route, or there is none),
+whether it should carry duplicates of critical pieces (it is the backup of a lossy
+route), and whether a bulk piece is better off on it than left to the other paths.
+
+Bulk placement is earliest-completion-first in its pull form (ECF, Lim et al.,
+CoNEXT 2017): a path takes a bulk piece only if the piece would arrive on it no later
+than the other paths together would finish all the bulk work still queued. Near the end
+of a message, a slow path therefore steps aside instead of making the message wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+
+from wangate.core.estimator import PathEstimator
+from wangate.core.outbound import Piece
+from wangate.core.placement import bulk_view, earliest_finish_s
+from wangate.core.selector import CriticalPathSelector, PathView, RouteChanged, critical_view
+
+SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered
+CRITICAL_PROBE_BYTES = 1200
+MAX_DUPLICATES = 256  # duplicate pieces waiting for the backup path
+
+
+class PathScheduler:
+    def __init__(self, selector: CriticalPathSelector | None = None) -> None:
+        self.selector = selector or CriticalPathSelector()
+        self.duplicates: deque[Piece] = deque()
+        self.last_change: RouteChanged | None = None
+        self.next_select_at = 0.0
+
+    # ------------------------------------------------------------- critical
+
+    def update(
+        self, now: float, estimators: Mapping[str, PathEstimator], open_paths: set[str]
+    ) -> RouteChanged | None:
+        """Reconsider the critical route; returns the change, if any."""
+        self.next_select_at = now + SELECT_INTERVAL_S
+        views: dict[str, PathView] = {}
+        for name, estimator in estimators.items():
+            view = critical_view(estimator, now, size_bytes=CRITICAL_PROBE_BYTES)
+            if name not in open_paths:
+                view = PathView(math.inf, "down", view.loss_rate, "not connected")
+            views[name] = view
+        change = self.selector.update(now, views)
+        if change is not None:
+            self.last_change = change
+            self.duplicates.clear()
+        return change
+
+    def takes_critical(self, path: str, usable: Mapping[str, bool]) -> bool:
+        current = self.selector.current
+        return current is None or current == path or not usable.get(current, False)
+
+    def duplicate_target(self) -> str | None:
+        if not self.selector.needs_duplicate():
+            return None
+        return self.selector.secondary()
+
+    def offer_duplicate(self, piece: Piece) -> None:
+        if self.duplicate_target() is not None and len(self.duplicates) < MAX_DUPLICATES:
+            self.duplicates.append(piece)
+
+    def take_duplicate(self, path: str) -> Piece | None:
+        if not self.duplicates or self.duplicate_target() != path:
+            return None
+        while self.duplicates:
+            piece = self.duplicates.popleft()
+            if piece.message.acked.first_gap(piece.start, piece.end) is not None:
+                return piece
+        return None
+
+    def role(self, path: str) -> str:
+        if self.selector.current == path:
+            return "critical"
+        if self.duplicate_target() == path:
+            return "backup"
+        return "bulk"
+
+    # ----------------------------------------------------------------- bulk
+
+    def bulk_helps(
+        self,
+        path: str,
+        estimators: Mapping[str, PathEstimator],
+        usable: Mapping[str, bool],
+        backlog_bytes: int,
+        piece_bytes: int,
+        now: float,
+    ) -> bool:
+        piece_bytes = max(1, min(piece_bytes, backlog_bytes))  # the piece it would really get
+
+        def alone_s(name: str) -> float:
+            est = estimators[name]
+            return est.srtt_s / 2 + (est.bytes_in_flight + piece_bytes) * 8 / est.planning_rate_bps
+
+        mine_s = alone_s(path)
+        others = [name for name in estimators if name != path and usable.get(name, False)]
+        # No other path would deliver this piece sooner: take it. Without this, with a
+        # backlog under one piece every path defers to "the others together" and the
+        # work is never sent.
+        if all(mine_s <= alone_s(name) for name in others):
+            return True
+        # Cheap lower bound first: the others together can never finish sooner than their
+        # earliest start plus the whole backlog at their summed rate.
+        rate_sum_bps = sum(estimators[n].planning_rate_bps for n in others)
+        earliest_start_s = min(estimators[n].srtt_s / 2 for n in others)
+        if mine_s <= earliest_start_s + backlog_bytes * 8 / rate_sum_bps:
+            return True
+        views = [bulk_view(n, estimators[n], now) for n in others]
+        return mine_s <= earliest_finish_s(views, backlog_bytes)
