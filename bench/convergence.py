@@ -13,6 +13,12 @@ batches and initialisation, so runs differ only by the codec.
 
 from __future__ import annotations
 
+import os
+
+# The matrices are tiny: BLAS threads only spin against each other (and the codecs) here.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import argparse
 import time
 from dataclasses import dataclass

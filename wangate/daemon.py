@@ -32,10 +32,13 @@ from wangate.core.events import (
 )
 from wangate.core.frames import Hello
 from wangate.core.message import MessageHeader
+from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import GatewayError, LocalProtocolError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.server import LocalApiServer
+from wangate.metrics import GatewayMetrics
+from wangate.metrics_http import MetricsServer
 from wangate.net.link import (
     ERROR_DUPLICATE,
     ERROR_PROTOCOL,
@@ -105,6 +108,8 @@ class Gateway(LinkHost):
             (p.max_datagram_size for peer in config.peers for p in peer.paths), default=1452
         )
         self.local_messages = 0
+        self.metrics = GatewayMetrics()  # fed by submit() and _drain_events()
+        self._metrics_server: MetricsServer | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -142,6 +147,11 @@ class Gateway(LinkHost):
         )
         await self._local_api.start()
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)
+        if self.config.metrics.listen is not None:
+            self._metrics_server = MetricsServer(
+                lambda: self.metrics.render(self.paths(), self.status())
+            )
+            await self._metrics_server.start(*self.config.metrics.listen)
 
     async def close(self) -> None:
         self._closing = True
@@ -157,6 +167,8 @@ class Gateway(LinkHost):
             server.close()
         if self._local_api is not None:
             await self._local_api.close()
+        if self._metrics_server is not None:
+            await self._metrics_server.close()
         await asyncio.sleep(0)  # let the close frames go out
 
     def _spawn(self, coro: Any) -> None:
@@ -236,6 +248,15 @@ class Gateway(LinkHost):
             link.refuse(ERROR_PROTOCOL, f"path {hello.path!r} is not configured for {link.peer}")
             return None
         state = self.peers[link.peer]
+        now = time.monotonic()
+        if state.instance_id is not None and state.instance_id != hello.instance_id:
+            log.warning("peer %s restarted: messages in progress with it fail", link.peer)
+            state.session.peer_restarted(now)
+            # connections to the old instance are dead even if they have not timed out
+            for old in list(state.links.values()):
+                if old is not link:
+                    old.refuse(ERROR_DUPLICATE, "peer restarted")
+        state.instance_id = hello.instance_id
         existing = state.links.get(hello.path)
         if existing is not None and existing is not link:
             # Both sides dialed the same path: keep the connection dialed by the site
@@ -244,11 +265,6 @@ class Gateway(LinkHost):
                 link.refuse(ERROR_DUPLICATE, f"path {hello.path} is already connected")
                 return None
             existing.refuse(ERROR_DUPLICATE, f"path {hello.path} replaced by the peer's dial")
-        now = time.monotonic()
-        if state.instance_id is not None and state.instance_id != hello.instance_id:
-            log.warning("peer %s restarted: messages in progress with it fail", link.peer)
-            state.session.peer_restarted(now)
-        state.instance_id = hello.instance_id
         state.session.set_peer_limits(hello.max_message_bytes)
         if link.dialed is False:
             path_cfg = peer_cfg.path(hello.path)
@@ -316,17 +332,29 @@ class Gateway(LinkHost):
             if isinstance(event, MessageReceived):
                 self._deliver(session.peer, event)
             elif isinstance(event, MessageDelivered):
+                self.metrics.message_delivered(session.peer, event.msg_id, event.elapsed_s)
                 state.backlog_freed.set()
             elif isinstance(event, MessageFailed):
                 log.warning("message %d to %s failed: %s", event.msg_id, session.peer, event.reason)
                 state.failures = [*state.failures[-9:], event.reason]
+                self.metrics.message_failed(session.peer, event.msg_id)
                 state.backlog_freed.set()
             elif isinstance(event, MessageDropped):
                 log.warning(
                     "dropped message %d from %s: %s", event.msg_id, session.peer, event.reason
                 )
             elif isinstance(event, PathStateChanged):
-                log.info("%s/%s %s: %s", session.peer, event.path, event.state, event.reason)
+                log.warning(
+                    "path %s/%s %s: %s", session.peer, event.path, event.state, event.reason
+                )
+            elif isinstance(event, RouteChanged):
+                log.warning(
+                    "critical route to %s: %s -> %s (%s)",
+                    session.peer,
+                    event.previous or "none",
+                    event.current or "none",
+                    event.reason,
+                )
 
     def _deliver(self, source: str, event: MessageReceived) -> None:
         header = event.header
@@ -384,6 +412,7 @@ class Gateway(LinkHost):
             msg_id = state.session.submit(header, submission.payload, time.monotonic())
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="too_large") from exc
+        self.metrics.message_submitted(submission.peer, msg_id, submission.critical)
         self._touch(state)
         return msg_id
 

@@ -61,9 +61,13 @@ PROBE_RTT_CWND_GAIN = 0.5  # BBR v2: half a BDP, not 4 packets
 FULL_BW_GROWTH = 1.25
 FULL_BW_ROUNDS = 3
 CWND_CAP_GAIN = 2.0
-MIN_CWND_PACKETS = 4
+MIN_CWND_PACKETS = 4  # after persistent congestion (RFC 9002 §7.6.2 uses 2)
+# The model's window never goes below this: aioquic paces in bursts of cwnd/4, and on
+# short fast paths a tiny window means a timer wake-up every packet or two, doubling the
+# CPU cost per byte. 16 datagrams is at most 143 KiB of queue at 8952-byte datagrams.
+MIN_TARGET_PACKETS = 16
 RTT_ALLOWANCE_FRACTION = 0.25  # queueing tolerated before the rate starts to fall...
-RTT_ALLOWANCE_MIN_S = 0.002  # ...but at least this (timer and ack-delay noise)
+RTT_ALLOWANCE_MIN_S = 0.010  # ...but at least this (timers, ack delay, busy hosts)
 MIN_RTT_FLOOR_S = 0.001  # aioquic floors RTTs at 1 ms as well
 HIGH_LOSS_RATE = 0.15
 QUEUE_LOSS_RATE = 0.02
@@ -102,6 +106,7 @@ class WangateCongestionControl(QuicCongestionControl):
         self.max_datagram_size = max_datagram_size
         self.initial_window = K_INITIAL_WINDOW * max_datagram_size
         self.min_window = MIN_CWND_PACKETS * max_datagram_size
+        self.min_target_window = MIN_TARGET_PACKETS * max_datagram_size
         self.state = STARTUP
 
         # delivery-rate estimation
@@ -174,7 +179,7 @@ class WangateCongestionControl(QuicCongestionControl):
             target = self.pacing_gain * self.btl_bw_bps * self._window_rtt_s()
             if self.state == PROBE_BW:
                 target = min(target, CWND_CAP_GAIN * bdp)
-        return max(int(target), self.min_window)
+        return max(int(target), self.min_target_window)
 
     def _update_bw(self, sample_bps: float) -> None:
         samples = self._bw_samples

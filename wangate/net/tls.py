@@ -29,6 +29,7 @@ from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEv
 from wangate.certs import load_ca_certificates, verify_site_certificate
 from wangate.config import Config
 from wangate.errors import AuthenticationError, ConfigError, LocalProtocolError, WangateError
+from wangate.net.congestion import CONGESTION_CONTROL_NAME
 
 ALPN = "wangate/1"
 IDLE_TIMEOUT_S = 10.0
@@ -62,6 +63,7 @@ def _configuration(config: Config, *, is_client: bool, max_datagram_size: int) -
         idle_timeout=IDLE_TIMEOUT_S,
         max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
         max_datagram_size=max_datagram_size,
+        congestion_control_algorithm=CONGESTION_CONTROL_NAME,  # loss-tolerant, model-based
         session_ticket=None,  # no resumption, no 0-RTT: every connection shows its cert
     )
     try:
