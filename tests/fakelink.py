@@ -34,7 +34,10 @@ from wangate.core.frames import (
     encode_control,
 )
 from wangate.core.message import MessageHeader, message_checksum
+from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
+
+NO_FEC = CodingPolicy(k=0)  # the range-repair tests count exactly the bytes resent
 
 SITES = ("bj", "sh")
 E = TypeVar("E", bound=Event)
@@ -149,8 +152,11 @@ class SimulatedPair:
         datagram_bytes: int | Mapping[str, int] = 1200,
         auto_consume: bool = True,
         start_s: float = 1000.0,
+        coding: CodingPolicy = NO_FEC,
     ) -> None:
         self.now = start_s
+        self.coding = coding
+        self.tamper: Callable[[bytes], bytes] | None = None
         self.datagram_bytes = (
             dict(datagram_bytes)
             if isinstance(datagram_bytes, Mapping)
@@ -164,6 +170,7 @@ class SimulatedPair:
                 max_message_bytes=max_message_bytes,
                 inbox_window_bytes=inbox_window_bytes,
                 now=start_s,
+                coding=coding,
             )
             for site in SITES
         }
@@ -243,6 +250,7 @@ class SimulatedPair:
             max_message_bytes=old.max_message_bytes,
             inbox_window_bytes=old.inbox_window_bytes,
             now=self.now,
+            coding=self.coding,
         )
         self.instance_ids[site] += 1
         # the new instance numbers its messages from 1 again, and holds nothing
@@ -393,8 +401,9 @@ class SimulatedPair:
             if path.links[sender].silent:  # the blackhole swallows what was in transit too
                 self._record_dropped(sender, data)
                 return
-            self._record_arrived(receiver, data)
-            self.sessions[receiver].handle_datagram(path.name, data, self.now)
+            arrived = data if self.tamper is None else self.tamper(data)  # a bit flip past AEAD
+            self._record_arrived(receiver, arrived)
+            self.sessions[receiver].handle_datagram(path.name, arrived, self.now)
             self._service(receiver)
 
         return deliver

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.codec_helpers import LOSSY_SPECS
+from tests.test_codec_helpers import LOSSY_SPECS
 from wangate.codec import ErrorFeedback, decode_tensor, encode_tensor
 from wangate.errors import CodecError
 

@@ -10,7 +10,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.codec_helpers import patch_meta, reseal
+from tests.test_codec_helpers import patch_meta, reseal
 from wangate.codec import decode_tensor, encode_tensor, read_meta
 from wangate.errors import CodecError
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.codec_helpers import LOSSY_SPECS, dense_bound
+from tests.test_codec_helpers import LOSSY_SPECS, dense_bound
 from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.spec import selected_count
 from wangate.errors import CodecError

@@ -190,6 +190,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(sites=args.sites, paths=args.paths, size_mib=args.size_mib)
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from wangate.errors import ConfigError
+    from wangate.probe.analysis import format_report
+    from wangate.probe.net import ProbeOptions, parse_address, probe_report, serve_responder
+
+    if args.serve:
+        if args.target:
+            raise ConfigError("--serve answers probes: give --listen IP:PORT, not a target")
+        idle_s = None if args.forever else args.idle_timeout
+
+        def ready(address: tuple[str, int]) -> None:
+            until = "until interrupted" if idle_s is None else f"until {idle_s:g} s without probes"
+            print(f"probe responder on {address[0]}:{address[1]}, {until}", flush=True)
+
+        asyncio.run(serve_responder(parse_address(args.listen), idle_timeout_s=idle_s, ready=ready))
+        return 0
+    if not args.target:
+        raise ConfigError("wangate probe HOST:PORT (run `wangate probe --serve` on the far side)")
+    options = ProbeOptions(
+        parse_address(args.target),
+        local=args.local,
+        duration_s=args.duration,
+        rate_cap_bps=args.rate_mbps * 1e6,
+        probe_rate_hz=args.probe_rate,
+        data_bytes=args.size,
+    )
+    report = asyncio.run(probe_report(options))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if report["verdict"]["kind"] == "unusable" else 0
+
+
 # ----------------------------------------------------------------------- main
 
 
@@ -243,6 +274,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--paths", type=int, default=3, help="paths between each pair (1..4)")
     demo.add_argument("--size-mib", type=int, default=32, help="bulk gradient size per pair")
     demo.set_defaults(func=cmd_demo)
+
+    probe = sub.add_parser(
+        "probe", help="measure a link before using it (`probe --serve` on the far side)"
+    )
+    probe.add_argument("target", nargs="?", help="IP:PORT of the far side's responder")
+    probe.add_argument("--serve", action="store_true", help="be the far side: answer probes")
+    probe.add_argument("--listen", default="0.0.0.0:7444", help="responder address (UDP)")
+    probe.add_argument("--idle-timeout", type=float, default=60.0, help="responder exits after")
+    probe.add_argument("--forever", action="store_true", help="responder never exits by itself")
+    probe.add_argument("--local", help="bind to this address (picks the route)")
+    probe.add_argument("--duration", type=float, default=10.0, help="seconds, both phases")
+    probe.add_argument("--rate-mbps", type=float, default=100.0, help="rate test stops here")
+    probe.add_argument("--probe-rate", type=float, default=20.0, help="latency probes/s")
+    probe.add_argument("--size", type=int, default=1200, help="rate-test datagram bytes")
+    probe.add_argument("--json", action="store_true", help="the report as JSON")
+    probe.set_defaults(func=cmd_probe)
     return parser
 
 

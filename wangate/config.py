@@ -98,6 +98,16 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class FecConfig:
+    """[fec]: forward error correction of shard data (wangate.core.coding)."""
+
+    enabled: bool = True
+    k: int = 16  # source symbols per block
+    min_repair: int = 0  # repair symbols per block, at least (even on a clean path)
+    max_repair: int = 16  # ...and at most, however lossy the paths
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     site: SiteConfig
@@ -106,6 +116,7 @@ class Config:
     limits: LimitsConfig
     compression: CompressionConfig
     metrics: MetricsConfig
+    fec: FecConfig = FecConfig()
 
     def peer(self, name: str) -> PeerConfig:
         for peer in self.peers:
@@ -262,7 +273,9 @@ class _Parser:
     # -- sections -------------------------------------------------------------------
 
     def config(self, document: dict[str, Any]) -> Config:
-        self.table(document, "", {"site", "tls"}, {"peers", "limits", "compression", "metrics"})
+        self.table(
+            document, "", {"site", "tls"}, {"peers", "limits", "compression", "metrics", "fec"}
+        )
         site = self.site(document["site"])
         tls = self.tls(document["tls"], site.name)
         peers = self.peers(document.get("peers", []), site)
@@ -274,7 +287,19 @@ class _Parser:
             limits=self.limits(document.get("limits", {})),
             compression=self.compression(document.get("compression", {})),
             metrics=self.metrics(document.get("metrics", {})),
+            fec=self.fec(document.get("fec", {})),
         )
+
+    def fec(self, value: object) -> FecConfig:
+        table = self.table(value, "fec", set(), {"enabled", "k", "min_repair", "max_repair"})
+        default = FecConfig()
+        enabled = self.typed(table.get("enabled", True), "fec.enabled", bool, "a boolean")
+        k = self.integer(table.get("k", default.k), "fec.k", 1, 128)
+        low = self.integer(table.get("min_repair", default.min_repair), "fec.min_repair", 0, 128)
+        high = self.integer(table.get("max_repair", default.max_repair), "fec.max_repair", 0, 128)
+        if low > high:
+            raise self.error("fec.min_repair", f"{low} is larger than fec.max_repair ({high})")
+        return FecConfig(enabled, k, low, high)
 
     def site(self, value: object) -> SiteConfig:
         table = self.table(value, "site", {"name", "socket"}, {"listen", "socket_mode"})

@@ -32,6 +32,7 @@ from wangate.core.events import (
 )
 from wangate.core.frames import Hello
 from wangate.core.message import MessageHeader
+from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import GatewayError, LocalProtocolError
@@ -96,6 +97,11 @@ class Gateway(LinkHost):
                     max_message_bytes=self.max_message_bytes,
                     inbox_window_bytes=config.limits.peer_inbox_bytes,
                     now=now,
+                    coding=CodingPolicy(
+                        k=config.fec.k if config.fec.enabled else 0,
+                        min_repair=config.fec.min_repair,
+                        max_repair=config.fec.max_repair,
+                    ),
                 )
             )
             for peer in config.peers

@@ -38,34 +38,13 @@ def self_signed(common_name: str) -> tuple[bytes, bytes]:
 def write_site_certificates(
     directory: Path, sites: list[str]
 ) -> tuple[Path, dict[str, tuple[Path, Path]]]:
-    """``ca.pem``/``ca.key`` and ``<site>.pem``/``<site>.key`` signed by that CA."""
+    """``ca.pem``/``ca.key`` and ``<site>.pem``/``<site>.key`` signed by that CA.
+
+    Made by wangate's own certificate tool (``wangate certs``), so they carry exactly
+    what the gateway's configuration check requires (key usages, SAN, key ids)."""
+    from wangate.certs import create_ca, issue_site_certificate
+
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("wangate lab CA")
-    ca_cert = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    (directory / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "ca.key").write_bytes(_key_pem(ca_key))
-    result: dict[str, tuple[Path, Path]] = {}
-    for site in sites:
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (
-            x509.CertificateBuilder().subject_name(_name(site)).issuer_name(ca_name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(site)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .sign(ca_key, hashes.SHA256())
-        )
-        (directory / f"{site}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        (directory / f"{site}.key").write_bytes(_key_pem(key))
-        result[site] = (directory / f"{site}.pem", directory / f"{site}.key")
-    return directory / "ca.pem", result
+    ca_pem, _ = create_ca(directory, name="wangate lab CA", days=2)
+    result = {site: issue_site_certificate(directory, site, days=2) for site in sites}
+    return ca_pem, result

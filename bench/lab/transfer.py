@@ -7,6 +7,12 @@ message; the sender prints the monotonic time it started (just before connecting
 
     recv  --proto tcp|quic --bind IP:PORT --messages N
     send  --proto tcp|quic --bind IP --to IP:PORT --schedule '[[at_s, size], ...]' [--cc bbr]
+
+QUIC options on both ends (for bench.cpu): ``--max-datagram-size`` (aioquic's default
+is 1200), ``--socket-buffer-bytes`` (enlarge the UDP socket buffers), ``--uvloop``.
+Both ends also report the CPU seconds they used (``cpu_s``; QUIC ends also the part
+spent before the transfer: ``cpu_at_ready_s``, ``cpu_at_start_s``); a QUIC receiver
+that is sent SIGTERM still prints what it completed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
+import signal
 import socket
 import ssl
 import struct
@@ -61,7 +69,7 @@ def tcp_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
         if remaining:
             break
         done.append(time.monotonic())
-    return {"completed": done}
+    return {"completed": done, "cpu_s": _cpu_seconds()}
 
 
 def tcp_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
@@ -84,15 +92,32 @@ def tcp_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
     sock.shutdown(socket.SHUT_WR)
     sock.recv(1)  # wait for the receiver to close: everything was delivered
     used = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
-    return {"started": started, "cc": used}
+    return {"started": started, "cc": used, "cpu_s": _cpu_seconds()}
 
 
 # -- QUIC (aioquic) -------------------------------------------------------------
-def _quic_configuration(is_client: bool) -> Any:
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _enlarge_buffers(sock: socket.socket | None, size_bytes: int) -> None:
+    if sock is None or not size_bytes:
+        return
+    for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):  # SO_*BUFFORCE
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, size_bytes)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, plain, size_bytes)
+
+
+def _quic_configuration(is_client: bool, max_datagram_size: int | None = None) -> Any:
     from aioquic.quic.configuration import QuicConfiguration
 
     configuration = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN],
                                       max_data=QUIC_WINDOW, max_stream_data=QUIC_WINDOW)
+    if max_datagram_size:
+        configuration.max_datagram_size = max_datagram_size
     if is_client:
         configuration.verify_mode = ssl.CERT_NONE
     else:
@@ -106,12 +131,19 @@ def _quic_configuration(is_client: bool) -> Any:
     return configuration
 
 
-async def _quic_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
+async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: int | None = None,
+                     socket_buffer_bytes: int = 0) -> dict[str, Any]:
     from aioquic.asyncio.server import serve
 
     done: list[float] = []
     tasks: list[asyncio.Task[None]] = []
     finished = asyncio.get_running_loop().create_future()
+
+    def on_term() -> None:  # stopped early (the sender gave up): report what completed
+        if not finished.done():
+            finished.set_result(None)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
 
     def on_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def consume() -> None:
@@ -135,27 +167,34 @@ async def _quic_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
 
         tasks.append(asyncio.ensure_future(consume()))
 
-    server = await serve(bind[0], bind[1], configuration=_quic_configuration(False),
+    server = await serve(bind[0], bind[1],
+                         configuration=_quic_configuration(False, max_datagram_size),
                          stream_handler=on_stream)
+    if server._transport is not None:
+        _enlarge_buffers(server._transport.get_extra_info("socket"), socket_buffer_bytes)
     print(json.dumps({"ready": True}), flush=True)
+    cpu_at_ready = _cpu_seconds()
     await finished
     server.close()
-    return {"completed": done}
+    return {"completed": done, "cpu_s": _cpu_seconds(), "cpu_at_ready_s": cpu_at_ready}
 
 
-async def _quic_send(bind: str, to: tuple[str, int],
-                     schedule: list[tuple[float, int]]) -> dict[str, Any]:
+async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
+                     max_datagram_size: int | None = None,
+                     socket_buffer_bytes: int = 0) -> dict[str, Any]:
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.quic.connection import QuicConnection
 
     loop = asyncio.get_running_loop()
-    configuration = _quic_configuration(True)
+    configuration = _quic_configuration(True, max_datagram_size)
     connection = QuicConnection(configuration=configuration)
     # aioquic's connect() cannot bind a local address, so make the endpoint ourselves.
     transport, protocol = await loop.create_datagram_endpoint(
         lambda: QuicConnectionProtocol(connection), local_addr=(bind, 0))
+    _enlarge_buffers(transport.get_extra_info("socket"), socket_buffer_bytes)
     assert isinstance(protocol, QuicConnectionProtocol)
     started = time.monotonic()
+    cpu_at_start = _cpu_seconds()
     protocol.connect(to)
     await protocol.wait_connected()
     reader, writer = await protocol.create_stream()
@@ -176,7 +215,8 @@ async def _quic_send(bind: str, to: tuple[str, int],
     protocol.close()
     await protocol.wait_closed()
     transport.close()
-    return {"started": started, "cc": configuration.congestion_control_algorithm}
+    return {"started": started, "cc": configuration.congestion_control_algorithm,
+            "cpu_s": _cpu_seconds(), "cpu_at_start_s": cpu_at_start}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,18 +232,30 @@ def main(argv: list[str] | None = None) -> int:
     sender.add_argument("--to", required=True, type=_address)
     sender.add_argument("--schedule", required=True, help="JSON list of [at_s, size_bytes]")
     sender.add_argument("--cc", default="cubic", help="TCP_CONGESTION (tcp only)")
+    for sub_parser in (receiver, sender):
+        sub_parser.add_argument("--max-datagram-size", type=int,
+                                help="QUIC: largest UDP payload (aioquic's default: 1200)")
+        sub_parser.add_argument("--socket-buffer-bytes", type=int, default=0,
+                                help="QUIC: enlarge the UDP socket buffers to this")
+        sub_parser.add_argument("--uvloop", action="store_true", help="QUIC: run on uvloop")
     args = parser.parse_args(argv)
+    if args.proto == "quic" and args.uvloop:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    quic_options = {"max_datagram_size": args.max_datagram_size,
+                    "socket_buffer_bytes": args.socket_buffer_bytes}
     if args.mode == "recv":
         if args.proto == "tcp":
             result = tcp_recv(args.bind, args.messages)
         else:
-            result = asyncio.run(_quic_recv(args.bind, args.messages))
+            result = asyncio.run(_quic_recv(args.bind, args.messages, **quic_options))
     else:
         schedule = [(float(at), int(size)) for at, size in json.loads(args.schedule)]
         if args.proto == "tcp":
             result = tcp_send(args.bind, args.to, schedule, args.cc)
         else:
-            result = asyncio.run(_quic_send(args.bind, args.to, schedule))
+            result = asyncio.run(_quic_send(args.bind, args.to, schedule, **quic_options))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -8,6 +8,7 @@ included), RTT, loss and role from the sending gateway's row for that path.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -15,7 +16,8 @@ from typing import Any
 
 from bench.lab.scenario import Flow, Scenario
 
-RECORD_KEYS = ("scenario", "description", "machine", "command", "run_id", "started_at",
+RECORD_KEYS = ("scenario", "description", "machine", "command", "run_id", "gateway_version",
+               "started_at",
                "bound_s", "bound_is_multipath", "total_bytes", "wangate", "messages",
                "paths", "route_changes", "baselines", "link_stats", "gateway_logs")
 
@@ -35,7 +37,7 @@ def counter_deltas(points: Sequence[tuple[float, int]]) -> list[tuple[float, flo
     """``(start, end, bytes)`` between consecutive samples; a counter that went back
     (connection replaced) counts from zero."""
     spans = []
-    for (t_a, c_a), (t_b, c_b) in zip(points, points[1:], strict=False):
+    for (t_a, c_a), (t_b, c_b) in itertools.pairwise(points):
         delta = c_b - c_a if c_b >= c_a else c_b
         if t_b > t_a:
             spans.append((t_a, t_b, delta))
@@ -240,7 +242,8 @@ def markdown_summary(record: dict[str, Any]) -> str:
     total = int(record["total_bytes"])
     wg = record["wangate"]
     lines = [f"# `{record['scenario']}`", "", record["description"], "",
-             f"Run {record['run_id']} at {record['started_at']} on {record['machine']}.",
+             f"Run {record['run_id']} at {record['started_at']} on {record['machine']}; "
+             f"gateway {record['gateway_version']}.",
              f"Reproduce: `{record['command']}`", "",
              f"Workload: {total / 1e6:.1f} MB in {wg['messages']} messages. Ideal bound "
              f"{bound:.2f} s ({'sum of path rates' if record['bound_is_multipath'] else 'one path'}"

@@ -44,8 +44,7 @@ def payload(seed: int, flow: int, step: int, index: int, size_bytes: int) -> np.
 
 
 def digest(data: np.ndarray) -> str:
-    return hashlib.blake2b(memoryview(np.ascontiguousarray(data)).cast("B"),
-                           digest_size=16).hexdigest()
+    return hashlib.blake2b(np.ascontiguousarray(data).tobytes(), digest_size=16).hexdigest()
 
 
 def _emit(obj: dict[str, Any]) -> None:

@@ -142,6 +142,11 @@ class BlockDecoder:
     def can_decode(self) -> bool:
         return len(self._symbols) >= self.k
 
+    @property
+    def symbol_count(self) -> int:
+        """Distinct symbols stored so far."""
+        return len(self._symbols)
+
     def add(self, index: int, data: Buffer) -> bool:
         """Store symbol ``index``; True once any ``k`` distinct symbols are here.
 

@@ -25,6 +25,7 @@ WIRE_VERSION = 1
 # datagram types
 DGRAM_SHARD = 0x10
 DGRAM_PROBE = 0x11
+DGRAM_REPAIR = 0x12
 
 # control frame types
 CTRL_HELLO = 0x01
@@ -32,12 +33,19 @@ CTRL_ACK = 0x02
 CTRL_CREDIT = 0x03
 CTRL_REJECTED = 0x04
 CTRL_ROUTE = 0x05
+CTRL_DONE = 0x06
+CTRL_REPAIR_REQUEST = 0x07
 
 SHARD_FLAG_CRITICAL = 0x01
 
 # type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64, offset u64
 _SHARD = struct.Struct("!BBQQQQQ")
 SHARD_HEADER_BYTES = _SHARD.size  # 42
+# type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64,
+# block u32, symbol index u16, k u16, symbol_bytes u32
+_REPAIR = struct.Struct("!BBQQQQIHHI")
+REPAIR_HEADER_BYTES = _REPAIR.size  # 46
+MAX_FEC_SYMBOLS = 256
 # type u8, flags u8, path_seq u64, sent_ns u64
 _PROBE = struct.Struct("!BBQQ")
 PROBE_BYTES = _PROBE.size  # 18
@@ -53,6 +61,11 @@ _ACK_RANGE = struct.Struct("!QQ")  # first, last (inclusive)
 MAX_ACK_RANGES = 1024
 _CREDIT = struct.Struct("!Q")
 _REJECTED = struct.Struct("!QH")
+_MSG_ID = struct.Struct("!Q")
+MAX_DONE_IDS = 1024
+_REPAIR_REQUEST_HEAD = struct.Struct("!QH")  # msg_id, block count
+_BLOCK = struct.Struct("!I")
+MAX_REPAIR_BLOCKS = 1024
 
 MAX_MESSAGE_BYTES = 1 << 40  # no single message may declare more (1 TiB)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -76,7 +89,23 @@ class ProbeDatagram:
     sent_ns: int
 
 
-Datagram = ShardDatagram | ProbeDatagram
+@dataclass(frozen=True)
+class RepairDatagram:
+    """One FEC repair symbol of block ``block`` of a message (see wangate.core.fec)."""
+
+    path_seq: int
+    sent_ns: int
+    msg_id: int
+    msg_len: int
+    block: int
+    index: int  # k..255: which repair symbol
+    k: int  # source symbols per block of this message (the last block may have fewer)
+    symbol_bytes: int
+    data: bytes | memoryview
+    critical: bool = False
+
+
+Datagram = ShardDatagram | ProbeDatagram | RepairDatagram
 
 
 def encode_shard(
@@ -99,6 +128,33 @@ def encode_shard(
         msg_id,
         msg_len,
         offset,
+    )
+    return head + data
+
+
+def encode_repair(
+    path_seq: int,
+    sent_ns: int,
+    msg_id: int,
+    msg_len: int,
+    block: int,
+    index: int,
+    k: int,
+    data: bytes | memoryview,
+    critical: bool = False,
+) -> bytes:
+    head = _pack(
+        _REPAIR,
+        DGRAM_REPAIR,
+        SHARD_FLAG_CRITICAL if critical else 0,
+        path_seq,
+        sent_ns,
+        msg_id,
+        msg_len,
+        block,
+        index,
+        k,
+        len(data),
     )
     return head + data
 
@@ -133,6 +189,35 @@ def decode_datagram(data: bytes) -> Datagram:
             raise RemoteProtocolError("shard with message id 0")
         return ShardDatagram(
             seq, sent_ns, msg_id, msg_len, offset, payload, bool(flags & SHARD_FLAG_CRITICAL)
+        )
+    if kind == DGRAM_REPAIR:
+        if len(data) < REPAIR_HEADER_BYTES:
+            raise RemoteProtocolError(f"repair datagram of {len(data)} bytes is truncated")
+        _, flags, seq, sent_ns, msg_id, msg_len, block, index, k, size = _REPAIR.unpack_from(data)
+        payload = memoryview(data)[REPAIR_HEADER_BYTES:]
+        if len(payload) != size or size == 0:
+            raise RemoteProtocolError(f"repair symbol of {len(payload)} bytes, header says {size}")
+        if msg_id == 0 or msg_len > MAX_MESSAGE_BYTES:
+            raise RemoteProtocolError("repair symbol for an impossible message")
+        if not 1 <= k < MAX_FEC_SYMBOLS:
+            raise RemoteProtocolError(f"repair symbol with k={k}")
+        symbols = -(-msg_len // size)
+        if block * k >= symbols:
+            raise RemoteProtocolError(f"repair block {block} past the end of the message")
+        block_k = min(k, symbols - block * k)  # the last block may be short
+        if not block_k <= index < MAX_FEC_SYMBOLS:
+            raise RemoteProtocolError(f"repair symbol index {index} in a block of {block_k}")
+        return RepairDatagram(
+            seq,
+            sent_ns,
+            msg_id,
+            msg_len,
+            block,
+            index,
+            k,
+            size,
+            payload,
+            bool(flags & SHARD_FLAG_CRITICAL),
         )
     if kind == DGRAM_PROBE:
         if len(data) != PROBE_BYTES:
@@ -182,6 +267,21 @@ class MessageRejected:
 
 
 @dataclass(frozen=True)
+class MessagesDone:
+    """The receiver verified and delivered these messages: the sender may forget them."""
+
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RepairRequested:
+    """FEC-rebuilt blocks of a message failed its checksum: send their sources again."""
+
+    msg_id: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class RouteChosen:
     """The sender tells its peer which path now carries its critical traffic."""
 
@@ -192,7 +292,7 @@ REJECT_TOO_LARGE = 1
 REJECT_CHECKSUM = 2
 REJECT_MALFORMED = 3
 
-ControlFrame = Hello | Ack | Credit | MessageRejected | RouteChosen
+ControlFrame = Hello | Ack | Credit | MessageRejected | RouteChosen | MessagesDone | RepairRequested
 
 
 def _name_bytes(name: str, what: str) -> bytes:
@@ -227,6 +327,18 @@ def encode_control(frame: ControlFrame) -> bytes:
         path = _name_bytes(frame.path, "path")
         body = bytes([len(path)]) + path
         kind = CTRL_ROUTE
+    elif isinstance(frame, MessagesDone):
+        if not 0 < len(frame.msg_ids) <= MAX_DONE_IDS:
+            raise LocalProtocolError(f"a done frame carries 1..{MAX_DONE_IDS} message ids")
+        body = b"".join(_pack(_MSG_ID, msg_id) for msg_id in frame.msg_ids)
+        kind = CTRL_DONE
+    elif isinstance(frame, RepairRequested):
+        if not 0 < len(frame.blocks) <= MAX_REPAIR_BLOCKS:
+            raise LocalProtocolError(f"a repair request names 1..{MAX_REPAIR_BLOCKS} blocks")
+        body = _pack(_REPAIR_REQUEST_HEAD, frame.msg_id, len(frame.blocks)) + b"".join(
+            _pack(_BLOCK, block) for block in frame.blocks
+        )
+        kind = CTRL_REPAIR_REQUEST
     elif isinstance(frame, Credit):
         body = _pack(_CREDIT, frame.granted_bytes)
         kind = CTRL_CREDIT
@@ -285,6 +397,18 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
         if pos != len(body):
             raise RemoteProtocolError("route frame has trailing bytes")
         return RouteChosen(path)
+    if kind == CTRL_DONE:
+        if not body or len(body) % _MSG_ID.size or len(body) // _MSG_ID.size > MAX_DONE_IDS:
+            raise RemoteProtocolError(f"done frame of {len(body)} bytes")
+        return MessagesDone(tuple(m for (m,) in _MSG_ID.iter_unpack(body)))
+    if kind == CTRL_REPAIR_REQUEST:
+        if len(body) < _REPAIR_REQUEST_HEAD.size:
+            raise RemoteProtocolError("repair request truncated")
+        msg_id, count = _REPAIR_REQUEST_HEAD.unpack_from(body)
+        rest = body[_REPAIR_REQUEST_HEAD.size :]
+        if not 0 < count <= MAX_REPAIR_BLOCKS or len(rest) != count * _BLOCK.size:
+            raise RemoteProtocolError("repair request length does not match its block count")
+        return RepairRequested(msg_id, tuple(b for (b,) in _BLOCK.iter_unpack(rest)))
     if kind == CTRL_CREDIT:
         if len(body) != _CREDIT.size:
             raise RemoteProtocolError("credit frame has the wrong length")

@@ -1,9 +1,16 @@
 """Messages on their way out: which bytes still need sending, which are acknowledged.
 
 Work is pulled: a path that can send asks ``OutboundQueue.take(max_bytes)`` for the
-next piece. Repairs of lost pieces come before new bytes, critical messages before
-bulk ones, older messages before newer ones. Nothing is ever resent whole: a lost
-piece comes back as exactly the byte range that was lost.
+next piece. Repairs come before new bytes, critical messages before bulk ones, older
+messages before newer ones. Nothing is ever resent whole.
+
+A coded message (``CodingShape``, see wangate.core.coding) is sent as FEC blocks: each
+block's source symbols, then its repair symbols; a loss is answered with fresh repair
+symbols for that block only, as many as it still lacks. An uncoded message (or a block
+whose repair was requested) repairs a loss as exactly the byte range that was lost.
+
+A message stays here until the receiver confirms it verified it (``MessagesDone``):
+acknowledged symbols say the bytes arrived, not that the message checked out.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from wangate.core.coding import BlockLedger, CodingShape
+from wangate.core.fec import BlockEncoder
 from wangate.core.rangeset import RangeSet
 
 Buffer = bytes | bytearray | memoryview
@@ -19,6 +28,8 @@ Buffer = bytes | bytearray | memoryview
 class OutboundMessage:
     __slots__ = (
         "acked",
+        "acked_at",
+        "blocks",
         "body_len",
         "critical",
         "head",
@@ -26,7 +37,9 @@ class OutboundMessage:
         "next_offset",
         "payload",
         "queued",
+        "repair_work",
         "repairs",
+        "shape",
         "started_at",
     )
 
@@ -41,6 +54,10 @@ class OutboundMessage:
         self.acked = RangeSet()
         self.queued = False  # in the queue's work list
         self.started_at = 0.0
+        self.acked_at: float | None = None  # every byte acknowledged (awaiting "done")
+        self.shape: CodingShape | None = None  # set when the first piece is taken
+        self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
+        self.repair_work: deque[int] = deque()  # one entry per repair symbol to send
 
     def read(self, start: int, end: int) -> bytes | memoryview:
         head_len = len(self.head)
@@ -52,11 +69,30 @@ class OutboundMessage:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.repairs) or self.next_offset < self.body_len
+        return bool(self.repairs) or bool(self.repair_work) or self.next_offset < self.body_len
 
     @property
     def complete(self) -> bool:
         return self.acked.covers(0, self.body_len)
+
+    def ledger(self, block: int) -> BlockLedger:
+        ledger = self.blocks.get(block)
+        if ledger is None:
+            assert self.shape is not None
+            ledger = BlockLedger(next_repair=self.shape.block_k(block))
+            self.blocks[block] = ledger
+        return ledger
+
+    def encoder(self, block: int) -> BlockEncoder:
+        ledger = self.ledger(block)
+        if ledger.encoder is None:
+            shape = self.shape
+            assert shape is not None
+            encoder = BlockEncoder(shape.block_k(block), shape.symbol_bytes)
+            for i in range(shape.block_k(block)):
+                encoder.add_source(i, self.read(*shape.symbol_range(block, i)))
+            ledger.encoder = encoder
+        return ledger.encoder
 
 
 @dataclass(frozen=True)
@@ -65,22 +101,43 @@ class Piece:
     start: int
     end: int
     repair: bool
+    block: int = -1  # coded block this piece belongs to (-1: counts for none)
+    symbol: int = -1  # index in its block: < k source, >= k repair symbol
+
+    @property
+    def is_repair_symbol(self) -> bool:
+        return self.message.shape is not None and self.symbol >= self.message.shape.block_k(
+            self.block
+        )
+
+
+@dataclass(frozen=True)
+class CodingPolicy:
+    """FEC settings: ``k`` source symbols per block (0: no FEC), repair symbols bounds."""
+
+    k: int = 16
+    min_repair: int = 0
+    max_repair: int = 16
 
 
 class OutboundQueue:
-    """Messages started (admitted by the peer's credit) and not yet fully acknowledged."""
+    """Messages started (admitted by the peer's credit) and not yet confirmed done."""
 
-    def __init__(self) -> None:
+    def __init__(self, coding: CodingPolicy | None = None) -> None:
+        self.coding = coding or CodingPolicy()
         self.messages: dict[int, OutboundMessage] = {}
         self._critical: deque[OutboundMessage] = deque()
         self._bulk: deque[OutboundMessage] = deque()
-        self.repair_bytes = 0  # cumulative bytes sent again
+        self.repair_bytes = 0  # cumulative bytes sent again (range repairs)
+        self.fec_bytes = 0  # cumulative repair-symbol bytes
+        self.source_bytes = 0  # cumulative first-time bytes
         self.bulk_backlog_bytes = 0  # bulk bytes still to send (new and repairs)
+        self.symbol_bytes = 0  # symbol size for newly started coded messages (0: no FEC)
+        self.repair_count = 0  # repair symbols per block now, from the measured loss
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
-        if not message.critical:
-            self.bulk_backlog_bytes += message.body_len
+        self._add_backlog(message, message.body_len)
         self._enqueue(message)
 
     def _enqueue(self, message: OutboundMessage) -> None:
@@ -117,9 +174,9 @@ class OutboundQueue:
             start, end = message.repairs.popleft()
             gap = message.acked.first_gap(start, end)
             if gap is None:
-                self._settle(message, end - start)
+                self._add_backlog(message, start - end)
                 continue  # acknowledged after all (a late ack beat the repair)
-            self._settle(message, gap[0] - start)
+            self._add_backlog(message, start - gap[0])
             start, gap_end = gap
             if gap_end < end:
                 message.repairs.appendleft((gap_end, end))
@@ -127,49 +184,163 @@ class OutboundQueue:
             if end < gap_end:
                 message.repairs.appendleft((end, gap_end))
             self.repair_bytes += end - start
-            self._settle(message, end - start)
+            self._add_backlog(message, start - end)
             return Piece(message, start, end, True)
+        fits = message.shape is not None and message.shape.symbol_bytes <= max_bytes
+        while message.repair_work and fits:
+            piece = self._repair_symbol(message)
+            if piece is not None:
+                return piece
         if message.next_offset < message.body_len:
-            start = message.next_offset
+            return self._new_piece(message, max_bytes)
+        return None
+
+    def _new_piece(self, message: OutboundMessage, max_bytes: int) -> Piece:
+        start = message.next_offset
+        if message.shape is None and self.coding.k and self.symbol_bytes:
+            message.shape = CodingShape(message.body_len, self.symbol_bytes, self.coding.k)
+        shape = message.shape
+        if shape is None:
             end = min(message.body_len, start + max_bytes)
             message.next_offset = end
-            self._settle(message, end - start)
+            self._add_backlog(message, start - end)
+            self.source_bytes += end - start
             return Piece(message, start, end, False)
-        return None
+        block = shape.block_of(start)
+        index = start // shape.symbol_bytes - block * shape.k
+        symbol_start, symbol_end = shape.symbol_range(block, index)
+        message.next_offset = symbol_end
+        self._add_backlog(message, symbol_start - symbol_end)
+        self.source_bytes += symbol_end - symbol_start
+        if symbol_end - symbol_start > max_bytes:
+            # this path cannot carry a whole symbol: send part, queue the rest as a range
+            message.repairs.append((start + max_bytes, symbol_end))
+            self._add_backlog(message, symbol_end - start - max_bytes)
+            return Piece(message, start, start + max_bytes, False)
+        ledger = message.ledger(block)
+        ledger.inflight += 1
+        if index == shape.block_k(block) - 1:  # the block's sources are all out
+            self._queue_repairs(message, block, self.repair_count)
+        return Piece(message, symbol_start, symbol_end, False, block, index)
 
-    def _settle(self, message: OutboundMessage, size_bytes: int) -> None:
-        """``size_bytes`` of the message's work left the backlog (sent, or acked meanwhile)."""
+    def _repair_symbol(self, message: OutboundMessage) -> Piece | None:
+        block = message.repair_work.popleft()
+        shape = message.shape
+        ledger = message.blocks.get(block)
+        if ledger is None or shape is None:
+            return None  # the block became decodable meanwhile
+        ledger.queued -= 1
+        if not ledger.coded:
+            return None
+        index = ledger.next_repair
+        ledger.next_repair += 1
+        ledger.inflight += 1
+        self.fec_bytes += shape.symbol_bytes
+        return Piece(message, 0, 0, True, block, index)
+
+    def repair_symbol_data(self, piece: Piece) -> bytes:
+        return piece.message.encoder(piece.block).repair(piece.symbol)
+
+    def _queue_repairs(self, message: OutboundMessage, block: int, count: int) -> None:
+        ledger = message.ledger(block)
+        count = min(count, 256 - ledger.next_repair - ledger.queued)
+        if count > 0:
+            ledger.queued += count
+            message.repair_work.extend([block] * count)
+            self._enqueue(message)
+
+    def _add_backlog(self, message: OutboundMessage, size_bytes: int) -> None:
         if not message.critical:
-            self.bulk_backlog_bytes -= size_bytes
+            self.bulk_backlog_bytes += size_bytes
 
-    def mark_lost(self, msg_id: int, start: int, end: int) -> None:
-        message = self.messages.get(msg_id)
-        if message is None or message.acked.covers(start, end):
-            return
-        message.repairs.append((start, end))
-        if not message.critical:
-            self.bulk_backlog_bytes += end - start
-        self._enqueue(message)
+    # ---------------------------------------------------------------- outcomes
 
-    def mark_acked(self, msg_id: int, start: int, end: int) -> OutboundMessage | None:
-        """Record delivery of a range; returns the message if that completed it."""
+    def mark_lost(self, msg_id: int, start: int, end: int, block: int, symbol: int) -> None:
         message = self.messages.get(msg_id)
         if message is None:
-            return None
-        message.acked.add(start, end)
-        if message.next_offset >= message.body_len and message.complete:
-            del self.messages[msg_id]
-            return message
-        return None
+            return
+        shape = message.shape
+        ledger = message.blocks.get(block) if block >= 0 else None
+        if shape is not None and ledger is not None and ledger.coded:
+            ledger.inflight -= 1
+            missing = ledger.shortfall(shape, block, message.acked)
+            if missing <= 0:
+                return  # enough symbols are still on their way
+            if ledger.can_add_repairs(ledger.queued + missing):
+                self._queue_repairs(message, block, missing)
+                return
+            ledger.coded = False  # out of repair symbols: fall back to the lost bytes
+            start, end = shape.block_range(block)
+        if end <= start or message.acked.covers(start, end):
+            return
+        message.repairs.append((start, end))
+        self._add_backlog(message, end - start)
+        self._enqueue(message)
+
+    def mark_acked(
+        self, msg_id: int, start: int, end: int, block: int, symbol: int, now: float
+    ) -> None:
+        message = self.messages.get(msg_id)
+        if message is None:
+            return
+        if end > start:
+            message.acked.add(start, end)
+        shape = message.shape
+        ledger = message.blocks.get(block) if block >= 0 else None
+        if shape is not None and ledger is not None:
+            ledger.inflight -= 1
+            if symbol >= shape.block_k(block):
+                ledger.acked_repairs.add(symbol)
+            if ledger.coded and ledger.have(shape, block, message.acked) >= shape.block_k(block):
+                # any k symbols rebuild the block at the receiver
+                message.acked.add(*shape.block_range(block))
+                del message.blocks[block]
+        done_sending = message.next_offset >= message.body_len and not message.repairs
+        if message.acked_at is None and done_sending and message.complete:
+            message.acked_at = now
+
+    def repair_blocks(self, msg_id: int, blocks: tuple[int, ...]) -> bool:
+        """The receiver could not verify rebuilt blocks: resend their sources by range."""
+        message = self.messages.get(msg_id)
+        if message is None or message.shape is None:
+            return False
+        shape = message.shape
+        for block in blocks:
+            if block >= shape.blocks:
+                continue
+            start, end = shape.block_range(block)
+            message.acked.remove(start, end)
+            message.blocks[block] = BlockLedger(next_repair=256, coded=False)
+            message.repairs.append((start, end))
+            self._add_backlog(message, end - start)
+        message.acked_at = None
+        self._enqueue(message)
+        return True
+
+    def poke(self, msg_id: int) -> None:
+        """Resend one byte of a message whose confirmation is overdue, to ask again."""
+        message = self.messages.get(msg_id)
+        if message is not None:
+            message.repairs.append((0, 1))
+            message.acked.remove(0, 1)
+            message.acked_at = None
+            self._add_backlog(message, 1)
+            self._enqueue(message)
+
+    def done(self, msg_id: int) -> OutboundMessage | None:
+        """The receiver verified the message."""
+        return self.drop(msg_id)
 
     def drop(self, msg_id: int) -> OutboundMessage | None:
         message = self.messages.pop(msg_id, None)
         if message is not None:
-            if not message.critical:
-                self.bulk_backlog_bytes -= (message.body_len - message.next_offset) + sum(
-                    end - start for start, end in message.repairs
-                )
+            backlog = (message.body_len - message.next_offset) + sum(
+                end - start for start, end in message.repairs
+            )
+            self._add_backlog(message, -backlog)
             message.repairs.clear()
+            message.repair_work.clear()
+            message.blocks.clear()
             message.next_offset = message.body_len
         return message
 

@@ -36,6 +36,8 @@ class SentDatagram:
     end: int
     sent_at: float
     size_bytes: int
+    block: int = -1  # FEC block of a coded message (-1: none)
+    symbol: int = -1  # index within that block
 
 
 @dataclass

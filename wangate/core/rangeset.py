@@ -45,6 +45,19 @@ class RangeSet:
         ends[lo:hi] = [new_end]
         return (end - start) - covered
 
+    def remove(self, start: int, end: int) -> None:
+        """Take [start, end) out of the set (rare: a repair request)."""
+        if end <= start:
+            return
+        kept = [
+            part
+            for s, e in zip(self._starts, self._ends, strict=True)
+            for part in ((s, min(e, start)), (max(s, end), e))
+            if part[0] < part[1]
+        ]
+        self._starts = [s for s, _ in kept]
+        self._ends = [e for _, e in kept]
+
     def __contains__(self, value: int) -> bool:
         i = bisect.bisect_right(self._starts, value) - 1
         return i >= 0 and value < self._ends[i]

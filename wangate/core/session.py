@@ -19,49 +19,43 @@ from wangate.core.estimator import PathEstimator
 from wangate.core.events import (
     Event,
     MessageDelivered,
-    MessageDropped,
     MessageFailed,
-    MessageReceived,
     PathStateChanged,
 )
+from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
-    REJECT_CHECKSUM,
-    REJECT_MALFORMED,
-    REJECT_TOO_LARGE,
+    MAX_DONE_IDS,
+    REPAIR_HEADER_BYTES,
     SHARD_HEADER_BYTES,
     Ack,
     ControlFrame,
     Credit,
     MessageRejected,
+    MessagesDone,
     ProbeDatagram,
+    RepairDatagram,
+    RepairRequested,
     RouteChosen,
-    ShardDatagram,
     decode_datagram,
     encode_control,
     encode_probe,
+    encode_repair,
     encode_shard,
 )
-from wangate.core.message import MessageHeader, verify_body
-from wangate.core.outbound import OutboundMessage, OutboundQueue, Piece
+from wangate.core.inbound import Reassembly
+from wangate.core.message import MessageHeader
+from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.paths import PathReceiver, PathSender, SentDatagram
-from wangate.core.rangeset import RangeSet
 from wangate.core.scheduler import PathScheduler
-from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
+from wangate.errors import LocalProtocolError, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
+DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
+DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
 
 Buffer = bytes | bytearray | memoryview
-
-
-class InboundMessage:
-    __slots__ = ("body", "received", "started_at")
-
-    def __init__(self, size_bytes: int, now: float) -> None:
-        self.body = bytearray(size_bytes)
-        self.received = RangeSet()
-        self.started_at = now
 
 
 class PeerSession:
@@ -73,6 +67,7 @@ class PeerSession:
         max_message_bytes: int,
         inbox_window_bytes: int,
         now: float,
+        coding: CodingPolicy | None = None,
     ) -> None:
         self.local_site = local_site
         self.peer = peer
@@ -87,7 +82,7 @@ class PeerSession:
         # sending
         self._next_msg_id = 1
         self._waiting: deque[OutboundMessage] = deque()  # submitted, not yet admitted by credit
-        self._queue = OutboundQueue()
+        self._queue = OutboundQueue(coding)
         self._peer_granted = 0
         self._peer_max_message: int | None = None
         self._started_bytes = 0
@@ -97,18 +92,13 @@ class PeerSession:
         self._path_states: dict[str, str] = {}
 
         # receiving
-        self._inbound: dict[int, InboundMessage] = {}
-        self._completed = RangeSet()  # message ids finished (delivered or dropped)
-        self._held_bytes = 0  # inbound in progress + delivered and not yet consumed
-        self._consumed_bytes = 0
+        self._inbound = Reassembly(max_message_bytes, self.inbox_window_bytes, self._events)
         self._credit_dirty: set[str] = set()
-        self._rejections: deque[MessageRejected] = deque()
         self._credit_refresh_at = now + CREDIT_REFRESH_S
+        self._done_check_at = now + DONE_CHECK_S
 
         self.messages_sent = 0
-        self.messages_received = 0
         self.bytes_sent = 0
-        self.bytes_received = 0
         self.repair_datagrams = 0
 
     # ------------------------------------------------------------------- paths
@@ -169,13 +159,7 @@ class PeerSession:
             sender.take_all_inflight()
         self._peer_granted = 0
         self._started_bytes = 0
-        # Delivered messages not yet consumed stay with the trainers: they still count
-        # against the window, and their later consumed() must not grant the new instance
-        # more than one window in all.
-        self._held_bytes -= sum(len(m.body) for m in self._inbound.values())
-        self._inbound.clear()
-        self._completed.clear()
-        self._consumed_bytes = -self._held_bytes
+        self._inbound.peer_restarted()
         self._credit_dirty.update(self._senders)
 
     # ----------------------------------------------------------------- sending
@@ -236,8 +220,33 @@ class PeerSession:
             piece = self._next_piece(path, sender.datagram_bytes - SHARD_HEADER_BYTES, now)
             if piece is not None:
                 message = piece.message
+                if piece.is_repair_symbol:
+                    data = self._queue.repair_symbol_data(piece)
+                    seq = sender.record(
+                        SentDatagram(
+                            message.msg_id, 0, 0, now, len(data), piece.block, piece.symbol
+                        )
+                    )
+                    assert message.shape is not None
+                    return encode_repair(
+                        seq,
+                        int(now * 1e9),
+                        message.msg_id,
+                        message.body_len,
+                        piece.block,
+                        piece.symbol,
+                        message.shape.k,
+                        data,
+                        message.critical,
+                    )
                 sent = SentDatagram(
-                    message.msg_id, piece.start, piece.end, now, piece.end - piece.start
+                    message.msg_id,
+                    piece.start,
+                    piece.end,
+                    now,
+                    piece.end - piece.start,
+                    piece.block,
+                    piece.symbol,
                 )
                 seq = sender.record(sent)
                 if piece.repair:
@@ -281,17 +290,35 @@ class PeerSession:
         return None
 
     def _reselect(self, now: float) -> None:
-        open_paths = {n for n, ok in self._usable().items() if ok}
+        usable = self._usable()
+        open_paths = {n for n, ok in usable.items() if ok}
         change = self._scheduler.update(now, self._estimators(), open_paths)
         if change is not None:
             self._events.append(change)
             self._route_dirty = True
+        self._adapt_coding(open_paths)
+
+    def _adapt_coding(self, open_paths: set[str]) -> None:
+        """Symbol size fits every open path; repair count follows the measured loss."""
+        queue, policy = self._queue, self._queue.coding
+        if not policy.k or not open_paths:
+            queue.symbol_bytes = 0
+            return
+        senders = [self._senders[n] for n in open_paths]
+        queue.symbol_bytes = min(s.datagram_bytes for s in senders) - REPAIR_HEADER_BYTES
+        # loss seen by a block spread over the paths in proportion to their rates
+        rates = [s.estimator.planning_rate_bps for s in senders]
+        loss = sum(s.estimator.loss_rate * r for s, r in zip(senders, rates, strict=True))
+        loss /= sum(rates)
+        queue.repair_count = parity_for_loss(
+            loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
+        )
 
     def _requeue(self, sender: PathSender, lost: Iterable[SentDatagram]) -> None:
         for sent in lost:
             sender.estimator.on_lost(sent.size_bytes, sent.sent_at)
             if sent.msg_id:
-                self._queue.mark_lost(sent.msg_id, sent.start, sent.end)
+                self._queue.mark_lost(sent.msg_id, sent.start, sent.end, sent.block, sent.symbol)
 
     def _on_ack(self, path: str, ack: Ack, now: float) -> None:
         sender = self._senders.get(path)
@@ -308,13 +335,9 @@ class PeerSession:
             est.on_acked(sent.size_bytes, now)
         for sent in acked + late_acked:
             if sent.msg_id:
-                done = self._queue.mark_acked(sent.msg_id, sent.start, sent.end)
-                if done is not None:
-                    self.messages_sent += 1
-                    self.bytes_sent += done.body_len
-                    self._events.append(
-                        MessageDelivered(done.msg_id, done.body_len, now - done.started_at)
-                    )
+                self._queue.mark_acked(
+                    sent.msg_id, sent.start, sent.end, sent.block, sent.symbol, now
+                )
         self._requeue(sender, sender.detect_lost(now))
 
     # --------------------------------------------------------------- receiving
@@ -335,71 +358,25 @@ class PeerSession:
         if isinstance(datagram, ProbeDatagram):
             receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, urgent=True)
             return
-        if self._accept_shard(datagram, now):
+        if isinstance(datagram, RepairDatagram):
+            accepted = self._inbound.accept_repair(datagram, now)
+        else:
+            accepted = self._inbound.accept_shard(datagram, now)
+        if accepted:
             receiver.received_bytes += len(data)
             receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, datagram.critical)
-
-    def _accept_shard(self, shard: ShardDatagram, now: float) -> bool:
-        """Store a shard; False means it was refused and must not be acknowledged."""
-        msg_id = shard.msg_id
-        if msg_id in self._completed:
-            return True  # a late duplicate: ack it so the sender stops repairing
-        message = self._inbound.get(msg_id)
-        if message is None:
-            if shard.msg_len > self.max_message_bytes:
-                self._reject(msg_id, REJECT_TOO_LARGE, f"message of {shard.msg_len} bytes")
-                return True
-            if self._held_bytes + shard.msg_len > self.inbox_window_bytes + self.max_message_bytes:
-                return False  # beyond what we granted: the sender will repair it later
-            message = InboundMessage(shard.msg_len, now)
-            self._inbound[msg_id] = message
-            self._held_bytes += shard.msg_len
-        elif shard.msg_len != len(message.body):
-            raise RemoteProtocolError(
-                f"message {msg_id}: shard says {shard.msg_len} bytes, earlier ones "
-                f"{len(message.body)}"
-            )
-        end = shard.offset + len(shard.data)
-        if message.received.add(shard.offset, end):
-            message.body[shard.offset : end] = shard.data
-        if message.received.covers(0, len(message.body)):
-            self._finish(msg_id, message)
-        return True
-
-    def _finish(self, msg_id: int, message: InboundMessage) -> None:
-        del self._inbound[msg_id]
-        self._completed.add(msg_id, msg_id + 1)
-        try:
-            header, payload = verify_body(message.body)
-        except ChecksumError as exc:
-            self._release(len(message.body))
-            self._reject(msg_id, REJECT_CHECKSUM, str(exc))
-            return
-        except RemoteProtocolError as exc:
-            self._release(len(message.body))
-            self._reject(msg_id, REJECT_MALFORMED, str(exc))
-            return
-        self.messages_received += 1
-        self.bytes_received += len(message.body)
-        self._events.append(MessageReceived(msg_id, header, payload, len(message.body)))
-
-    def _reject(self, msg_id: int, code: int, reason: str) -> None:
-        self._completed.add(msg_id, msg_id + 1)
-        self._events.append(MessageDropped(msg_id, reason))
-        self._rejections.append(MessageRejected(msg_id, code, reason))
 
     def consumed(self, body_bytes: int) -> None:
         """A trainer took a received message: its bytes no longer count against the window."""
         self._release(body_bytes)
 
     def _release(self, body_bytes: int) -> None:
-        self._held_bytes -= body_bytes
-        self._consumed_bytes += body_bytes
+        self._inbound.release(body_bytes)
         self._credit_dirty.update(self._senders)
 
     @property
     def granted_bytes(self) -> int:
-        return max(0, self._consumed_bytes + self.inbox_window_bytes)
+        return max(0, self._inbound.consumed_bytes + self.inbox_window_bytes)
 
     # ----------------------------------------------------------------- control
 
@@ -415,6 +392,17 @@ class PeerSession:
                 self._admit()
         elif isinstance(frame, RouteChosen):
             self.peer_critical_path = frame.path
+        elif isinstance(frame, MessagesDone):
+            for msg_id in frame.msg_ids:
+                done = self._queue.done(msg_id)
+                if done is not None:
+                    self.messages_sent += 1
+                    self.bytes_sent += done.body_len
+                    self._events.append(
+                        MessageDelivered(done.msg_id, done.body_len, now - done.started_at)
+                    )
+        elif isinstance(frame, RepairRequested):
+            self._queue.repair_blocks(frame.msg_id, frame.blocks)
         elif isinstance(frame, MessageRejected):
             if self._queue.drop(frame.msg_id) is not None:
                 self._events.append(
@@ -434,18 +422,37 @@ class PeerSession:
         if path in self._credit_dirty:
             self._credit_dirty.discard(path)
             out.append(encode_control(Credit(self.granted_bytes)))
-        while self._rejections:
-            out.append(encode_control(self._rejections.popleft()))
         current = self._scheduler.selector.current
+        if path == self._end_to_end_path():
+            inbound = self._inbound
+            while inbound.rejections:
+                out.append(encode_control(inbound.rejections.popleft()))
+            while inbound.repair_requests:
+                out.append(encode_control(inbound.repair_requests.popleft()))
+            while inbound.done_pending:
+                out.append(encode_control(MessagesDone(inbound.take_done(MAX_DONE_IDS))))
         if self._route_dirty and current is not None and path == current:
             self._route_dirty = False
             out.append(encode_control(RouteChosen(current)))
         return b"".join(out)
 
+    def _end_to_end_path(self) -> str | None:
+        """Where frames about whole messages go: the critical route, else the fastest
+        usable path (a silent path would hold them back until it times out)."""
+        usable = [n for n, ok in self._usable().items() if ok]
+        current = self._scheduler.selector.current
+        if current in usable:
+            return current
+        if not usable:
+            return next(iter(self._senders), None)
+        return min(usable, key=lambda n: self._senders[n].estimator.srtt_s)
+
     # ------------------------------------------------------------ timers/events
 
     def get_timer(self) -> float | None:
         deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
+        if self._queue.messages:
+            deadlines.append(self._done_check_at)
         for name, sender in self._senders.items():
             if name in self._closed:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
@@ -478,6 +485,14 @@ class PeerSession:
             self._path_states[name] = state.kind
         if now >= self._scheduler.next_select_at:
             self._reselect(now)
+        if now >= self._done_check_at:
+            self._done_check_at = now + DONE_CHECK_S
+            timeout_s = max(
+                DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())
+            )
+            for message in list(self._queue.messages.values()):
+                if message.acked_at is not None and now - message.acked_at > timeout_s:
+                    self._queue.poke(message.msg_id)
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
@@ -498,16 +513,25 @@ class PeerSession:
         row["last_switch_reason"] = None if change is None else change.reason
         return row
 
+    @property
+    def messages_received(self) -> int:
+        return self._inbound.messages_received
+
     def status(self) -> dict[str, int]:
+        queue, inbound = self._queue, self._inbound
         return {
             "messages_sent": self.messages_sent,
-            "messages_received": self.messages_received,
+            "messages_received": inbound.messages_received,
             "bytes_sent": self.bytes_sent,
-            "bytes_received": self.bytes_received,
+            "bytes_received": inbound.bytes_received,
             "messages_waiting": len(self._waiting),
-            "messages_in_flight": len(self._queue.messages),
-            "inbound_in_progress": len(self._inbound),
+            "messages_in_flight": len(queue.messages),
+            "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": self.repair_datagrams,
-            "repair_bytes": self._queue.repair_bytes,
+            "repair_bytes": queue.repair_bytes,
+            "source_bytes": queue.source_bytes,
+            "fec_bytes": queue.fec_bytes,
+            "fec_repair_per_block": queue.repair_count,
+            "blocks_decoded": inbound.blocks_decoded,
             "peer_granted_bytes": self._peer_granted,
         }

@@ -6,6 +6,7 @@ import struct
 import zlib
 
 import numpy as np
+import pytest
 
 LOSSY_SPECS = (
     "fp16",
@@ -63,3 +64,22 @@ def dense_bound(name: str, x: np.ndarray, block: int) -> np.ndarray:
     largest = qmax * (F32_MAX / 128 if name == "int8" else F32_MAX / 16)
     rounding = block_absmax(x, block) * (0.5 / qmax) * (1 + 1e-5) + qmax * F32_TINY
     return rounding + np.maximum(np.abs(x) - largest, 0)
+
+
+def test_reseal_makes_a_patched_frame_pass_the_checksum_only() -> None:
+    from wangate.codec import decode_tensor, encode_tensor
+    from wangate.errors import CodecError
+
+    encoded = encode_tensor(np.arange(6, dtype=np.int16), "none")
+    payload = bytes(encoded.payload)
+    assert reseal(encoded.meta, payload) == encoded.meta
+    flipped = b"\x07" + payload[1:]
+    with np.testing.assert_raises(CodecError):
+        decode_tensor(encoded.meta, flipped)
+    assert decode_tensor(reseal(encoded.meta, flipped), flipped).tolist() == [7, 1, 2, 3, 4, 5]
+
+
+def test_dense_bound_is_half_a_step_of_the_block_scale() -> None:
+    x = np.array([1.0, -127.0, 0.5, 2.0])
+    assert dense_bound("int8", x, 2).tolist() == pytest.approx([0.5, 0.5, 2 / 254, 2 / 254])
+    assert dense_bound("fp32", x, 1).tolist() == [0, 0, 0, 0]

@@ -1,0 +1,493 @@
+"""Prometheus metrics: exposition text, histogram math, the HTTP endpoint, a live daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import socket
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wangate.errors import GatewayError, LocalProtocolError
+from wangate.loopback import LoopbackSites, site_address
+from wangate.metrics import (
+    CONTENT_TYPE,
+    Exposition,
+    GatewayMetrics,
+    Histogram,
+    escape_help,
+    escape_label_value,
+    format_value,
+)
+from wangate.metrics_http import MetricsServer, parse_request_head
+
+pytestmark = pytest.mark.timeout(120)
+
+# ---------------------------------------------------------------- formatter
+
+
+def test_label_values_escape_backslash_quote_and_newline() -> None:
+    assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+    assert escape_help('say "hi"\\\nbye') == 'say "hi"\\\\\\nbye'
+
+
+def test_values_print_exactly() -> None:
+    assert format_value(0) == "0"
+    assert format_value(12345678901234567890) == "12345678901234567890"
+    assert format_value(True) == "1"
+    assert format_value(0.25) == "0.25"
+    assert format_value(12.3 * 1e-3) == "0.0123"  # 0.012300000000000002 before rounding
+    assert format_value(1e-9) == "1e-09"
+    assert format_value(math.inf) == "+Inf"
+    assert format_value(-math.inf) == "-Inf"
+    assert format_value(math.nan) == "NaN"
+
+
+def test_exposition_text_for_gauge_counter_and_histogram() -> None:
+    exposition = Exposition()
+    exposition.declare("t_temp_celsius", "gauge", 'Temperature "here"\nand there.')
+    exposition.declare("t_requests_total", "counter", "Requests.")
+    exposition.declare("t_latency_seconds", "histogram", "Latency.")
+    exposition.add("t_temp_celsius", {"room": 'a"b'}, 21.5)
+    exposition.add("t_temp_celsius", {}, -3)
+    exposition.add("t_requests_total", {"code": "200", "path": "/x\\y"}, 7)
+    histogram = Histogram((0.1, 1.0))
+    for value in (0.05, 0.1, 0.5, 3.0):
+        histogram.observe(value)
+    exposition.add_histogram("t_latency_seconds", {"op": "get"}, histogram)
+    assert exposition.render() == (
+        '# HELP t_temp_celsius Temperature "here"\\nand there.\n'
+        "# TYPE t_temp_celsius gauge\n"
+        't_temp_celsius{room="a\\"b"} 21.5\n'
+        "t_temp_celsius -3\n"
+        "# HELP t_requests_total Requests.\n"
+        "# TYPE t_requests_total counter\n"
+        't_requests_total{code="200",path="/x\\\\y"} 7\n'
+        "# HELP t_latency_seconds Latency.\n"
+        "# TYPE t_latency_seconds histogram\n"
+        't_latency_seconds_bucket{op="get",le="0.1"} 2\n'
+        't_latency_seconds_bucket{op="get",le="1.0"} 3\n'
+        't_latency_seconds_bucket{op="get",le="+Inf"} 4\n'
+        't_latency_seconds_sum{op="get"} 3.65\n'
+        't_latency_seconds_count{op="get"} 4\n'
+    )
+
+
+def test_exposition_refuses_bad_names_and_misuse() -> None:
+    exposition = Exposition()
+    with pytest.raises(LocalProtocolError, match="invalid metric name"):
+        exposition.declare("1bad", "gauge", "x")
+    with pytest.raises(LocalProtocolError, match="_total"):
+        exposition.declare("t_requests", "counter", "x")
+    exposition.declare("t_ok", "gauge", "x")
+    with pytest.raises(LocalProtocolError, match="declared twice"):
+        exposition.declare("t_ok", "gauge", "x")
+    with pytest.raises(LocalProtocolError, match="invalid label name"):
+        exposition.add("t_ok", {"bad-label": "v"}, 1)
+    with pytest.raises(LocalProtocolError, match="not declared"):
+        exposition.add("t_missing", {}, 1)
+    with pytest.raises(LocalProtocolError, match="not a histogram"):
+        exposition.add_histogram("t_ok", {}, Histogram((1.0,)))
+
+
+# ---------------------------------------------------------------- histogram
+
+
+def test_histogram_buckets_are_cumulative_and_upper_inclusive() -> None:
+    histogram = Histogram((0.01, 0.1, 1.0))
+    for value in (0.0, 0.01, 0.010001, 0.1, 0.5, 1.0, 1.5, 100.0, math.nan):
+        histogram.observe(value)
+    assert histogram.cumulative_counts() == [(0.01, 2), (0.1, 4), (1.0, 6), (math.inf, 8)]
+    assert histogram.count == 8  # NaN is not an observation
+    assert histogram.sum == pytest.approx(0.0 + 0.01 + 0.010001 + 0.1 + 0.5 + 1.0 + 1.5 + 100.0)
+
+
+@pytest.mark.parametrize("bounds", [(), (1.0, 1.0), (2.0, 1.0), (1.0, math.inf)])
+def test_histogram_refuses_bad_bounds(bounds: tuple[float, ...]) -> None:
+    with pytest.raises(LocalProtocolError):
+        Histogram(bounds)
+
+
+def test_delivery_latency_goes_to_the_class_the_message_was_submitted_with() -> None:
+    metrics = GatewayMetrics((0.01, 0.1))
+    metrics.message_submitted("sh", 1, critical=True)
+    metrics.message_submitted("sh", 2, critical=False)
+    metrics.message_submitted("gz", 1, critical=False)  # same id, another peer
+    metrics.message_delivered("sh", 2, 0.05)
+    metrics.message_delivered("sh", 1, 0.005)
+    metrics.message_delivered("sh", 1, 0.005)  # a second outcome is not timed twice
+    metrics.message_delivered("sh", 99, 0.005)  # never submitted: not timed
+    metrics.message_failed("gz", 1)
+    assert metrics.latency("sh", "critical").cumulative_counts() == [
+        (0.01, 1), (0.1, 1), (math.inf, 1)
+    ]  # fmt: skip
+    assert metrics.latency("sh", "bulk").cumulative_counts() == [
+        (0.01, 0), (0.1, 1), (math.inf, 1)
+    ]  # fmt: skip
+    assert metrics.latency("gz", "bulk").count == 0
+    assert metrics.tracked_messages == 0
+
+
+def test_tracking_table_is_bounded() -> None:
+    metrics = GatewayMetrics((1.0,), max_tracked=3)
+    for msg_id in range(1, 6):
+        metrics.message_submitted("sh", msg_id, critical=False)
+    assert metrics.tracked_messages == 3
+    metrics.message_delivered("sh", 1, 0.5)  # forgotten: the oldest went first
+    metrics.message_delivered("sh", 5, 0.5)
+    assert metrics.latency("sh", "bulk").count == 1
+
+
+# ------------------------------------------------------------ gateway render
+
+ROW_UP: dict[str, Any] = {
+    "peer": "sh", "path": "fiber-a", "local": "127.0.10.1:40000", "remote": "127.0.11.1:7443",
+    "state": "up", "state_reason": "ok", "srtt_ms": 12.3, "min_rtt_ms": 10.0,
+    "rtt_p99_ms": 20.5, "jitter_ms": 0.25, "loss": 0.01, "loss_samples": 100,
+    "rate_mbps": 80.0, "inflight_bytes": 3000, "rto_ms": 200.0, "sent_bytes": 123456,
+    "recv_bytes": 654321, "acked_bytes": 120000, "lost_bytes": 1200, "spurious_losses": 2,
+    "role": "critical",
+}  # fmt: skip
+ROW_DOWN: dict[str, Any] = {
+    "peer": "sh", "path": 'we"ird', "local": "*", "remote": "(peer dials)", "state": "down",
+    "state_reason": "not connected", "srtt_ms": None, "min_rtt_ms": None, "jitter_ms": None,
+    "loss": None, "loss_samples": 0, "rate_mbps": None, "sent_bytes": 0, "recv_bytes": 0,
+    "role": "bulk",
+}  # fmt: skip
+STATUS: dict[str, Any] = {
+    "site": "bj", "version": "0.1.0", "uptime_s": 3.5, "local_messages": 4,
+    "peers": {"sh": {
+        "paths_up": ["fiber-a"], "messages_sent": 5, "messages_received": 6,
+        "bytes_sent": 7000, "bytes_received": 8000, "messages_waiting": 1,
+        "messages_in_flight": 2, "repair_datagrams": 3, "repair_bytes": 3600,
+    }},
+}  # fmt: skip
+
+EXPECTED = """\
+# HELP wangate_info This gateway: site name and version.
+# TYPE wangate_info gauge
+wangate_info{site="bj",version="0.1.0"} 1
+# HELP wangate_uptime_seconds Seconds since the gateway started.
+# TYPE wangate_uptime_seconds gauge
+wangate_uptime_seconds 3.5
+# HELP wangate_local_messages_total Messages delivered within this site.
+# TYPE wangate_local_messages_total counter
+wangate_local_messages_total 4
+# HELP wangate_path_info A configured path and its current endpoints (always 1).
+# TYPE wangate_path_info gauge
+wangate_path_info{peer="sh",path="fiber-a",local="127.0.10.1:40000",remote="127.0.11.1:7443"} 1
+wangate_path_info{peer="sh",path="we\\"ird",local="*",remote="(peer dials)"} 1
+# HELP wangate_path_state 1 for the path's current state (up, degraded, down).
+# TYPE wangate_path_state gauge
+wangate_path_state{peer="sh",path="fiber-a",state="up"} 1
+wangate_path_state{peer="sh",path="fiber-a",state="degraded"} 0
+wangate_path_state{peer="sh",path="fiber-a",state="down"} 0
+wangate_path_state{peer="sh",path="we\\"ird",state="up"} 0
+wangate_path_state{peer="sh",path="we\\"ird",state="degraded"} 0
+wangate_path_state{peer="sh",path="we\\"ird",state="down"} 1
+# HELP wangate_path_role 1 for the path's role for our sends (critical, backup, bulk).
+# TYPE wangate_path_role gauge
+wangate_path_role{peer="sh",path="fiber-a",role="critical"} 1
+wangate_path_role{peer="sh",path="fiber-a",role="backup"} 0
+wangate_path_role{peer="sh",path="fiber-a",role="bulk"} 0
+wangate_path_role{peer="sh",path="we\\"ird",role="critical"} 0
+wangate_path_role{peer="sh",path="we\\"ird",role="backup"} 0
+wangate_path_role{peer="sh",path="we\\"ird",role="bulk"} 1
+# HELP wangate_path_srtt_seconds Smoothed RTT (RFC 9002).
+# TYPE wangate_path_srtt_seconds gauge
+wangate_path_srtt_seconds{peer="sh",path="fiber-a"} 0.0123
+# HELP wangate_path_min_rtt_seconds Minimum RTT over the last 10 s.
+# TYPE wangate_path_min_rtt_seconds gauge
+wangate_path_min_rtt_seconds{peer="sh",path="fiber-a"} 0.01
+# HELP wangate_path_rtt_p99_seconds 99th percentile RTT over the last 10 s.
+# TYPE wangate_path_rtt_p99_seconds gauge
+wangate_path_rtt_p99_seconds{peer="sh",path="fiber-a"} 0.0205
+# HELP wangate_path_jitter_seconds Interarrival jitter (RFC 3550 6.4.1).
+# TYPE wangate_path_jitter_seconds gauge
+wangate_path_jitter_seconds{peer="sh",path="fiber-a"} 0.00025
+# HELP wangate_path_loss_ratio Fraction of the last datagrams (up to 1000) lost.
+# TYPE wangate_path_loss_ratio gauge
+wangate_path_loss_ratio{peer="sh",path="fiber-a"} 0.01
+# HELP wangate_path_loss_samples Datagram outcomes behind the loss ratio.
+# TYPE wangate_path_loss_samples gauge
+wangate_path_loss_samples{peer="sh",path="fiber-a"} 100
+wangate_path_loss_samples{peer="sh",path="we\\"ird"} 0
+# HELP wangate_path_delivery_rate_bytes_per_second Delivery rate: highest acknowledged-bytes \
+rate over the last 10 s.
+# TYPE wangate_path_delivery_rate_bytes_per_second gauge
+wangate_path_delivery_rate_bytes_per_second{peer="sh",path="fiber-a"} 10000000.0
+# HELP wangate_path_inflight_bytes Bytes sent and not yet acknowledged or lost.
+# TYPE wangate_path_inflight_bytes gauge
+wangate_path_inflight_bytes{peer="sh",path="fiber-a"} 3000
+# HELP wangate_path_rto_seconds Current loss-detection timeout.
+# TYPE wangate_path_rto_seconds gauge
+wangate_path_rto_seconds{peer="sh",path="fiber-a"} 0.2
+# HELP wangate_path_sent_bytes_total Datagram bytes sent on the path.
+# TYPE wangate_path_sent_bytes_total counter
+wangate_path_sent_bytes_total{peer="sh",path="fiber-a"} 123456
+wangate_path_sent_bytes_total{peer="sh",path="we\\"ird"} 0
+# HELP wangate_path_received_bytes_total Datagram bytes received on the path.
+# TYPE wangate_path_received_bytes_total counter
+wangate_path_received_bytes_total{peer="sh",path="fiber-a"} 654321
+wangate_path_received_bytes_total{peer="sh",path="we\\"ird"} 0
+# HELP wangate_path_acked_bytes_total Datagram bytes the peer acknowledged.
+# TYPE wangate_path_acked_bytes_total counter
+wangate_path_acked_bytes_total{peer="sh",path="fiber-a"} 120000
+# HELP wangate_path_lost_bytes_total Datagram bytes declared lost.
+# TYPE wangate_path_lost_bytes_total counter
+wangate_path_lost_bytes_total{peer="sh",path="fiber-a"} 1200
+# HELP wangate_path_spurious_losses_total Datagrams declared lost that were acknowledged later.
+# TYPE wangate_path_spurious_losses_total counter
+wangate_path_spurious_losses_total{peer="sh",path="fiber-a"} 2
+# HELP wangate_peer_paths_up Paths to the peer now connected.
+# TYPE wangate_peer_paths_up gauge
+wangate_peer_paths_up{peer="sh"} 1
+# HELP wangate_peer_messages_sent_total Messages the peer acknowledged in full.
+# TYPE wangate_peer_messages_sent_total counter
+wangate_peer_messages_sent_total{peer="sh"} 5
+# HELP wangate_peer_messages_received_total Messages received whole and verified.
+# TYPE wangate_peer_messages_received_total counter
+wangate_peer_messages_received_total{peer="sh"} 6
+# HELP wangate_peer_sent_bytes_total Message body bytes delivered to the peer.
+# TYPE wangate_peer_sent_bytes_total counter
+wangate_peer_sent_bytes_total{peer="sh"} 7000
+# HELP wangate_peer_received_bytes_total Message body bytes received.
+# TYPE wangate_peer_received_bytes_total counter
+wangate_peer_received_bytes_total{peer="sh"} 8000
+# HELP wangate_peer_repair_bytes_total Message bytes sent again to repair losses.
+# TYPE wangate_peer_repair_bytes_total counter
+wangate_peer_repair_bytes_total{peer="sh"} 3600
+# HELP wangate_peer_repair_datagrams_total Datagrams sent to repair losses.
+# TYPE wangate_peer_repair_datagrams_total counter
+wangate_peer_repair_datagrams_total{peer="sh"} 3
+# HELP wangate_peer_messages_waiting Messages waiting for the peer's credit.
+# TYPE wangate_peer_messages_waiting gauge
+wangate_peer_messages_waiting{peer="sh"} 1
+# HELP wangate_peer_messages_in_flight Messages being sent.
+# TYPE wangate_peer_messages_in_flight gauge
+wangate_peer_messages_in_flight{peer="sh"} 2
+# HELP wangate_peer_messages_failed_total Messages that could not be delivered.
+# TYPE wangate_peer_messages_failed_total counter
+wangate_peer_messages_failed_total{peer="sh"} 1
+# HELP wangate_message_delivery_seconds Time from a message's submission until the peer \
+acknowledged all of it.
+# TYPE wangate_message_delivery_seconds histogram
+wangate_message_delivery_seconds_bucket{peer="sh",class="critical",le="0.01"} 1
+wangate_message_delivery_seconds_bucket{peer="sh",class="critical",le="0.1"} 1
+wangate_message_delivery_seconds_bucket{peer="sh",class="critical",le="+Inf"} 1
+wangate_message_delivery_seconds_sum{peer="sh",class="critical"} 0.004
+wangate_message_delivery_seconds_count{peer="sh",class="critical"} 1
+wangate_message_delivery_seconds_bucket{peer="sh",class="bulk",le="0.01"} 0
+wangate_message_delivery_seconds_bucket{peer="sh",class="bulk",le="0.1"} 1
+wangate_message_delivery_seconds_bucket{peer="sh",class="bulk",le="+Inf"} 2
+wangate_message_delivery_seconds_sum{peer="sh",class="bulk"} 2.05
+wangate_message_delivery_seconds_count{peer="sh",class="bulk"} 2
+"""
+
+
+def test_gateway_exposition_for_fixed_rows_is_exact() -> None:
+    metrics = GatewayMetrics((0.01, 0.1))
+    for msg_id, critical in ((1, True), (2, False), (3, False), (4, False)):
+        metrics.message_submitted("sh", msg_id, critical)
+    metrics.message_delivered("sh", 1, 0.004)
+    metrics.message_delivered("sh", 2, 0.05)
+    metrics.message_delivered("sh", 3, 2.0)
+    metrics.message_failed("sh", 4)
+    assert metrics.render([ROW_UP, ROW_DOWN], STATUS) == EXPECTED
+
+
+def check_exposition(text: str) -> dict[str, float]:
+    """Parse text format 0.0.4 strictly enough for our output; {series: value}."""
+    declared: dict[str, str] = {}
+    series: dict[str, float] = {}
+    helped: set[str] = set()
+    sample = re.compile(
+        r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\})? (\S+)'
+    )
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            helped.add(line.split(" ")[2])
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert name in helped and name not in declared
+            declared[name] = kind
+        else:
+            match = sample.fullmatch(line)
+            assert match is not None, line
+            name = match.group(1)
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            assert name in declared or declared.get(family) == "histogram", line
+            key = name + (match.group(2) or "")
+            assert key not in series, f"duplicate series {key}"
+            series[key] = float(match.group(3))
+    return series
+
+
+def test_exposition_parses_back() -> None:
+    series = check_exposition(EXPECTED)
+    assert series['wangate_path_state{peer="sh",path="fiber-a",state="up"}'] == 1.0
+    assert series['wangate_path_srtt_seconds{peer="sh",path="fiber-a"}'] == 0.0123
+
+
+# --------------------------------------------------------------------- HTTP
+
+
+def test_request_head_parsing() -> None:
+    assert parse_request_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n") == (
+        "GET",
+        "/metrics",
+    )
+    assert parse_request_head(b"GET /metrics\r\n\r\n") is None  # HTTP/0.9
+    assert parse_request_head(b"GET metrics HTTP/1.1\r\n\r\n") is None
+    assert parse_request_head(b"\xff\xfe /metrics HTTP/1.1\r\n\r\n") is None
+
+
+async def http_exchange(
+    address: tuple[str, int], request: bytes
+) -> tuple[str, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection(*address)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("ascii").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        key, _, value = line.partition(": ")
+        headers[key.lower()] = value
+    return status_line, headers, body
+
+
+def test_metrics_server_answers_get_metrics_and_refuses_the_rest() -> None:
+    renders = []
+
+    def render() -> str:
+        renders.append(1)
+        return "# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
+
+    async def main() -> None:
+        server = MetricsServer(render, max_request_bytes=1024, read_timeout_s=0.3)
+        await server.start("127.0.0.1", 0)
+        assert server.address is not None
+        addr = server.address
+        try:
+            status, headers, body = await http_exchange(
+                addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+            )
+            assert status == "HTTP/1.1 200 OK"
+            assert headers["content-type"] == CONTENT_TYPE
+            assert headers["content-length"] == str(len(body))
+            assert headers["connection"] == "close"
+            assert body == b"# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
+
+            status, _, body = await http_exchange(addr, b"GET / HTTP/1.1\r\n\r\n")
+            assert status == "HTTP/1.1 404 Not Found"
+            status, headers, _ = await http_exchange(addr, b"POST /metrics HTTP/1.1\r\n\r\n")
+            assert status == "HTTP/1.1 405 Method Not Allowed"
+            assert headers["allow"] == "GET, HEAD"
+            status, headers, body = await http_exchange(addr, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+            assert status == "HTTP/1.1 200 OK" and body == b""
+            status, _, _ = await http_exchange(addr, b"\x16\x03\x01garbage\r\n\r\n")
+            assert status == "HTTP/1.1 400 Bad Request"
+            status, _, _ = await http_exchange(
+                addr, b"GET /metrics HTTP/1.1\r\nX-Pad: " + b"a" * 4000 + b"\r\n\r\n"
+            )
+            assert status == "HTTP/1.1 431 Request Header Fields Too Large"
+            status, _, _ = await http_exchange(addr, b"GET /metrics HTTP/1.1\r\n")  # no end
+            assert status == "HTTP/1.1 408 Request Timeout"
+        finally:
+            await server.close()
+        assert len(renders) == 2  # only the two successful GET/HEAD rendered
+
+    asyncio.run(main())
+
+
+def test_metrics_server_reports_a_busy_address_as_a_config_problem() -> None:
+    async def main() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            server = MetricsServer(lambda: "")
+            with pytest.raises(GatewayError, match=r"\[metrics\] listen"):
+                await server.start("127.0.0.1", port)
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------- live daemon
+
+
+def free_tcp_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(host: str, port: int, path: str) -> tuple[str, bytes]:
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    return head.decode().split("\r\n")[0], body
+
+
+def test_a_running_gateway_serves_its_paths_as_metrics(tmp_path: Any) -> None:
+    lab = LoopbackSites(2, 2, directory=tmp_path, mtu=1500)
+    host = site_address(0, 0)  # bj's first address
+    port = free_tcp_port(host)
+    bj = lab["bj"]
+    bj.config_path.write_text(
+        bj.config_path.read_text() + f'\n[metrics]\nlisten = "{host}:{port}"\n'
+    )
+    with lab:
+        with bj.client() as gw:
+            gw.send("sh", "g", np.arange(1000, dtype=np.float32), step=1, critical=True)
+            gw.send("sh", "g", np.arange(50_000, dtype=np.float32), step=2)
+        with lab["sh"].client() as gw:
+            gw.recv("g", source="bj", step=1, timeout=30)
+            gw.recv("g", source="bj", step=2, timeout=30)
+        deadline = time.monotonic() + 10
+        while True:  # the sender learns of delivery one ack after the receiver has it
+            status, body = http_get(host, port, "/metrics")
+            assert status == "HTTP/1.1 200 OK"
+            series = check_exposition(body.decode())
+            done = 'wangate_message_delivery_seconds_count{peer="sh",class="bulk"}'
+            if series[done] == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert http_get(host, port, "/")[0] == "HTTP/1.1 404 Not Found"
+    critical = 'wangate_message_delivery_seconds_count{peer="sh",class="critical"}'
+    assert series[critical] == 1
+    assert series['wangate_message_delivery_seconds_count{peer="sh",class="bulk"}'] == 1
+    assert series['wangate_peer_messages_sent_total{peer="sh"}'] == 2
+    for path in ("fiber-a", "fiber-b"):
+        labels = f'{{peer="sh",path="{path}"}}'
+        states = {
+            s: series[f'wangate_path_state{{peer="sh",path="{path}",state="{s}"}}']
+            for s in ("up", "degraded", "down")
+        }
+        # up or degraded (a busy test machine can inflate RTTs), never down
+        assert states["down"] == 0 and states["up"] + states["degraded"] == 1, states
+        assert 0 < series[f"wangate_path_srtt_seconds{labels}"] < 1
+        assert 0 < series[f"wangate_path_min_rtt_seconds{labels}"] < 1
+        assert series[f"wangate_path_sent_bytes_total{labels}"] > 0
+        assert series[f"wangate_path_loss_ratio{labels}"] >= 0
+        roles = [
+            series[f'wangate_path_role{{peer="sh",path="{path}",role="{r}"}}']
+            for r in ("critical", "backup", "bulk")
+        ]
+        assert sorted(roles) == [0, 0, 1]
+    sent = sum(
+        series[f'wangate_path_sent_bytes_total{{peer="sh",path="{p}"}}']
+        for p in ("fiber-a", "fiber-b")
+    )
+    assert sent >= 4 * 50_000  # the bulk message's body crossed some path

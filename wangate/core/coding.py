@@ -1,0 +1,123 @@
+"""How one message is cut into FEC blocks, and what each block still needs.
+
+A coded message is cut into symbols of ``symbol_bytes`` (the last one short) and the
+symbols into blocks of ``k``. Source symbols travel as ordinary shards; each block
+gets ``m`` repair symbols right after its sources, ``m`` chosen from the measured loss
+(``parity_for_loss``). A block is *decodable* once any ``k_b`` of its symbols arrived;
+when losses leave a block short, exactly the missing number of fresh repair symbols is
+sent (never the lost ones, and never anything of other blocks).
+
+Sender and receiver each keep one ``BlockLedger``/``BlockDecoder`` per block that is
+still open: state is per block in flight, not per byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
+from wangate.core.rangeset import RangeSet
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class CodingShape:
+    """The symbol grid of one message."""
+
+    body_len: int
+    symbol_bytes: int
+    k: int
+
+    @property
+    def symbols(self) -> int:
+        return -(-self.body_len // self.symbol_bytes)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.symbols // self.k)
+
+    def block_of(self, offset: int) -> int:
+        return offset // self.symbol_bytes // self.k
+
+    def block_k(self, block: int) -> int:
+        return min(self.k, self.symbols - block * self.k)
+
+    def block_range(self, block: int) -> tuple[int, int]:
+        span = self.k * self.symbol_bytes
+        return block * span, min(self.body_len, (block + 1) * span)
+
+    def symbol_range(self, block: int, index: int) -> tuple[int, int]:
+        start = (block * self.k + index) * self.symbol_bytes
+        return start, min(self.body_len, start + self.symbol_bytes)
+
+
+@dataclass
+class BlockLedger:
+    """The sender's view of one block: what is acked, in flight, and queued."""
+
+    acked_repairs: set[int] = field(default_factory=set)
+    inflight: int = 0  # symbols of this block on the wire now
+    queued: int = 0  # repair symbols decided but not yet taken by a path
+    next_repair: int = 0  # next fresh repair index (starts at k_b)
+    coded: bool = True  # False after a repair request: sources are resent by range
+    encoder: BlockEncoder | None = None
+
+    def have(self, shape: CodingShape, block: int, acked: RangeSet) -> int:
+        sources = sum(
+            acked.covers(*shape.symbol_range(block, i)) for i in range(shape.block_k(block))
+        )
+        return sources + len(self.acked_repairs)
+
+    def shortfall(self, shape: CodingShape, block: int, acked: RangeSet) -> int:
+        """Repair symbols still to send so that k_b symbols can arrive."""
+        return shape.block_k(block) - self.have(shape, block, acked) - self.inflight - self.queued
+
+    def can_add_repairs(self, count: int) -> bool:
+        return self.next_repair + count <= MAX_SYMBOLS
+
+
+class InboundCoding:
+    """The receiver's open blocks of one message: repair symbols kept until they decode."""
+
+    def __init__(self, shape: CodingShape) -> None:
+        self.shape = shape
+        self.decoders: dict[int, BlockDecoder] = {}
+        self.decoded_blocks: set[int] = set()
+
+    def add_repair(self, block: int, index: int, data: Buffer) -> None:
+        decoder = self.decoders.get(block)
+        if decoder is None:
+            decoder = BlockDecoder(self.shape.block_k(block), self.shape.symbol_bytes)
+            self.decoders[block] = decoder
+        decoder.add(index, data)
+
+    def try_decode(self, block: int, body: bytearray, received: RangeSet) -> list[tuple[int, int]]:
+        """Rebuild the block's missing sources into ``body`` if enough symbols arrived.
+
+        Returns the byte ranges written (empty when not decodable yet or not needed).
+        """
+        decoder = self.decoders.get(block)
+        if decoder is None:
+            return []
+        shape = self.shape
+        start, end = shape.block_range(block)
+        if received.covers(start, end):
+            del self.decoders[block]
+            return []
+        complete = [
+            i for i in range(shape.block_k(block)) if received.covers(*shape.symbol_range(block, i))
+        ]
+        if len(complete) + decoder.symbol_count < shape.block_k(block):
+            return []
+        for i in complete:
+            lo, hi = shape.symbol_range(block, i)
+            decoder.add(i, memoryview(body)[lo:hi])
+        written = []
+        for i, symbol in decoder.recover().items():
+            lo, hi = shape.symbol_range(block, i)
+            body[lo:hi] = symbol[: hi - lo]
+            written.append((lo, hi))
+        del self.decoders[block]
+        self.decoded_blocks.add(block)
+        return written

@@ -1,0 +1,180 @@
+"""Messages on their way in: reassembly from shards and FEC repair symbols, admission
+against the inbox window, verification, and what the sender must be told.
+
+A message is admitted when its first shard or symbol arrives and it fits the window
+(else nothing of it is acknowledged and the sender repairs it later). It is delivered
+once every byte is there and its checksum matches; the sender is then told it is done.
+If a message whose blocks were rebuilt by FEC fails its checksum, those blocks are
+thrown away and asked for again by range (``RepairRequested``): a corrupt block is
+repaired, never delivered.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from wangate.core.coding import CodingShape, InboundCoding
+from wangate.core.events import Event, MessageDropped, MessageReceived
+from wangate.core.frames import (
+    REJECT_CHECKSUM,
+    REJECT_MALFORMED,
+    REJECT_TOO_LARGE,
+    MessageRejected,
+    RepairDatagram,
+    RepairRequested,
+    ShardDatagram,
+)
+from wangate.core.message import verify_body
+from wangate.core.rangeset import RangeSet
+from wangate.errors import ChecksumError, RemoteProtocolError
+
+MAX_DONE_PENDING = 4096
+
+
+class InboundMessage:
+    __slots__ = ("body", "coding", "received", "started_at")
+
+    def __init__(self, size_bytes: int, now: float) -> None:
+        self.body = bytearray(size_bytes)
+        self.received = RangeSet()
+        self.started_at = now
+        self.coding: InboundCoding | None = None
+
+
+class Reassembly:
+    def __init__(self, max_message_bytes: int, window_bytes: int, events: deque[Event]) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.window_bytes = window_bytes
+        self._events = events
+        self.inbound: dict[int, InboundMessage] = {}
+        self.completed = RangeSet()  # message ids finished (delivered or dropped)
+        self.held_bytes = 0  # in progress + delivered and not yet consumed
+        self.consumed_bytes = 0
+        self.rejections: deque[MessageRejected] = deque()
+        self.repair_requests: deque[RepairRequested] = deque()
+        self.done_pending: dict[int, None] = {}  # ordered set of ids to confirm
+        self.messages_received = 0
+        self.bytes_received = 0
+        self.blocks_decoded = 0
+
+    # ------------------------------------------------------------ admission
+
+    def _message(self, msg_id: int, msg_len: int, now: float) -> InboundMessage | bool | None:
+        """The message a datagram belongs to; True: already finished; None: refused."""
+        if msg_id in self.completed:
+            if len(self.done_pending) < MAX_DONE_PENDING:
+                self.done_pending[msg_id] = None  # the sender did not hear "done" yet
+            return True
+        message = self.inbound.get(msg_id)
+        if message is None:
+            if msg_len > self.max_message_bytes:
+                self._reject(msg_id, REJECT_TOO_LARGE, f"message of {msg_len} bytes")
+                return True
+            if self.held_bytes + msg_len > self.window_bytes + self.max_message_bytes:
+                return None  # beyond what we granted: the sender will repair it later
+            message = InboundMessage(msg_len, now)
+            self.inbound[msg_id] = message
+            self.held_bytes += msg_len
+        elif msg_len != len(message.body):
+            raise RemoteProtocolError(
+                f"message {msg_id}: datagram says {msg_len} bytes, earlier ones "
+                f"{len(message.body)}"
+            )
+        return message
+
+    def accept_shard(self, shard: ShardDatagram, now: float) -> bool:
+        """Store a shard; False means it was refused and must not be acknowledged."""
+        message = self._message(shard.msg_id, shard.msg_len, now)
+        if not isinstance(message, InboundMessage):
+            return message is True
+        end = shard.offset + len(shard.data)
+        if message.received.add(shard.offset, end):
+            message.body[shard.offset : end] = shard.data
+            coding = message.coding
+            if coding is not None and coding.decoders:
+                block = coding.shape.block_of(shard.offset)
+                self._decode(message, block)
+        self._maybe_finish(shard.msg_id, message)
+        return True
+
+    def accept_repair(self, repair: RepairDatagram, now: float) -> bool:
+        message = self._message(repair.msg_id, repair.msg_len, now)
+        if not isinstance(message, InboundMessage):
+            return message is True
+        shape = CodingShape(repair.msg_len, repair.symbol_bytes, repair.k)
+        if message.coding is None:
+            message.coding = InboundCoding(shape)
+        elif message.coding.shape != shape:
+            raise RemoteProtocolError(f"message {repair.msg_id}: repair symbols changed shape")
+        start, end = shape.block_range(repair.block)
+        if not message.received.covers(start, end):
+            message.coding.add_repair(repair.block, repair.index, repair.data)
+            self._decode(message, repair.block)
+            self._maybe_finish(repair.msg_id, message)
+        return True
+
+    def _decode(self, message: InboundMessage, block: int) -> None:
+        assert message.coding is not None
+        for start, end in message.coding.try_decode(block, message.body, message.received):
+            message.received.add(start, end)
+            self.blocks_decoded += 1
+
+    # ----------------------------------------------------------- completion
+
+    def _maybe_finish(self, msg_id: int, message: InboundMessage) -> None:
+        if not message.received.covers(0, len(message.body)):
+            return
+        try:
+            header, payload = verify_body(message.body)
+        except ChecksumError as exc:
+            coding = message.coding
+            if coding is not None and coding.decoded_blocks:
+                # a rebuilt block is the likely culprit: ask for its sources by range
+                blocks = tuple(sorted(coding.decoded_blocks))
+                for block in blocks:
+                    message.received.remove(*coding.shape.block_range(block))
+                coding.decoded_blocks.clear()
+                self.repair_requests.append(RepairRequested(msg_id, blocks))
+                return
+            self._drop(msg_id, message, REJECT_CHECKSUM, str(exc))
+            return
+        except RemoteProtocolError as exc:
+            self._drop(msg_id, message, REJECT_MALFORMED, str(exc))
+            return
+        del self.inbound[msg_id]
+        self.completed.add(msg_id, msg_id + 1)
+        self.done_pending[msg_id] = None
+        self.messages_received += 1
+        self.bytes_received += len(message.body)
+        self._events.append(MessageReceived(msg_id, header, payload, len(message.body)))
+
+    def _drop(self, msg_id: int, message: InboundMessage, code: int, reason: str) -> None:
+        del self.inbound[msg_id]
+        self.release(len(message.body))
+        self._reject(msg_id, code, reason)
+
+    def _reject(self, msg_id: int, code: int, reason: str) -> None:
+        self.completed.add(msg_id, msg_id + 1)
+        self._events.append(MessageDropped(msg_id, reason))
+        self.rejections.append(MessageRejected(msg_id, code, reason))
+
+    def release(self, body_bytes: int) -> None:
+        self.held_bytes -= body_bytes
+        self.consumed_bytes += body_bytes
+
+    def take_done(self, limit: int) -> tuple[int, ...]:
+        ids = tuple(self.done_pending)[:limit]
+        for msg_id in ids:
+            del self.done_pending[msg_id]
+        return ids
+
+    def peer_restarted(self) -> None:
+        # Delivered messages not yet consumed stay with the trainers: they still count
+        # against the window, and their later release must not grant the new instance
+        # more than one window in all.
+        self.held_bytes -= sum(len(m.body) for m in self.inbound.values())
+        self.inbound.clear()
+        self.completed.clear()
+        self.done_pending.clear()
+        self.repair_requests.clear()
+        self.consumed_bytes = -self.held_bytes
