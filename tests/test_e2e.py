@@ -167,3 +167,23 @@ def test_reset_of_an_unknown_path_is_refused(sites: LoopbackSites) -> None:
     with sites["bj"].client() as gw, pytest.raises(wangate.GatewayError) as info:
         gw.reset_path("sh", "no-such-path")
     assert info.value.code == "unknown_path"
+
+
+def test_one_gibibyte_message_arrives_identical(sites: LoopbackSites) -> None:
+    """The largest size the contract promises, through both daemons and both sockets."""
+    arr = np.arange(256 * MiB, dtype=np.uint32)  # 1 GiB, every word distinct
+    arr[::4096] ^= 0xA5A5A5A5
+    result: dict[str, np.ndarray] = {}
+
+    def receive() -> None:
+        with sites["sh"].client() as gw:
+            result["got"] = gw.recv("gib", source="bj", step=0, timeout=300)
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    with sites["bj"].client() as gw:
+        gw.send("sh", "gib", arr, step=0)
+    receiver.join()
+    got = result["got"]
+    assert got.dtype == np.uint32 and got.shape == arr.shape
+    assert np.array_equal(got, arr)

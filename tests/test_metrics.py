@@ -164,6 +164,7 @@ STATUS: dict[str, Any] = {
         "paths_up": ["fiber-a"], "messages_sent": 5, "messages_received": 6,
         "bytes_sent": 7000, "bytes_received": 8000, "messages_waiting": 1,
         "messages_in_flight": 2, "repair_datagrams": 3, "repair_bytes": 3600,
+        "source_bytes": 9000, "fec_bytes": 2400, "fec_repair_per_block": 2,
     }},
 }  # fmt: skip
 
@@ -264,6 +265,18 @@ wangate_peer_repair_bytes_total{peer="sh"} 3600
 # HELP wangate_peer_repair_datagrams_total Datagrams sent to repair losses.
 # TYPE wangate_peer_repair_datagrams_total counter
 wangate_peer_repair_datagrams_total{peer="sh"} 3
+# HELP wangate_peer_source_bytes_total Message bytes sent for the first time.
+# TYPE wangate_peer_source_bytes_total counter
+wangate_peer_source_bytes_total{peer="sh"} 9000
+# HELP wangate_peer_fec_bytes_total Forward error correction (repair symbol) bytes.
+# TYPE wangate_peer_fec_bytes_total counter
+wangate_peer_fec_bytes_total{peer="sh"} 2400
+# HELP wangate_peer_fec_blocks_decoded_total Received blocks rebuilt from repair symbols.
+# TYPE wangate_peer_fec_blocks_decoded_total counter
+wangate_peer_fec_blocks_decoded_total{peer="sh"} 0
+# HELP wangate_peer_fec_repair_per_block Repair symbols now sent per block (from the measured loss).
+# TYPE wangate_peer_fec_repair_per_block gauge
+wangate_peer_fec_repair_per_block{peer="sh"} 2
 # HELP wangate_peer_messages_waiting Messages waiting for the peer's credit.
 # TYPE wangate_peer_messages_waiting gauge
 wangate_peer_messages_waiting{peer="sh"} 1

@@ -280,14 +280,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.add_argument("target", nargs="?", help="IP:PORT of the far side's responder")
     probe.add_argument("--serve", action="store_true", help="be the far side: answer probes")
-    probe.add_argument("--listen", default="0.0.0.0:7444", help="responder address (UDP)")
-    probe.add_argument("--idle-timeout", type=float, default=60.0, help="responder exits after")
+    probe.add_argument(
+        "--listen", default="0.0.0.0:7444", help="responder address, UDP (0.0.0.0:7444)"
+    )
+    probe.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=60.0,
+        help="responder exits after this many seconds without probes (60)",
+    )
     probe.add_argument("--forever", action="store_true", help="responder never exits by itself")
     probe.add_argument("--local", help="bind to this address (picks the route)")
-    probe.add_argument("--duration", type=float, default=10.0, help="seconds, both phases")
-    probe.add_argument("--rate-mbps", type=float, default=100.0, help="rate test stops here")
-    probe.add_argument("--probe-rate", type=float, default=20.0, help="latency probes/s")
-    probe.add_argument("--size", type=int, default=1200, help="rate-test datagram bytes")
+    probe.add_argument("--duration", type=float, default=10.0, help="seconds for both phases (10)")
+    probe.add_argument("--rate-mbps", type=float, default=100.0, help="highest rate tried (100)")
+    probe.add_argument(
+        "--probe-rate", type=float, default=20.0, help="latency probes per second (20)"
+    )
+    probe.add_argument("--size", type=int, default=1200, help="rate-test datagram bytes (1200)")
     probe.add_argument("--json", action="store_true", help="the report as JSON")
     probe.set_defaults(func=cmd_probe)
     return parser
