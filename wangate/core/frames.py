@@ -2,11 +2,13 @@
 
 Two carriers per path connection:
 
-* QUIC DATAGRAM frames carry ``ShardDatagram`` and ``ProbeDatagram``: unreliable,
-  each stamped with a per-path sequence number and the sender's clock, so the gateway
-  measures RTT, jitter and loss itself and repairs only what is missing.
+* QUIC DATAGRAM frames carry ``ShardDatagram``, ``RepairDatagram`` and
+  ``ProbeDatagram``: unreliable, each stamped with a per-path sequence number and the
+  sender's clock, so the gateway measures RTT, jitter and loss itself and repairs only
+  what is missing.
 * One bidirectional QUIC stream (the control stream) carries length-prefixed control
-  frames: ``Hello``, ``Ack``, ``Credit``, ``MessageRejected``.
+  frames: ``Hello``, ``Ack``, ``Credit``, ``MessageRejected``, ``RouteChosen``,
+  ``MessagesDone``, ``RepairRequested``.
 
 Decoders raise ``RemoteProtocolError`` on anything malformed; encoders raise
 ``LocalProtocolError`` on values that cannot be represented.
@@ -156,7 +158,29 @@ def encode_repair(
         k,
         len(data),
     )
+    fault = _repair_fault(msg_id, msg_len, block, index, k, len(data))
+    if fault is not None:
+        raise LocalProtocolError(fault)
     return head + data
+
+
+def _repair_fault(
+    msg_id: int, msg_len: int, block: int, index: int, k: int, size: int
+) -> str | None:
+    """Why a repair symbol with these fields cannot exist (None: it can)."""
+    if size == 0:
+        return "empty repair symbol"
+    if msg_id == 0 or msg_len > MAX_MESSAGE_BYTES:
+        return "repair symbol for an impossible message"
+    if not 1 <= k < MAX_FEC_SYMBOLS:
+        return f"repair symbol with k={k}"
+    symbols = -(-msg_len // size)
+    if block * k >= symbols:
+        return f"repair block {block} past the end of the message"
+    block_k = min(k, symbols - block * k)  # the last block may be short
+    if not block_k <= index < MAX_FEC_SYMBOLS:
+        return f"repair symbol index {index} in a block of {block_k}"
+    return None
 
 
 def encode_probe(path_seq: int, sent_ns: int) -> bytes:
@@ -195,18 +219,11 @@ def decode_datagram(data: bytes) -> Datagram:
             raise RemoteProtocolError(f"repair datagram of {len(data)} bytes is truncated")
         _, flags, seq, sent_ns, msg_id, msg_len, block, index, k, size = _REPAIR.unpack_from(data)
         payload = memoryview(data)[REPAIR_HEADER_BYTES:]
-        if len(payload) != size or size == 0:
+        if len(payload) != size:
             raise RemoteProtocolError(f"repair symbol of {len(payload)} bytes, header says {size}")
-        if msg_id == 0 or msg_len > MAX_MESSAGE_BYTES:
-            raise RemoteProtocolError("repair symbol for an impossible message")
-        if not 1 <= k < MAX_FEC_SYMBOLS:
-            raise RemoteProtocolError(f"repair symbol with k={k}")
-        symbols = -(-msg_len // size)
-        if block * k >= symbols:
-            raise RemoteProtocolError(f"repair block {block} past the end of the message")
-        block_k = min(k, symbols - block * k)  # the last block may be short
-        if not block_k <= index < MAX_FEC_SYMBOLS:
-            raise RemoteProtocolError(f"repair symbol index {index} in a block of {block_k}")
+        fault = _repair_fault(msg_id, msg_len, block, index, k, size)
+        if fault is not None:
+            raise RemoteProtocolError(fault)
         return RepairDatagram(
             seq,
             sent_ns,
@@ -406,7 +423,9 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
             raise RemoteProtocolError("repair request truncated")
         msg_id, count = _REPAIR_REQUEST_HEAD.unpack_from(body)
         rest = body[_REPAIR_REQUEST_HEAD.size :]
-        if not 0 < count <= MAX_REPAIR_BLOCKS or len(rest) != count * _BLOCK.size:
+        if not 0 < count <= MAX_REPAIR_BLOCKS:
+            raise RemoteProtocolError(f"repair request with {count} blocks")
+        if len(rest) != count * _BLOCK.size:
             raise RemoteProtocolError("repair request length does not match its block count")
         return RepairRequested(msg_id, tuple(b for (b,) in _BLOCK.iter_unpack(rest)))
     if kind == CTRL_CREDIT:
