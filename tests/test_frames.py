@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,12 @@ from wangate.core.frames import (
     CONTROL_HEADER_BYTES,
     MAX_ACK_RANGES,
     MAX_CONTROL_BODY_BYTES,
+    MAX_DONE_IDS,
+    MAX_FEC_SYMBOLS,
     MAX_MESSAGE_BYTES,
+    MAX_REPAIR_BLOCKS,
     PROBE_BYTES,
+    REPAIR_HEADER_BYTES,
     SHARD_HEADER_BYTES,
     WIRE_VERSION,
     Ack,
@@ -25,13 +30,17 @@ from wangate.core.frames import (
     Credit,
     Hello,
     MessageRejected,
+    MessagesDone,
     ProbeDatagram,
+    RepairDatagram,
+    RepairRequested,
     RouteChosen,
     ShardDatagram,
     decode_control_body,
     decode_datagram,
     encode_control,
     encode_probe,
+    encode_repair,
     encode_shard,
 )
 from wangate.core.message import MessageHeader, verify_body
@@ -46,6 +55,10 @@ def u64(value: int) -> bytes:
 
 def u32(value: int) -> bytes:
     return value.to_bytes(4, "big")
+
+
+def u16(value: int) -> bytes:
+    return value.to_bytes(2, "big")
 
 
 def decode_one_control(raw: bytes) -> ControlFrame:
@@ -73,6 +86,20 @@ def frame_from_fields(f: dict[str, Any]) -> object:
         )
     if kind == "probe":
         return ProbeDatagram(f["path_seq"], f["sent_ns"])
+    if kind == "repair":
+        data = bytes.fromhex(f["data"])
+        return RepairDatagram(
+            f["path_seq"],
+            f["sent_ns"],
+            f["msg_id"],
+            f["msg_len"],
+            f["block"],
+            f["index"],
+            f["k"],
+            f["symbol_bytes"],
+            data,
+            f["critical"],
+        )
     if kind == "hello":
         return Hello(f["site"], f["path"], f["instance_id"], f["max_message_bytes"], f["version"])
     if kind == "ack":
@@ -84,10 +111,23 @@ def frame_from_fields(f: dict[str, Any]) -> object:
         return MessageRejected(f["msg_id"], f["code"], f["reason"])
     if kind == "route":
         return RouteChosen(f["path"])
+    if kind == "done":
+        return MessagesDone(tuple(f["msg_ids"]))
+    if kind == "repair_request":
+        return RepairRequested(f["msg_id"], tuple(f["blocks"]))
     raise AssertionError(f"vector of unknown type {kind}")
 
 
 VECTOR_FILES = sorted(VECTORS.glob("wire_*.hex"))
+CONTROL_TYPES = (
+    Hello,
+    Ack,
+    Credit,
+    MessageRejected,
+    RouteChosen,
+    MessagesDone,
+    RepairRequested,
+)
 
 
 def test_vectors_cover_every_frame_type() -> None:
@@ -100,6 +140,9 @@ def test_vectors_cover_every_frame_type() -> None:
         "credit",
         "rejected",
         "route",
+        "done",
+        "repair_request",
+        "repair",
         "message_body",
     }
 
@@ -122,6 +165,27 @@ def test_vector_decodes_and_reencodes_exactly(path: Path) -> None:
         assert expected_header.encode() + bytes(payload) == raw
         return
     expected = frame_from_fields(fields)
+    if isinstance(expected, RepairDatagram):
+        decoded = decode_datagram(raw)
+        assert isinstance(decoded, RepairDatagram)
+        assert decoded == replace(expected, data=decoded.data)
+        assert bytes(decoded.data) == expected.data
+        assert len(expected.data) == expected.symbol_bytes
+        assert (
+            encode_repair(
+                expected.path_seq,
+                expected.sent_ns,
+                expected.msg_id,
+                expected.msg_len,
+                expected.block,
+                expected.index,
+                expected.k,
+                expected.data,
+                expected.critical,
+            )
+            == raw
+        )
+        return
     if isinstance(expected, ShardDatagram | ProbeDatagram):
         decoded = decode_datagram(raw)
         if isinstance(expected, ShardDatagram):
@@ -152,7 +216,7 @@ def test_vector_decodes_and_reencodes_exactly(path: Path) -> None:
             assert decoded == expected
             assert encode_probe(expected.path_seq, expected.sent_ns) == raw
         return
-    assert isinstance(expected, Hello | Ack | Credit | MessageRejected | RouteChosen)
+    assert isinstance(expected, CONTROL_TYPES)
     assert decode_one_control(raw) == expected
     assert encode_control(expected) == raw
 

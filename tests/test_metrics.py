@@ -112,16 +112,11 @@ def test_histogram_refuses_bad_bounds(bounds: tuple[float, ...]) -> None:
         Histogram(bounds)
 
 
-def test_delivery_latency_goes_to_the_class_the_message_was_submitted_with() -> None:
+def test_delivery_latency_goes_to_the_class_of_the_message() -> None:
     metrics = GatewayMetrics((0.01, 0.1))
-    metrics.message_submitted("sh", 1, critical=True)
-    metrics.message_submitted("sh", 2, critical=False)
-    metrics.message_submitted("gz", 1, critical=False)  # same id, another peer
-    metrics.message_delivered("sh", 2, 0.05)
-    metrics.message_delivered("sh", 1, 0.005)
-    metrics.message_delivered("sh", 1, 0.005)  # a second outcome is not timed twice
-    metrics.message_delivered("sh", 99, 0.005)  # never submitted: not timed
-    metrics.message_failed("gz", 1)
+    metrics.message_delivered("sh", False, 0.05)
+    metrics.message_delivered("sh", True, 0.005)
+    metrics.message_failed("gz")
     assert metrics.latency("sh", "critical").cumulative_counts() == [
         (0.01, 1), (0.1, 1), (math.inf, 1)
     ]  # fmt: skip
@@ -129,17 +124,6 @@ def test_delivery_latency_goes_to_the_class_the_message_was_submitted_with() -> 
         (0.01, 0), (0.1, 1), (math.inf, 1)
     ]  # fmt: skip
     assert metrics.latency("gz", "bulk").count == 0
-    assert metrics.tracked_messages == 0
-
-
-def test_tracking_table_is_bounded() -> None:
-    metrics = GatewayMetrics((1.0,), max_tracked=3)
-    for msg_id in range(1, 6):
-        metrics.message_submitted("sh", msg_id, critical=False)
-    assert metrics.tracked_messages == 3
-    metrics.message_delivered("sh", 1, 0.5)  # forgotten: the oldest went first
-    metrics.message_delivered("sh", 5, 0.5)
-    assert metrics.latency("sh", "bulk").count == 1
 
 
 # ------------------------------------------------------------ gateway render
@@ -304,12 +288,10 @@ wangate_message_delivery_seconds_count{peer="sh",class="bulk"} 2
 
 def test_gateway_exposition_for_fixed_rows_is_exact() -> None:
     metrics = GatewayMetrics((0.01, 0.1))
-    for msg_id, critical in ((1, True), (2, False), (3, False), (4, False)):
-        metrics.message_submitted("sh", msg_id, critical)
-    metrics.message_delivered("sh", 1, 0.004)
-    metrics.message_delivered("sh", 2, 0.05)
-    metrics.message_delivered("sh", 3, 2.0)
-    metrics.message_failed("sh", 4)
+    metrics.message_delivered("sh", True, 0.004)
+    metrics.message_delivered("sh", False, 0.05)
+    metrics.message_delivered("sh", False, 2.0)
+    metrics.message_failed("sh")
     assert metrics.render([ROW_UP, ROW_DOWN], STATUS) == EXPECTED
 
 

@@ -338,12 +338,12 @@ class Gateway(LinkHost):
             if isinstance(event, MessageReceived):
                 self._deliver(session.peer, event)
             elif isinstance(event, MessageDelivered):
-                self.metrics.message_delivered(session.peer, event.msg_id, event.elapsed_s)
+                self.metrics.message_delivered(session.peer, event.critical, event.elapsed_s)
                 state.backlog_freed.set()
             elif isinstance(event, MessageFailed):
                 log.warning("message %d to %s failed: %s", event.msg_id, session.peer, event.reason)
                 state.failures = [*state.failures[-9:], event.reason]
-                self.metrics.message_failed(session.peer, event.msg_id)
+                self.metrics.message_failed(session.peer)
                 state.backlog_freed.set()
             elif isinstance(event, MessageDropped):
                 log.warning(
@@ -418,7 +418,6 @@ class Gateway(LinkHost):
             msg_id = state.session.submit(header, submission.payload, time.monotonic())
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="too_large") from exc
-        self.metrics.message_submitted(submission.peer, msg_id, submission.critical)
         self._touch(state)
         return msg_id
 

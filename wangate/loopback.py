@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -69,8 +70,15 @@ class SiteProcess:
 
 
 def write_site_configs(
-    directory: Path, sites: int, paths: int, *, mtu: int = 9000, extra_toml: str = ""
+    directory: Path,
+    sites: int,
+    paths: int,
+    *,
+    mtu: int = 9000,
+    extra_toml: str | Mapping[str, str] = "",
 ) -> list[SiteProcess]:
+    """Certificates and one config per site; ``extra_toml`` is added to every config, or
+    per site name when it is a mapping."""
     if not 2 <= sites <= len(SITE_NAMES) or not 1 <= paths <= len(PATH_NAMES):
         raise WangateError(f"sites must be 2..{len(SITE_NAMES)} and paths 1..{len(PATH_NAMES)}")
     certs = directory / "certs"
@@ -94,7 +102,7 @@ def write_site_configs(
             f'cert = "certs/{name}.pem"',
             f'key = "certs/{name}.key"',
             "",
-            extra_toml,
+            extra_toml if isinstance(extra_toml, str) else extra_toml.get(name, ""),
         ]
         for j, peer in enumerate(names):
             if peer == name:
@@ -125,7 +133,7 @@ class LoopbackSites:
         *,
         directory: Path | None = None,
         mtu: int = 9000,
-        extra_toml: str = "",
+        extra_toml: str | Mapping[str, str] = "",
         verbose: bool = True,
     ) -> None:
         self._own_dir = directory is None

@@ -18,7 +18,6 @@ import bisect
 import itertools
 import math
 import re
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -42,7 +41,6 @@ DELIVERY_BUCKETS_S: tuple[float, ...] = (
 PATH_STATES = ("up", "degraded", "down")
 PATH_ROLES = ("critical", "backup", "bulk")
 MESSAGE_CLASSES = ("critical", "bulk")
-MAX_TRACKED_MESSAGES = 1 << 20  # msg ids awaiting their outcome, per gateway
 
 
 # ---------------------------------------------------------------------- format
@@ -168,39 +166,18 @@ class Histogram:
 
 
 class GatewayMetrics:
-    """Per-message bookkeeping the daemon feeds; renders everything at scrape time.
+    """Per-message outcomes the daemon feeds; renders everything at scrape time."""
 
-    The session's ``MessageDelivered`` event does not say whether the message was
-    critical, so the class is remembered from ``message_submitted`` until the message's
-    outcome (delivered or failed). The table is bounded: past ``max_tracked`` entries
-    the oldest are forgotten and their outcome is not timed.
-    """
-
-    def __init__(
-        self,
-        bounds_s: Sequence[float] = DELIVERY_BUCKETS_S,
-        *,
-        max_tracked: int = MAX_TRACKED_MESSAGES,
-    ) -> None:
+    def __init__(self, bounds_s: Sequence[float] = DELIVERY_BUCKETS_S) -> None:
         self._bounds_s = tuple(bounds_s)
         Histogram(self._bounds_s)  # validate once, early
-        self._max_tracked = max_tracked
-        self._classes: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._failed: dict[str, int] = {}
 
-    def message_submitted(self, peer: str, msg_id: int, critical: bool) -> None:
-        self._classes[(peer, msg_id)] = "critical" if critical else "bulk"
-        while len(self._classes) > self._max_tracked:
-            self._classes.popitem(last=False)
+    def message_delivered(self, peer: str, critical: bool, elapsed_s: float) -> None:
+        self.latency(peer, "critical" if critical else "bulk").observe(elapsed_s)
 
-    def message_delivered(self, peer: str, msg_id: int, elapsed_s: float) -> None:
-        message_class = self._classes.pop((peer, msg_id), None)
-        if message_class is not None:
-            self.latency(peer, message_class).observe(elapsed_s)
-
-    def message_failed(self, peer: str, msg_id: int) -> None:
-        self._classes.pop((peer, msg_id), None)
+    def message_failed(self, peer: str) -> None:
         self._failed[peer] = self._failed.get(peer, 0) + 1
 
     def latency(self, peer: str, message_class: str) -> Histogram:
@@ -209,10 +186,6 @@ class GatewayMetrics:
         if histogram is None:
             histogram = self._latency[key] = Histogram(self._bounds_s)
         return histogram
-
-    @property
-    def tracked_messages(self) -> int:
-        return len(self._classes)
 
     def render(self, path_rows: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> str:
         """The exposition text for ``Gateway.paths()`` rows and ``Gateway.status()``."""

@@ -24,7 +24,8 @@ class MessageDelivered:
 
     msg_id: int
     body_bytes: int
-    elapsed_s: float
+    elapsed_s: float  # from submit to the receiver's confirmation
+    critical: bool = False
 
 
 @dataclass(frozen=True)

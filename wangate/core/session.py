@@ -399,7 +399,9 @@ class PeerSession:
                     self.messages_sent += 1
                     self.bytes_sent += done.body_len
                     self._events.append(
-                        MessageDelivered(done.msg_id, done.body_len, now - done.started_at)
+                        MessageDelivered(
+                            done.msg_id, done.body_len, now - done.started_at, done.critical
+                        )
                     )
         elif isinstance(frame, RepairRequested):
             self._queue.repair_blocks(frame.msg_id, frame.blocks)
