@@ -96,7 +96,8 @@ def test_an_impostor_gateway_is_refused_before_any_data(
     assert list(after["peers"]) == ["sh"]  # no session was made for the impostor
     for key in ("messages_received", "bytes_received", "inbound_in_progress"):
         assert after["peers"]["sh"][key] == before["peers"]["sh"][key]
-    assert [row["state"] for row in paths] == ["up"]  # the real peer is unaffected
+    # the real peer is unaffected (a busy machine may show it degraded, never down)
+    assert [row["state"] in ("up", "degraded") for row in paths] == [True]
     assert "site authentication failed" in sites["bj"].log_path.read_text()
 
 

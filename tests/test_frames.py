@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
@@ -59,6 +60,24 @@ def u32(value: int) -> bytes:
 
 def u16(value: int) -> bytes:
     return value.to_bytes(2, "big")
+
+
+def repair_datagram(
+    *,
+    msg_id: int = 9,
+    msg_len: int = 100,
+    block: int = 1,
+    index: int = 3,
+    k: int = 4,
+    size: int = 16,
+    data: bytes | None = None,
+    flags: int = 0,
+) -> bytes:
+    """A repair datagram built by hand; by default valid: 100 bytes in 16-byte symbols
+    and k 4 make 7 symbols in blocks of 4 and 3, and index 3 is block 1's first repair."""
+    head = bytes([0x12, flags]) + u64(1) + u64(2) + u64(msg_id) + u64(msg_len)
+    head += u32(block) + u16(index) + u16(k) + u32(size)
+    return head + (bytes(size) if data is None else data)
 
 
 def decode_one_control(raw: bytes) -> ControlFrame:
@@ -265,6 +284,24 @@ def test_route_layout() -> None:
     assert encode_control(RouteChosen("fiber-b")) == b"\x05" + u32(8) + b"\x07fiber-b"
 
 
+def test_repair_layout() -> None:
+    raw = encode_repair(0x0102, 0x0A0B, 0x77, 100, 1, 3, 4, b"S" * 16, critical=True)
+    head = b"\x12\x01" + u64(0x0102) + u64(0x0A0B) + u64(0x77) + u64(100)
+    assert raw == head + u32(1) + u16(3) + u16(4) + u32(16) + b"S" * 16
+    assert REPAIR_HEADER_BYTES == 46 and MAX_FEC_SYMBOLS == 256
+    assert encode_repair(1, 2, 3, 100, 0, 4, 4, b"S" * 16)[:2] == b"\x12\x00"
+
+
+def test_done_layout() -> None:
+    raw = encode_control(MessagesDone((1, 2**64 - 1)))
+    assert raw == b"\x06" + u32(16) + u64(1) + u64(2**64 - 1)
+
+
+def test_repair_request_layout() -> None:
+    raw = encode_control(RepairRequested(0x0102, (0, 2**32 - 1)))
+    assert raw == b"\x07" + u32(18) + u64(0x0102) + u16(2) + u32(0) + u32(2**32 - 1)
+
+
 def test_rejected_reason_is_cut_at_1024_bytes() -> None:
     raw = encode_control(MessageRejected(1, 1, "x" * 5000))
     assert len(raw) == CONTROL_HEADER_BYTES + 10 + 1024
@@ -285,6 +322,10 @@ def test_reserved_flag_bits_are_ignored() -> None:
     probe = bytearray(encode_probe(1, 2))
     probe[1] = 0xFF
     assert decode_datagram(bytes(probe)) == ProbeDatagram(1, 2)
+    repair = decode_datagram(repair_datagram(flags=0xFE))
+    assert isinstance(repair, RepairDatagram) and not repair.critical
+    repair = decode_datagram(repair_datagram(flags=0xFF))
+    assert isinstance(repair, RepairDatagram) and repair.critical
 
 
 def test_shard_payload_is_a_view_of_the_datagram() -> None:
@@ -292,6 +333,9 @@ def test_shard_payload_is_a_view_of_the_datagram() -> None:
     decoded = decode_datagram(raw)
     assert isinstance(decoded, ShardDatagram)
     assert isinstance(decoded.data, memoryview) and bytes(decoded.data) == b"abcdef"
+    repair = decode_datagram(repair_datagram(data=b"0123456789abcdef"))
+    assert isinstance(repair, RepairDatagram)
+    assert isinstance(repair.data, memoryview) and bytes(repair.data) == b"0123456789abcdef"
 
 
 # ------------------------------------------------------------------ round trips
@@ -330,6 +374,66 @@ def test_probe_round_trip(seq: int, sent_ns: int) -> None:
     assert decode_datagram(encode_probe(seq, sent_ns)) == ProbeDatagram(seq, sent_ns)
 
 
+@st.composite
+def repair_symbols(draw: st.DrawFn) -> RepairDatagram:
+    """Any valid repair symbol: a message cut into ``size``-byte symbols, blocks of k."""
+    size = draw(st.integers(1, 64))
+    symbols = draw(st.integers(1, 2000))
+    msg_len = (symbols - 1) * size + draw(st.integers(1, size))
+    k = draw(st.integers(1, MAX_FEC_SYMBOLS - 1))
+    block = draw(st.integers(0, (symbols - 1) // k))
+    block_k = min(k, symbols - block * k)
+    index = draw(st.integers(block_k, MAX_FEC_SYMBOLS - 1))
+    data = draw(st.binary(min_size=size, max_size=size))
+    seq, sent_ns = draw(u64s), draw(u64s)
+    msg_id = draw(st.integers(1, 2**64 - 1))
+    critical = draw(st.booleans())
+    return RepairDatagram(seq, sent_ns, msg_id, msg_len, block, index, k, size, data, critical)
+
+
+def encode_repair_datagram(r: RepairDatagram) -> bytes:
+    return encode_repair(
+        r.path_seq, r.sent_ns, r.msg_id, r.msg_len, r.block, r.index, r.k, r.data, r.critical
+    )
+
+
+@given(repair_symbols())
+def test_repair_round_trip(repair: RepairDatagram) -> None:
+    raw = encode_repair_datagram(repair)
+    assert len(raw) == REPAIR_HEADER_BYTES + repair.symbol_bytes
+    decoded = decode_datagram(raw)
+    assert isinstance(decoded, RepairDatagram)
+    assert decoded == replace(repair, data=decoded.data)
+    assert bytes(decoded.data) == repair.data
+
+
+fields16 = st.one_of(st.integers(0, 300), st.integers(0, 2**16 - 1))
+fields32 = st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=500)
+@given(
+    st.one_of(st.integers(0, 2), u64s),
+    st.one_of(st.integers(0, 5000), st.integers(MAX_MESSAGE_BYTES - 2, 2**64 - 1)),
+    fields32,
+    fields16,
+    fields16,
+    st.integers(0, 40),
+)
+def test_repair_encoder_refuses_exactly_what_the_decoder_refuses(
+    msg_id: int, msg_len: int, block: int, index: int, k: int, size: int
+) -> None:
+    raw = repair_datagram(msg_id=msg_id, msg_len=msg_len, block=block, index=index, k=k, size=size)
+    try:
+        decoded = decode_datagram(raw)
+    except RemoteProtocolError as exc:
+        with pytest.raises(LocalProtocolError, match=re.escape(str(exc))):
+            encode_repair(1, 2, msg_id, msg_len, block, index, k, bytes(size))
+        return
+    assert decoded == RepairDatagram(1, 2, msg_id, msg_len, block, index, k, size, decoded.data)
+    assert encode_repair(1, 2, msg_id, msg_len, block, index, k, bytes(size)) == raw
+
+
 control_frames = st.one_of(
     st.builds(Hello, names, names, u64s, u64s),
     st.builds(
@@ -347,6 +451,12 @@ control_frames = st.one_of(
     st.builds(Credit, u64s),
     st.builds(MessageRejected, u64s, st.integers(0, 65535), st.text(max_size=100)),
     st.builds(RouteChosen, names),
+    st.builds(MessagesDone, st.lists(u64s, min_size=1, max_size=20).map(tuple)),
+    st.builds(
+        RepairRequested,
+        u64s,
+        st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=20).map(tuple),
+    ),
 )
 
 
@@ -382,7 +492,7 @@ SHARD_HEAD = b"\x10\x00" + u64(1) + u64(2) + u64(3)  # type, flags, seq, sent_ns
     ("raw", "message"),
     [
         (b"", "empty datagram"),
-        (b"\x12" + bytes(20), "unknown datagram type 0x12"),
+        (b"\x13" + bytes(60), "unknown datagram type 0x13"),
         (b"\x00", "unknown datagram type 0x00"),
         (SHARD_HEAD + u64(10), "shard datagram of 34 bytes is truncated"),
         (SHARD_HEAD + u64(MAX_MESSAGE_BYTES + 1) + u64(0) + b"x", "declares a 1099511627777"),
@@ -392,11 +502,70 @@ SHARD_HEAD = b"\x10\x00" + u64(1) + u64(2) + u64(3)  # type, flags, seq, sent_ns
         (b"\x10\x00" + u64(1) + u64(2) + u64(0) + u64(10) + u64(0) + b"x", "message id 0"),
         (encode_probe(1, 2)[:-1], "probe datagram of 17 bytes, expected 18"),
         (encode_probe(1, 2) + b"\x00", "probe datagram of 19 bytes"),
+        (b"\x12", "repair datagram of 1 bytes is truncated"),
+        (repair_datagram()[:45], "repair datagram of 45 bytes is truncated"),
+        (repair_datagram()[:46], "repair symbol of 0 bytes, header says 16"),
+        (repair_datagram(data=bytes(15)), "repair symbol of 15 bytes, header says 16"),
+        (repair_datagram(data=bytes(17)), "repair symbol of 17 bytes, header says 16"),
+        (repair_datagram(size=0), "empty repair symbol"),
+        (repair_datagram(msg_id=0), "repair symbol for an impossible message"),
+        (repair_datagram(msg_len=MAX_MESSAGE_BYTES + 1), "for an impossible message"),
+        (repair_datagram(msg_len=0, block=0, index=4), "repair block 0 past the end"),
+        (repair_datagram(k=0), "repair symbol with k=0"),
+        (repair_datagram(k=256), "repair symbol with k=256"),
+        (repair_datagram(k=65535), "repair symbol with k=65535"),
+        (repair_datagram(block=2), "repair block 2 past the end of the message"),
+        (repair_datagram(block=2**32 - 1), "repair block 4294967295 past the end"),
+        # 64 bytes are exactly 4 symbols: one block, no short one after it
+        (repair_datagram(msg_len=64, block=1, index=4), "repair block 1 past the end"),
+        # the last block has k_b = 3 sources: its repair indices start at 3, not at k
+        (repair_datagram(block=1, index=2), "repair symbol index 2 in a block of 3"),
+        (repair_datagram(block=0, index=3), "repair symbol index 3 in a block of 4"),
+        (repair_datagram(block=1, index=256), "repair symbol index 256 in a block of 3"),
+        (repair_datagram(block=0, index=65535), "index 65535 in a block of 4"),
+        (repair_datagram(index=0), "repair symbol index 0 in a block of 3"),
+        # a message shorter than one block: its only block has 2 sources
+        (repair_datagram(msg_len=20, k=16, block=0, index=1), "index 1 in a block of 2"),
     ],
 )
 def test_datagram_rejections(raw: bytes, message: str) -> None:
     with pytest.raises(RemoteProtocolError, match=message):
         decode_datagram(raw)
+
+
+@pytest.mark.parametrize(
+    ("msg_len", "k", "block", "index", "block_k"),
+    [
+        (100, 4, 1, 3, 3),  # first repair of the short last block
+        (100, 4, 0, 4, 4),  # first repair of a full block
+        (100, 4, 1, 255, 3),  # last repair index
+        (20, 16, 0, 2, 2),  # a message shorter than one block
+        (64, 4, 0, 4, 4),  # a message of whole blocks
+        (16, 1, 0, 1, 1),  # one symbol
+        (255 * 16, 255, 0, 255, 255),  # k 255 leaves one repair index
+        (256 * 16, 255, 1, 1, 1),
+    ],
+)
+def test_repair_bounds_accepted(msg_len: int, k: int, block: int, index: int, block_k: int) -> None:
+    decoded = decode_datagram(repair_datagram(msg_len=msg_len, k=k, block=block, index=index))
+    assert isinstance(decoded, RepairDatagram)
+    assert (decoded.msg_len, decoded.block, decoded.index, decoded.k) == (msg_len, block, index, k)
+    below = repair_datagram(msg_len=msg_len, k=k, block=block, index=block_k - 1)
+    with pytest.raises(RemoteProtocolError, match=f"index {block_k - 1} in a block of {block_k}$"):
+        decode_datagram(below)
+
+
+def test_repair_bounds_of_the_largest_message() -> None:
+    # 2^40 bytes in 2^16-byte symbols: 2^24 symbols, 65793 full blocks of 255 and one of 1
+    size = 2**16
+    last = repair_datagram(msg_len=MAX_MESSAGE_BYTES, size=size, k=255, block=65793, index=1)
+    decoded = decode_datagram(last)
+    assert isinstance(decoded, RepairDatagram) and decoded.block == 65793
+    cases = [(65793, 0, "repair symbol index 0 in a block of 1"), (65794, 1, "block 65794 past")]
+    for block, index, message in cases:
+        raw = repair_datagram(msg_len=MAX_MESSAGE_BYTES, size=size, k=255, block=block, index=index)
+        with pytest.raises(RemoteProtocolError, match=message):
+            decode_datagram(raw)
 
 
 def test_largest_message_is_accepted() -> None:
@@ -412,7 +581,7 @@ HELLO_BODY = b"\x01" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
     ("kind", "body", "message"),
     [
         (0x00, b"", "unknown control frame type 0x00"),
-        (0x06, b"", "unknown control frame type 0x06"),
+        (0x08, b"", "unknown control frame type 0x08"),
         (0xFF, b"", "unknown control frame type 0xff"),
         (0x01, HELLO_BODY[:16], "hello truncated"),
         (0x01, b"\x02" + HELLO_BODY[1:], "peer speaks wire version 2, this gateway speaks 1"),
@@ -440,6 +609,25 @@ HELLO_BODY = b"\x01" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
         (0x05, b"\x03ab", "route truncated inside path"),
         (0x05, b"\x02ab!", "route frame has trailing bytes"),
         (0x05, b"\x02a/", "route path 'a/' is not a valid name"),
+        (0x06, b"", "done frame of 0 bytes"),
+        (0x06, u64(1)[:7], "done frame of 7 bytes"),
+        (0x06, u64(1) + b"\x00", "done frame of 9 bytes"),
+        pytest.param(
+            0x06, u64(1) * (MAX_DONE_IDS + 1), "done frame of 8200 bytes", id="done-1025-ids"
+        ),
+        (0x07, b"", "repair request truncated"),
+        (0x07, u64(9) + b"\x00", "repair request truncated"),
+        (0x07, u64(9) + u16(0), "repair request with 0 blocks"),
+        (0x07, u64(9) + u16(0) + u32(1), "repair request with 0 blocks"),
+        (0x07, u64(9) + u16(1), "repair request length does not match its block count"),
+        (0x07, u64(9) + u16(2) + u32(1), "does not match its block count"),
+        (0x07, u64(9) + u16(1) + u32(1) + b"\x00", "does not match its block count"),
+        pytest.param(
+            0x07,
+            u64(9) + u16(MAX_REPAIR_BLOCKS + 1) + u32(0) * (MAX_REPAIR_BLOCKS + 1),
+            "repair request with 1025 blocks",
+            id="repair-request-1025-blocks",
+        ),
     ],
 )
 def test_control_rejections(kind: int, body: bytes, message: str) -> None:
@@ -454,6 +642,10 @@ def test_longest_names_and_most_ranges_are_accepted() -> None:
     assert decode_one_control(encode_control(hello)) == hello
     ack = Ack(0, 0, tuple((2 * i, 2 * i) for i in range(MAX_ACK_RANGES)))
     assert decode_one_control(encode_control(ack)) == ack
+    done = MessagesDone(tuple(range(MAX_DONE_IDS)))  # id 0 too: unknown ids are ignored
+    assert decode_one_control(encode_control(done)) == done
+    request = RepairRequested(0, tuple(range(MAX_REPAIR_BLOCKS)))
+    assert decode_one_control(encode_control(request)) == request
 
 
 def test_oversized_control_frame_is_refused_from_its_header() -> None:
@@ -481,6 +673,32 @@ def test_oversized_control_frame_is_refused_from_its_header() -> None:
         (lambda: encode_control(Hello("bj", "a", 2**64, 1)), "cannot be encoded"),
         (lambda: encode_control(Ack(1, 0, ((-1, 4),))), "cannot be encoded"),
         (lambda: encode_control(MessageRejected(1, 65536, "x")), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 100, 1, 2, 4, bytes(16)), "index 2 in a block of 3"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 256, 4, bytes(16)), "index 256 in a block of 4"),
+        (lambda: encode_repair(1, 2, 3, 100, 2, 4, 4, bytes(16)), "block 2 past the end"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 4, 0, bytes(16)), "repair symbol with k=0"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 255, 256, bytes(16)), "with k=256"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 4, 4, b""), "empty repair symbol"),
+        (lambda: encode_repair(1, 2, 0, 100, 0, 4, 4, bytes(16)), "impossible message"),
+        (
+            lambda: encode_repair(1, 2, 3, MAX_MESSAGE_BYTES + 1, 0, 4, 4, bytes(16)),
+            "impossible message",
+        ),
+        (lambda: encode_repair(-1, 2, 3, 100, 0, 4, 4, bytes(16)), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 2**64, 0, 4, 4, bytes(16)), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 100, -1, 4, 4, bytes(16)), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 100, 2**32, 4, 4, bytes(16)), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 65536, 4, bytes(16)), "cannot be encoded"),
+        (lambda: encode_repair(1, 2, 3, 100, 0, 4, 65536, bytes(16)), "cannot be encoded"),
+        (lambda: encode_control(MessagesDone(())), "1..1024 message ids"),
+        (lambda: encode_control(MessagesDone((1,) * 1025)), "1..1024 message ids"),
+        (lambda: encode_control(MessagesDone((2**64,))), "cannot be encoded"),
+        (lambda: encode_control(MessagesDone((1, -1))), "cannot be encoded"),
+        (lambda: encode_control(RepairRequested(1, ())), "1..1024 blocks"),
+        (lambda: encode_control(RepairRequested(1, (0,) * 1025)), "1..1024 blocks"),
+        (lambda: encode_control(RepairRequested(2**64, (0,))), "cannot be encoded"),
+        (lambda: encode_control(RepairRequested(1, (2**32,))), "cannot be encoded"),
+        (lambda: encode_control(RepairRequested(1, (0, -1))), "cannot be encoded"),
     ],
 )
 def test_encoder_rejections(make: Any, message: str) -> None:
@@ -491,12 +709,29 @@ def test_encoder_rejections(make: Any, message: str) -> None:
 # ---------------------------------------------------------------------- fuzzing
 
 
+def mutated(raw: bytes, changes: list[tuple[int, int]], length_change: int) -> bytes:
+    """``raw`` with some bytes overwritten and then cut short or extended."""
+    out = bytearray(raw)
+    for position, value in changes:
+        out[position % len(out)] = value
+    if length_change < 0:
+        return bytes(out[:length_change])
+    return bytes(out) + bytes(length_change)
+
+
 @settings(max_examples=1000)
 @given(
     st.one_of(
         st.binary(max_size=100),
         st.binary(max_size=100).map(lambda b: b"\x10" + b),
         st.binary(max_size=100).map(lambda b: b"\x11" + b),
+        st.binary(max_size=100).map(lambda b: b"\x12" + b),
+        st.builds(
+            mutated,
+            repair_symbols().map(encode_repair_datagram),
+            st.lists(st.tuples(st.integers(1, REPAIR_HEADER_BYTES - 1), st.integers(0, 255))),
+            st.integers(-3, 3),
+        ),
     )
 )
 def test_decode_datagram_only_raises_remote_protocol_error(data: bytes) -> None:
@@ -504,10 +739,10 @@ def test_decode_datagram_only_raises_remote_protocol_error(data: bytes) -> None:
         decoded = decode_datagram(data)
     except RemoteProtocolError:
         return
-    assert isinstance(decoded, ShardDatagram | ProbeDatagram)
+    assert isinstance(decoded, ShardDatagram | ProbeDatagram | RepairDatagram)
 
 
-frame_kinds = st.sampled_from([0x01, 0x02, 0x03, 0x04, 0x05, 0x06])
+frame_kinds = st.sampled_from([0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08])
 
 
 @settings(max_examples=1000)
@@ -531,6 +766,6 @@ def test_control_decoder_only_raises_remote_protocol_error(chunks: list[bytes]) 
     try:
         for chunk in chunks:
             for frame in decoder.feed(chunk):
-                assert isinstance(frame, Hello | Ack | Credit | MessageRejected | RouteChosen)
+                assert isinstance(frame, CONTROL_TYPES)
     except RemoteProtocolError:
         pass
