@@ -171,8 +171,8 @@ def test_gateway_going_away_raises_unavailable(sock_path: Path) -> None:
 
 def test_damaged_message_raises_checksum_error(gateway: GatewayThread) -> None:
     encoded = encode_tensor(np.arange(4, dtype=np.float32))
-    payload = bytes(encoded.payload)
-    wrong = zlib.crc32(payload, zlib.crc32(encoded.meta)) ^ 1
+    payload = bytes(encoded.payload[:-1]) + bytes([encoded.payload[-1] ^ 1])  # a bit flip
+    wrong = zlib.crc32(payload, zlib.crc32(encoded.meta))  # the transport saw these bytes
     sock = raw_connect(gateway.path)
     sock.sendall(
         encode_request(SendRequest(1, "bj", "bad", 0, False, encoded.meta, wrong), len(payload))

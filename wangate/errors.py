@@ -36,6 +36,10 @@ class ChecksumError(RemoteProtocolError):
     """Bytes arrived whose checksum does not match what the sender declared."""
 
 
+class FrameChecksumError(CodecError, ChecksumError):
+    """A tensor frame's bytes do not match the CRC its sender put in it."""
+
+
 class GatewayError(WangateError):
     """The local gateway refused or failed a request; ``code`` says which kind."""
 

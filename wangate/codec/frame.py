@@ -15,7 +15,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from wangate.errors import CodecError
+from wangate.errors import CodecError, FrameChecksumError
 
 from .dtypes import DTYPE_BY_CODE, UINT16_CODE
 
@@ -138,4 +138,4 @@ def verify_checksum(meta: bytes | bytearray | memoryview, payload: memoryview) -
     meta = bytes(meta)
     (declared,) = _CRC.unpack_from(meta, len(meta) - _CRC.size)
     if frame_checksum(meta[: -_CRC.size], payload) != declared:
-        raise CodecError("frame checksum does not match its meta and payload")
+        raise FrameChecksumError("frame checksum does not match its meta and payload")
