@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.outbound import Piece
@@ -72,7 +73,8 @@ class PathScheduler:
         while self.duplicates:
             piece = self.duplicates.popleft()
             if piece.message.acked.first_gap(piece.start, piece.end) is not None:
-                return piece
+                # a copy: it must not count twice in its FEC block's bookkeeping
+                return replace(piece, block=-1, symbol=-1)
         return None
 
     def role(self, path: str) -> str:
