@@ -17,8 +17,7 @@ import socket
 import time
 from typing import Any
 
-from aioquic.asyncio import serve
-from aioquic.asyncio.server import QuicServer
+from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic.connection import QuicConnection
 
 from wangate import __version__
@@ -427,8 +426,9 @@ class Gateway(LinkHost):
         delivery = await self.inbox.receive(tag, source, step, timeout_s)
         state = self.peers.get(delivery.source)
         if state is not None:
-            body = delivery.payload.obj if isinstance(delivery.payload, memoryview) else None
-            state.session.consumed(len(body) if body is not None else len(delivery.payload))
+            # the payload is a view into the message body the session counted
+            payload = memoryview(delivery.payload)
+            state.session.consumed(memoryview(payload.obj).nbytes)
             self._touch(state)
         return delivery
 
