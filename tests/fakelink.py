@@ -60,6 +60,10 @@ class LinkProfile:
     reorder_delay_s: float = 0.010
     duplicate_rate: float = 0.0
     rate_bps: float = 100e6
+    # Gilbert-Elliott bursts: P(good -> bad) per datagram and the mean burst length;
+    # every datagram sent in the bad state is lost (on top of drop_rate)
+    burst_start_rate: float = 0.0
+    mean_burst: float = 1.0
 
 
 @dataclass
@@ -88,12 +92,18 @@ class FakeLink:
         self.pull_scheduled = False
         self.control_arrives_at = 0.0  # keeps the control stream in order
         self.held_control: list[bytes] = []  # written while silent
+        self.in_burst = False
 
     def transmit(self, size_bytes: int, now: float) -> list[float]:
         """Occupy the link with one datagram; its arrival times (none if lost, two if doubled)."""
         p = self.profile
         self.free_at = max(now, self.free_at) + size_bytes * 8 / p.rate_bps
-        if self.silent or self.rng.random() < p.drop_rate:
+        if p.burst_start_rate:
+            if self.in_burst:
+                self.in_burst = self.rng.random() >= 1 / p.mean_burst
+            else:
+                self.in_burst = self.rng.random() < p.burst_start_rate
+        if self.silent or self.in_burst or self.rng.random() < p.drop_rate:
             return []
         copies = 2 if self.rng.random() < p.duplicate_rate else 1
         arrivals = []
