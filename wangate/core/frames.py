@@ -100,7 +100,7 @@ class RepairDatagram:
     msg_id: int
     msg_len: int
     block: int
-    index: int  # k..255: which repair symbol
+    index: int  # k_b..255, k_b = source symbols in this block (k, or fewer in the last)
     k: int  # source symbols per block of this message (the last block may have fewer)
     symbol_bytes: int
     data: bytes | memoryview
