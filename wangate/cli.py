@@ -89,10 +89,18 @@ def _fmt_bytes(value: int) -> str:
     return str(value)
 
 
+def _switched(row: dict[str, Any]) -> str:
+    """When the critical route last moved (shown on the path that holds it)."""
+    ago = row.get("last_switch_s")
+    if row.get("role") != "critical" or ago is None:
+        return "-"
+    return f"{ago:.0f}s ago" if ago >= 1 else f"{ago * 1000:.0f}ms ago"
+
+
 def format_paths_table(rows: list[dict[str, Any]]) -> str:
     headers = [
         "PEER", "PATH", "LOCAL -> REMOTE", "STATE", "SRTT/MIN ms", "JITTER ms",
-        "LOSS (n)", "RATE Mb/s", "SENT", "RECV", "ROLE", "NOTE",
+        "LOSS (n)", "RATE Mb/s", "SENT", "RECV", "ROLE", "SWITCHED", "NOTE",
     ]  # fmt: skip
     table = [headers]
     for r in rows:
@@ -110,6 +118,7 @@ def format_paths_table(rows: list[dict[str, Any]]) -> str:
                 _fmt_bytes(r.get("sent_bytes") or 0),
                 _fmt_bytes(r.get("recv_bytes") or 0),
                 r.get("role", "-"),
+                _switched(r),
                 r.get("state_reason", "") if r["state"] != "up" else "",
             ]
         )

@@ -47,7 +47,8 @@ class Reassembly:
         self.window_bytes = window_bytes
         self._events = events
         self.inbound: dict[int, InboundMessage] = {}
-        self.completed = RangeSet()  # message ids finished (delivered or dropped)
+        self.completed = RangeSet()  # message ids delivered
+        self.rejected = RangeSet()  # message ids dropped: acknowledged, never confirmed
         self.held_bytes = 0  # in progress + delivered and not yet consumed
         self.consumed_bytes = 0
         self.rejections: deque[MessageRejected] = deque()
@@ -61,6 +62,8 @@ class Reassembly:
 
     def _message(self, msg_id: int, msg_len: int, now: float) -> InboundMessage | bool | None:
         """The message a datagram belongs to; True: already finished; None: refused."""
+        if msg_id in self.rejected:
+            return True  # ack it so the sender stops; the rejection told it the rest
         if msg_id in self.completed:
             if len(self.done_pending) < MAX_DONE_PENDING:
                 self.done_pending[msg_id] = None  # the sender did not hear "done" yet
@@ -154,7 +157,7 @@ class Reassembly:
         self._reject(msg_id, code, reason)
 
     def _reject(self, msg_id: int, code: int, reason: str) -> None:
-        self.completed.add(msg_id, msg_id + 1)
+        self.rejected.add(msg_id, msg_id + 1)
         self._events.append(MessageDropped(msg_id, reason))
         self.rejections.append(MessageRejected(msg_id, code, reason))
 
@@ -175,6 +178,7 @@ class Reassembly:
         self.held_bytes -= sum(len(m.body) for m in self.inbound.values())
         self.inbound.clear()
         self.completed.clear()
+        self.rejected.clear()
         self.done_pending.clear()
         self.repair_requests.clear()
         self.consumed_bytes = -self.held_bytes
