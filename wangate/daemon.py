@@ -53,7 +53,7 @@ from wangate.net.tls import (
     require_client_certificate,
     server_quic_configuration,
 )
-from wangate.service import Delivery, Submission
+from wangate.service import Delivery, Submission, local_delivery
 
 log = logging.getLogger("wangate.daemon")
 
@@ -379,17 +379,7 @@ class Gateway(LinkHost):
 
     async def submit(self, submission: Submission) -> int:
         if submission.peer == self.site_name:
-            await self.inbox.deliver(
-                Delivery(
-                    source=self.site_name,
-                    tag=submission.tag,
-                    step=submission.step,
-                    critical=submission.critical,
-                    meta=submission.meta,
-                    payload=submission.payload,
-                    checksum=submission.checksum,
-                )
-            )
+            await self.inbox.deliver(local_delivery(self.site_name, submission))
             self.local_messages += 1
             return 0
         state = self.peers.get(submission.peer)

@@ -39,6 +39,19 @@ class Delivery:
     checksum: int
 
 
+def local_delivery(site: str, submission: Submission) -> Delivery:
+    """A submission addressed to the gateway's own site, as the delivery it becomes."""
+    return Delivery(
+        source=site,
+        tag=submission.tag,
+        step=submission.step,
+        critical=submission.critical,
+        meta=submission.meta,
+        payload=submission.payload,
+        checksum=submission.checksum,
+    )
+
+
 class GatewayService(Protocol):
     """Implemented by the daemon; called by the local API server."""
 

@@ -13,7 +13,7 @@ from typing import Any
 from wangate import __version__
 from wangate.errors import GatewayError
 from wangate.localapi.inbox import Inbox
-from wangate.service import Delivery, Submission
+from wangate.service import Delivery, Submission, local_delivery
 
 
 def default_client_settings(max_message_bytes: int) -> dict[str, Any]:
@@ -54,17 +54,7 @@ class SelfSiteService:
                 code="unknown_peer",
             )
         message_id = next(self._message_ids)
-        await self.inbox.deliver(
-            Delivery(
-                source=self._site_name,
-                tag=submission.tag,
-                step=submission.step,
-                critical=submission.critical,
-                meta=submission.meta,
-                payload=submission.payload,
-                checksum=submission.checksum,
-            )
-        )
+        await self.inbox.deliver(local_delivery(self._site_name, submission))
         self.submitted += 1
         return message_id
 
