@@ -9,16 +9,20 @@ message; the sender prints the monotonic time it started (just before connecting
     send  --proto tcp|quic --bind IP --to IP:PORT --schedule '[[at_s, size], ...]' [--cc bbr]
 
 QUIC options on both ends (for bench.cpu): ``--max-datagram-size`` (aioquic's default
-is 1200), ``--socket-buffer-bytes`` (enlarge the UDP socket buffers), ``--uvloop``.
+is 1200), ``--socket-buffer-bytes`` (enlarge the UDP socket buffers), ``--uvloop``,
+``--window-bytes`` (flow-control windows, 32 MiB by default);
+and for the sender ``--max-buffered-bytes`` (hold back while the stream has that much
+unacknowledged data; by default it queues whole messages at once).
 Both ends also report the CPU seconds they used (``cpu_s``; QUIC ends also the part
 spent before the transfer: ``cpu_at_ready_s``, ``cpu_at_start_s``); a QUIC receiver
-that is sent SIGTERM still prints what it completed.
+and a receiver (TCP or QUIC) sent SIGTERM still prints what it completed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import resource
 import signal
@@ -52,10 +56,24 @@ def tcp_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(bind)
     listener.listen(1)
-    print(json.dumps({"ready": True}), flush=True)
-    conn, _ = listener.accept()
-    reader: Any = conn.makefile("rb", buffering=CHUNK)
     done: list[float] = []
+    signal.signal(signal.SIGTERM, _stop_early)
+    print(json.dumps({"ready": True}), flush=True)
+    with contextlib.suppress(_StoppedEarly):  # the sender gave up: report what completed
+        conn, _ = listener.accept()
+        _tcp_read_messages(conn.makefile("rb", buffering=CHUNK), messages, done)
+    return {"completed": done, "cpu_s": _cpu_seconds()}
+
+
+class _StoppedEarly(Exception):
+    pass
+
+
+def _stop_early(signum: int, frame: object) -> None:
+    raise _StoppedEarly
+
+
+def _tcp_read_messages(reader: Any, messages: int, done: list[float]) -> None:
     for _ in range(messages):
         header = reader.read(LENGTH.size)
         if len(header) < LENGTH.size:
@@ -69,7 +87,6 @@ def tcp_recv(bind: tuple[str, int], messages: int) -> dict[str, Any]:
         if remaining:
             break
         done.append(time.monotonic())
-    return {"completed": done, "cpu_s": _cpu_seconds()}
 
 
 def tcp_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
@@ -111,11 +128,12 @@ def _enlarge_buffers(sock: socket.socket | None, size_bytes: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, plain, size_bytes)
 
 
-def _quic_configuration(is_client: bool, max_datagram_size: int | None = None) -> Any:
+def _quic_configuration(is_client: bool, max_datagram_size: int | None = None,
+                        window_bytes: int = QUIC_WINDOW) -> Any:
     from aioquic.quic.configuration import QuicConfiguration
 
     configuration = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN],
-                                      max_data=QUIC_WINDOW, max_stream_data=QUIC_WINDOW)
+                                      max_data=window_bytes, max_stream_data=window_bytes)
     if max_datagram_size:
         configuration.max_datagram_size = max_datagram_size
     if is_client:
@@ -132,7 +150,8 @@ def _quic_configuration(is_client: bool, max_datagram_size: int | None = None) -
 
 
 async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: int | None = None,
-                     socket_buffer_bytes: int = 0) -> dict[str, Any]:
+                     socket_buffer_bytes: int = 0,
+                     window_bytes: int = QUIC_WINDOW) -> dict[str, Any]:
     from aioquic.asyncio.server import serve
 
     done: list[float] = []
@@ -168,7 +187,8 @@ async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: in
         tasks.append(asyncio.ensure_future(consume()))
 
     server = await serve(bind[0], bind[1],
-                         configuration=_quic_configuration(False, max_datagram_size),
+                         configuration=_quic_configuration(False, max_datagram_size,
+                                                           window_bytes),
                          stream_handler=on_stream)
     if server._transport is not None:
         _enlarge_buffers(server._transport.get_extra_info("socket"), socket_buffer_bytes)
@@ -180,13 +200,14 @@ async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: in
 
 
 async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
-                     max_datagram_size: int | None = None,
-                     socket_buffer_bytes: int = 0) -> dict[str, Any]:
+                     max_datagram_size: int | None = None, socket_buffer_bytes: int = 0,
+                     window_bytes: int = QUIC_WINDOW,
+                     max_buffered_bytes: int = 0) -> dict[str, Any]:
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.quic.connection import QuicConnection
 
     loop = asyncio.get_running_loop()
-    configuration = _quic_configuration(True, max_datagram_size)
+    configuration = _quic_configuration(True, max_datagram_size, window_bytes)
     connection = QuicConnection(configuration=configuration)
     # aioquic's connect() cannot bind a local address, so make the endpoint ourselves.
     transport, protocol = await loop.create_datagram_endpoint(
@@ -198,6 +219,13 @@ async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float,
     protocol.connect(to)
     await protocol.wait_connected()
     reader, writer = await protocol.create_stream()
+    # aioquic drops acknowledged bytes from the front of this bytearray, which costs
+    # its length each time: a sender that queues everything at once pays quadratically
+    stream_id = getattr(writer.transport, "stream_id")  # noqa: B009 (not in the type)
+
+    def buffered_bytes() -> int:
+        stream = protocol._quic._streams.get(stream_id)
+        return 0 if stream is None else len(stream.sender._buffer)
     for at_s, size in schedule:
         delay = started + at_s - time.monotonic()
         if delay > 0:
@@ -209,7 +237,9 @@ async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float,
             piece = min(remaining, len(zeros))
             writer.write(zeros[:piece])
             remaining -= piece
-            await writer.drain()
+            await writer.drain()  # returns at once: aioquic buffers without limit
+            while max_buffered_bytes and buffered_bytes() > max_buffered_bytes:
+                await asyncio.sleep(0.0005)
     writer.write_eof()
     await reader.read(1)
     protocol.close()
@@ -232,19 +262,24 @@ def main(argv: list[str] | None = None) -> int:
     sender.add_argument("--to", required=True, type=_address)
     sender.add_argument("--schedule", required=True, help="JSON list of [at_s, size_bytes]")
     sender.add_argument("--cc", default="cubic", help="TCP_CONGESTION (tcp only)")
+    sender.add_argument("--max-buffered-bytes", type=int, default=0,
+                        help="QUIC: wait while the stream holds more unacknowledged bytes")
     for sub_parser in (receiver, sender):
         sub_parser.add_argument("--max-datagram-size", type=int,
                                 help="QUIC: largest UDP payload (aioquic's default: 1200)")
         sub_parser.add_argument("--socket-buffer-bytes", type=int, default=0,
                                 help="QUIC: enlarge the UDP socket buffers to this")
         sub_parser.add_argument("--uvloop", action="store_true", help="QUIC: run on uvloop")
+        sub_parser.add_argument("--window-bytes", type=int, default=QUIC_WINDOW,
+                                help="QUIC: flow-control windows (max_data, max_stream_data)")
     args = parser.parse_args(argv)
     if args.proto == "quic" and args.uvloop:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     quic_options = {"max_datagram_size": args.max_datagram_size,
-                    "socket_buffer_bytes": args.socket_buffer_bytes}
+                    "socket_buffer_bytes": args.socket_buffer_bytes,
+                    "window_bytes": args.window_bytes}
     if args.mode == "recv":
         if args.proto == "tcp":
             result = tcp_recv(args.bind, args.messages)
@@ -255,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.proto == "tcp":
             result = tcp_send(args.bind, args.to, schedule, args.cc)
         else:
-            result = asyncio.run(_quic_send(args.bind, args.to, schedule, **quic_options))
+            result = asyncio.run(_quic_send(args.bind, args.to, schedule, **quic_options,
+                                            max_buffered_bytes=args.max_buffered_bytes))
     print(json.dumps(result), flush=True)
     return 0
 

@@ -251,14 +251,18 @@ def markdown_summary(record: dict[str, Any]) -> str:
              "| transfer | time for workload | goodput | ratio to bound | note |",
              "|---|---|---|---|---|",
              f"| ideal bound | {bound:.2f} s | {total * 8 / bound / 1e6:.1f} Mbit/s | 1.00 | |"]
+    # baselines ran after the wangate run, in the same lab, one at a time
     for name, time_s, note in results_rows(record):
         if time_s is None:
             lines.append(f"| {name} | not done | | | {note} |")
         else:
             lines.append(f"| {name} | {time_s:.2f} s | {total * 8 / time_s / 1e6:.1f} Mbit/s | "
                          f"{time_s / bound:.2f} | {note} |")
+    cpu = ", ".join(f"{site} {c['cpu_s']:.1f} s ({c['core_share']:.0%} of a core)"
+                    for site, c in wg.get("gateway_cpu", {}).items())
     lines += ["", f"Messages intact: {wg['intact']} of {wg['messages']} "
               f"(checked bit for bit against the seeded payload).", "",
+              f"Gateway CPU during the workload: {cpu or 'not measured'}.", "",
               "Latency from scheduled hand-over to delivery (ms):", "",
               "| messages | count | p50 | p95 | max |", "|---|---|---|---|---|"]
     for label, key in (("critical", "critical_latency"), ("bulk", "bulk_latency"),

@@ -42,7 +42,7 @@ def default_timeout_s(bound_s: float) -> float:
 
 
 def default_baseline_timeout_s(bound_s: float) -> float:
-    return min(40.0, max(20.0, 3.0 * bound_s))
+    return min(30.0, max(20.0, 2.5 * bound_s))
 
 
 def machine_description() -> str:
@@ -70,6 +70,15 @@ def gateway_version(root: Path) -> str:
     except (OSError, subprocess.CalledProcessError):
         return f"{root} (not a git checkout)"
     return f"{head}{' with uncommitted changes to wangate/' if dirty else ''} ({root})"
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User+system CPU seconds of a live process (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def check_scenario(scenario: Scenario) -> None:
@@ -223,6 +232,7 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
             monitor.start()
             time.sleep(0.3)
             links_before = lab.link_stats()
+            cpu_before = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
             t0_ns = time.monotonic_ns()
             lab.start_timeline(t0_ns / 1e9)
             for _, role, process, _ in trainers:
@@ -238,6 +248,8 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
             for number, role, process, _ in trainers:
                 if role == "recv":
                     received[number] = _finish(process, deadline, b"stop\n", f"receiver {number}")
+            finished_ns = time.monotonic_ns()
+            cpu_after = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
             time.sleep(0.5)
             monitor.stop()
             links_after = lab.link_stats()
@@ -283,6 +295,12 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
                                 (("sender", sent), ("receiver", received))
                                 for n, r in results.items()}
     summary["gateway_status"] = gateway_status
+    # CPU the daemons used from t0 until the trainers finished, as a share of one core
+    wall_s = (finished_ns - t0_ns) / 1e9
+    summary["gateway_cpu"] = {
+        site: {"cpu_s": round(after - before, 2), "core_share": round((after - before) / wall_s, 3)}
+        for site in gateways
+        if (before := cpu_before[site]) is not None and (after := cpu_after[site]) is not None}
     summary["monitor_errors"] = monitor.errors[:10]
     end_s = max([m["delivered_s"] or 0.0 for m in messages] + [0.0]) + 1.0
     if not summary["complete"]:

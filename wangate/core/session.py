@@ -143,12 +143,6 @@ class PeerSession:
         self._receivers[path] = PathReceiver(received_bytes=self._receivers[path].received_bytes)
         self._reselect(now)
 
-    def forget_path(self, path: str, now: float) -> None:
-        self.path_down(path, now, "removed")
-        self._senders.pop(path, None)
-        self._receivers.pop(path, None)
-        self._closed.discard(path)
-
     def peer_restarted(self, now: float) -> None:
         """The peer came back as a new instance: it forgot everything in progress."""
         for message in self._queue.clear():
@@ -208,9 +202,6 @@ class PeerSession:
         return sum(m.body_len for m in self._waiting) + sum(
             m.body_len for m in self._queue.messages.values()
         )
-
-    def has_data(self) -> bool:
-        return self._queue.has_work()
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
         sender = self._senders.get(path)
