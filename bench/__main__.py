@@ -28,6 +28,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         names = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
     # every file is checked before anything runs
     scenarios = [(name, load_scenario(name)) for name in names]
+    if args.scenario == ["all"]:
+        for name, scenario in scenarios:
+            if not scenario.flows:
+                print(f"skipping {name}: no [workload] (another tool drives it)")
+        scenarios = [(name, scenario) for name, scenario in scenarios if scenario.flows]
     baselines = () if args.no_baselines else tuple(args.baseline or BASELINE_NAMES)
     records = []
     extra = [a for a in argv if a not in args.scenario]
@@ -62,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="real gateways in the WAN lab, baselines, results/")
-    run.add_argument("scenario", nargs="+", help="names in bench/scenarios/, files, or 'all'")
+    run.add_argument("scenario", nargs="+", help="names in bench/scenarios/, files, or 'all' "
+                     "(every scenario there with a [workload])")
     run.add_argument("--results", default=str(Path(__file__).resolve().parent.parent / "results"))
     run.add_argument("--timeout-s", type=float, help="time wangate gets for the workload")
     run.add_argument("--baseline-timeout-s", type=float, help="time each baseline gets")
