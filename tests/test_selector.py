@@ -159,6 +159,20 @@ def test_within_cooldown_only_sharp_degradation_switches() -> None:
     )
 
 
+def test_a_path_just_left_is_held_down_while_another_candidate_exists() -> None:
+    sel = validated("a", "b", "c")  # cooldown 2 s
+    sel.update(0.0, {"a": view(10), "b": view(20), "c": view(30)})
+    degraded = view(10, "degraded", reason="loss burst: 4 in a row")
+    event = sel.update(0.1, {"a": degraded, "b": view(20), "c": view(30)})
+    assert event is not None and (event.previous, event.current) == ("a", "b")
+    # b degrades too while a looks fine again: the route goes on to c, not back to a
+    event = sel.update(0.2, {"a": view(10), "b": degraded, "c": view(30)})
+    assert event is not None and (event.previous, event.current) == ("b", "c")
+    # with only the held-down path left, it is taken all the same
+    event = sel.update(0.3, {"a": view(10), "b": degraded, "c": degraded})
+    assert event is not None and (event.previous, event.current) == ("c", "a")
+
+
 def test_a_down_current_path_is_left_at_the_very_next_update_even_in_cooldown() -> None:
     sel = validated("a", "b")
     sel.update(0.0, {"a": view(40), "b": view(30)})

@@ -286,6 +286,9 @@ def test_silent_path_is_declared_down_and_its_data_repaired_elsewhere() -> None:
         after_down = changes[changes.index(downs_by_site[site]) + 1 :]
         assert PathStateChanged("b", "up", "heard again") in after_down
         assert after_down[-1].state != "down"
+        # what the outage swallowed is not held against the path once it is back
+        assert after_down[0] == PathStateChanged("b", "up", "heard again")
+        assert not any("burst" in e.reason for e in after_down), after_down
     assert wire.payload_by_path["b"] > carried_before + 100_000
 
 

@@ -150,6 +150,22 @@ class PathEstimator:
         self._record_outcome(lost=True)
         self._consecutive_losses += 1
 
+    def on_abandoned(self, size_bytes: int, now: float) -> None:
+        """In flight when the path went down: no longer in flight, but no loss sample.
+
+        An outage is reported by the state (down); counting what it swallowed as loss
+        would make the path look bursty for a whole loss window after it came back.
+        """
+        _check_size(size_bytes)
+        self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
+
+    def forget_losses(self) -> None:
+        """The path went down: the losses that led up to it were the outage, not the
+        path's loss rate, and must not keep it degraded once it is back."""
+        self._outcomes.clear()
+        self._lost_in_window = 0
+        self._consecutive_losses = 0
+
     def on_spurious_loss(self, size_bytes: int, now: float) -> None:
         """A datagram reported lost was acknowledged after all: take the loss back.
 

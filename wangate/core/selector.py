@@ -18,6 +18,10 @@ Rules, applied on every :meth:`CriticalPathSelector.update`:
   that stayed better takes over when the cooldown ends). Picking a path when there was
   none starts no cooldown.
 
+* Flap damping: a path the route moved off is not chosen again for ``cooldown_s``
+  while another candidate is there (like a routing hold-down timer), so paths that a
+  burst of our own traffic degrades in turn do not pass the route back and forth.
+
 Paths are ranked up before degraded, then by expected delivery, then by name.
 """
 
@@ -109,6 +113,7 @@ class CriticalPathSelector:
         self._probes_ok: dict[str, int] = {}
         self._beating_since: dict[str, float] = {}
         self._views: dict[str, PathView] = {}
+        self._left_at: dict[str, float] = {}  # when the route last moved off each path
 
     @property
     def current(self) -> str | None:
@@ -163,7 +168,7 @@ class CriticalPathSelector:
 
         current_view = usable[current]
         if current_view.state != "up":
-            ups = {n: v for n, v in usable.items() if v.state == "up"}
+            ups = self._not_held_down({n: v for n, v in usable.items() if v.state == "up"}, now)
             best_up = self._best(ups)
             if best_up is not None:
                 self._beating_since.clear()
@@ -192,11 +197,14 @@ class CriticalPathSelector:
             and now - self._switched_at < self._cooldown_s - _TIME_EPSILON_S
         ):
             return None
-        ready = {
-            n: usable[n]
-            for n, since in beating.items()
-            if now - since >= self._dwell_s - _TIME_EPSILON_S
-        }
+        ready = self._not_held_down(
+            {
+                n: usable[n]
+                for n, since in beating.items()
+                if now - since >= self._dwell_s - _TIME_EPSILON_S
+            },
+            now,
+        )
         winner = self._best(ready)
         if winner is None:
             return None
@@ -210,6 +218,16 @@ class CriticalPathSelector:
         )
 
     # ---- internals ----------------------------------------------------------------------
+
+    def _not_held_down(self, views: dict[str, PathView], now: float) -> dict[str, PathView]:
+        """Route flap damping: a path the route just left for being worse is not taken
+        back before a cooldown has passed, unless nothing else is left."""
+        fresh = {
+            n: v
+            for n, v in views.items()
+            if now - self._left_at.get(n, -math.inf) >= self._cooldown_s - _TIME_EPSILON_S
+        }
+        return fresh or views
 
     def _usable(self) -> dict[str, PathView]:
         return {n: v for n, v in self._views.items() if v.state != "down" and self.is_validated(n)}
@@ -230,6 +248,8 @@ class CriticalPathSelector:
 
     def _switch(self, now: float, new: str | None, reason: str) -> RouteChanged:
         previous = self._current
+        if previous is not None and new is not None:
+            self._left_at[previous] = now
         self._current = new
         # Cooldown only after moving between two paths: picking the first one is no flap.
         self._switched_at = now if previous is not None and new is not None else None

@@ -133,7 +133,8 @@ class PeerSession:
         sender = self._senders.get(path)
         if sender is None:
             return
-        self._requeue(sender, sender.take_all_inflight())
+        self._requeue(sender, sender.take_all_inflight(), outage=True)
+        sender.estimator.forget_losses()
         self._closed.add(path)
         if sender.usable:
             sender.usable = False
@@ -305,9 +306,16 @@ class PeerSession:
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
         )
 
-    def _requeue(self, sender: PathSender, lost: Iterable[SentDatagram]) -> None:
+    def _requeue(
+        self, sender: PathSender, lost: Iterable[SentDatagram], *, outage: bool = False
+    ) -> None:
+        """Send elsewhere what ``sender``'s path lost (or swallowed in an outage)."""
+        estimator = sender.estimator
         for sent in lost:
-            sender.estimator.on_lost(sent.size_bytes, sent.sent_at)
+            if outage:
+                estimator.on_abandoned(sent.size_bytes, sent.sent_at)
+            else:
+                estimator.on_lost(sent.size_bytes, sent.sent_at)
             if sent.msg_id:
                 self._queue.mark_lost(sent.msg_id, sent.start, sent.end, sent.block, sent.symbol)
 
@@ -339,11 +347,7 @@ class PeerSession:
         if receiver is None:
             raise LocalProtocolError(f"datagram on path {path} that is not up")
         sender = self._senders[path]
-        sender.estimator.on_heard(now)
-        if not sender.usable:
-            sender.usable = True
-            self._events.append(PathStateChanged(path, "up", "heard again"))
-            self._path_states[path] = "up"
+        self._heard(path, sender, now)
         datagram = decode_datagram(data)
         sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
         if isinstance(datagram, ProbeDatagram):
@@ -371,10 +375,18 @@ class PeerSession:
 
     # ----------------------------------------------------------------- control
 
+    def _heard(self, path: str, sender: PathSender, now: float) -> None:
+        """Anything at all arrived on ``path``: a path declared down is back."""
+        sender.estimator.on_heard(now)
+        if not sender.usable and path not in self._closed:
+            sender.usable = True
+            self._events.append(PathStateChanged(path, "up", "heard again"))
+            self._path_states[path] = "up"
+
     def handle_control(self, path: str, frame: ControlFrame, now: float) -> None:
         sender = self._senders.get(path)
         if sender is not None:
-            sender.estimator.on_heard(now)
+            self._heard(path, sender, now)
         if isinstance(frame, Ack):
             self._on_ack(path, frame, now)
         elif isinstance(frame, Credit):
@@ -472,7 +484,8 @@ class PeerSession:
             state = sender.estimator.state(now)
             if sender.usable and state.kind == "down":
                 sender.usable = False
-                self._requeue(sender, sender.take_all_inflight())
+                self._requeue(sender, sender.take_all_inflight(), outage=True)
+                sender.estimator.forget_losses()
             if state.kind != self._path_states.get(name, "up"):
                 self._events.append(PathStateChanged(name, state.kind, state.reason))
             self._path_states[name] = state.kind
