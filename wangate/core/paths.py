@@ -52,6 +52,7 @@ class PathSender:
     inflight: dict[int, SentDatagram] = field(default_factory=dict)
     last_sent_at: float = 0.0
     usable: bool = True  # False while the path is declared down
+    back_at: float = 0.0  # when it was last heard again after being down
     recently_lost: dict[int, SentDatagram] = field(default_factory=dict)
     spurious_losses: int = 0
     rto_floor_s: float = MIN_RTO_S

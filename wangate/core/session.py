@@ -312,7 +312,7 @@ class PeerSession:
         """Send elsewhere what ``sender``'s path lost (or swallowed in an outage)."""
         estimator = sender.estimator
         for sent in lost:
-            if outage:
+            if outage or not sender.usable or sent.sent_at < sender.back_at:  # the outage
                 estimator.on_abandoned(sent.size_bytes, sent.sent_at)
             else:
                 estimator.on_lost(sent.size_bytes, sent.sent_at)
@@ -380,6 +380,7 @@ class PeerSession:
         sender.estimator.on_heard(now)
         if not sender.usable and path not in self._closed:
             sender.usable = True
+            sender.back_at = now
             self._events.append(PathStateChanged(path, "up", "heard again"))
             self._path_states[path] = "up"
 
