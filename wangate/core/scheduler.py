@@ -24,6 +24,11 @@ from wangate.core.placement import bulk_view, earliest_finish_s
 from wangate.core.selector import CriticalPathSelector, PathView, RouteChanged, critical_view
 
 SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered
+# While critical traffic flows, bulk stays off the critical route whenever its RTT shows
+# a queue of more than this (or a quarter of its min RTT): critical data must not wait
+# behind our own bulk in the network, where we cannot reorder it.
+CRITICAL_QUEUE_S = 0.002
+CRITICAL_ACTIVE_S = 1.0  # critical traffic "flows" this long after a critical message
 CRITICAL_PROBE_BYTES = 1200
 MAX_DUPLICATES = 256  # duplicate pieces waiting for the backup path
 
@@ -94,7 +99,14 @@ class PathScheduler:
         backlog_bytes: int,
         piece_bytes: int,
         now: float,
+        critical_active: bool = False,
     ) -> bool:
+        if critical_active and path == self.selector.current:
+            mine = estimators[path]
+            queue_s = mine.srtt_s - mine.min_rtt_s
+            others_usable = any(ok for n, ok in usable.items() if n != path)
+            if others_usable and queue_s > max(CRITICAL_QUEUE_S, mine.min_rtt_s / 4):
+                return False
         piece_bytes = max(1, min(piece_bytes, backlog_bytes))  # the piece it would really get
 
         def alone_s(name: str) -> float:

@@ -46,7 +46,7 @@ from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.paths import PathReceiver, PathSender, SentDatagram
-from wangate.core.scheduler import PathScheduler
+from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
@@ -88,6 +88,7 @@ class PeerSession:
         self._started_bytes = 0
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
+        self._last_critical_at = -CRITICAL_ACTIVE_S
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
@@ -170,6 +171,8 @@ class PeerSession:
         self._next_msg_id += 1
         message = OutboundMessage(msg_id, head, payload, header.critical)
         message.started_at = now
+        if header.critical:
+            self._last_critical_at = now
         if header.critical:
             self._waiting.appendleft(message)
         else:
@@ -275,8 +278,15 @@ class PeerSession:
         piece = scheduler.take_duplicate(path)
         if piece is not None:
             return piece
+        critical_active = now - self._last_critical_at < CRITICAL_ACTIVE_S
         if queue.has_bulk_work and scheduler.bulk_helps(
-            path, self._estimators(), self._usable(), queue.bulk_backlog_bytes, max_bytes, now
+            path,
+            self._estimators(),
+            self._usable(),
+            queue.bulk_backlog_bytes,
+            max_bytes,
+            now,
+            critical_active,
         ):
             return queue.take(max_bytes, critical=False)
         return None

@@ -188,7 +188,9 @@ class PathLink(QuicConnectionProtocol):
     def refuse(self, code: int, reason: str) -> None:
         if self.refused is None:
             self.refused = reason
-            log.warning("refusing connection from %s: %s", self.remote_address, reason)
+            # both sites dialing one path is expected (one connection is kept): not a warning
+            level = logging.INFO if code in (ERROR_DUPLICATE, ERROR_SHUTDOWN) else logging.WARNING
+            log.log(level, "closing connection with %s: %s", self.remote_address, reason)
         self.close(error_code=code, reason_phrase=reason[:200])
         self._report_closed(reason)
 
