@@ -12,8 +12,9 @@ runner cannot make are driven here with the Lab API:
   bytes the paths sent (gateway ``sent_bytes`` deltas and the emulator's IP bytes) and
   the time from ``send`` to the receiver's ``recv`` returning.
 
-``--report-only`` skips every run and prints the tables from the results on disk.
-Tables go to stdout and to ``results/issue<N>.md``.
+Issue 4 also repeats i4_loss01, i4_loss1 and i4_three without baselines into
+``results/i4_repeat/``. ``--report-only`` skips every run and prints the tables from the
+results on disk. Tables go to stdout and to ``results/issue<N>.md``.
 
 Workers started inside the namespaces (``python -m bench.issues worker tcp-sink|tcp-source
 JSON``) are part of this module.
@@ -48,6 +49,7 @@ ISSUE5_RUNS = ("i5_critical", "i5_degrade", "i5_jitter", "i5_blackhole")
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk:0.01", "split:0.01/int8", "int8+zstd")
 LOSS_AIMS = {"i4_loss01": 0.85, "i4_loss1": 0.75, "i4_loss5": 0.50, "i4_burst1": 0.65,
              "i4_three": 0.80}
+CODEC_REPEATS = 2  # each codec's gradient is sent this many times (rounds of all codecs)
 FAIR_DURATION_S = 30.0
 FAIR_WINDOW_S = (5.0, 30.0)  # both flows measured over the same span, start-up excluded
 
@@ -277,6 +279,34 @@ def _bytes_in(samples: list[list[float]], start: float, end: float) -> float:
 
 
 # -- issue 6: codecs -----------------------------------------------------------------------
+def _send_codec(lab: Any, tx: Any, rx: Any, gradient: np.ndarray, tag: str, step: int,
+                codec: str) -> dict[str, Any]:
+    """One gradient with one codec: bytes the paths sent and the time to the receiver."""
+    sent_before, link_before = _sent_bytes(tx, "sh"), _link_bytes(lab)
+    pushed_before = _pushed_bytes(lab)
+    called = time.monotonic()
+    tx.send("sh", tag, gradient, step=step, codec=codec)
+    accepted = time.monotonic()
+    decoded = rx.recv(tag, source="bj", step=step, timeout=120)
+    delivered = time.monotonic()
+    time.sleep(0.5)  # late acks and repair for this message settle
+    sent_after, link_after = _sent_bytes(tx, "sh"), _link_bytes(lab)
+    pushed_after = _pushed_bytes(lab)
+    error = float(np.max(np.abs(decoded.astype(np.float32) - gradient))
+                  / np.max(np.abs(gradient)))
+    return {
+        "codec": codec, "step": step,
+        "input_bytes": gradient.nbytes,
+        "gateway_sent_bytes": sum(sent_after[p] - sent_before.get(p, 0) for p in sent_after),
+        "per_path_sent_bytes": {p: sent_after[p] - sent_before.get(p, 0) for p in sent_after},
+        "link_ip_bytes_pushed": sum(pushed_after[p] - pushed_before[p] for p in pushed_after),
+        "link_ip_bytes_delivered": sum(link_after[p] - link_before[p] for p in link_after),
+        "send_call_s": accepted - called,
+        "time_s": delivered - called,
+        "max_abs_err_over_max_abs": error,
+    }
+
+
 def run_codecs() -> dict[str, Any]:
     import wangate
     from bench.lab.lab import Lab
@@ -295,40 +325,16 @@ def run_codecs() -> dict[str, Any]:
             tx.send("sh", "warmup", gradient[:512], step=0, codec="none")
             rx.recv("warmup", source="bj", step=0, timeout=30)
             time.sleep(0.5)
-            for number, codec in enumerate(CODECS):
-                tag = f"grad.{number}"
-                sent_before, link_before = _sent_bytes(tx, "sh"), _link_bytes(lab)
-                pushed_before = _pushed_bytes(lab)
-                called = time.monotonic()
-                tx.send("sh", tag, gradient, step=1, codec=codec)
-                accepted = time.monotonic()
-                decoded = rx.recv(tag, source="bj", step=1, timeout=120)
-                delivered = time.monotonic()
-                time.sleep(0.5)  # late acks and repair for this message settle
-                sent_after, link_after = _sent_bytes(tx, "sh"), _link_bytes(lab)
-                pushed_after = _pushed_bytes(lab)
-                error = float(np.max(np.abs(decoded.astype(np.float32) - gradient))
-                              / np.max(np.abs(gradient)))
-                rows.append({
-                    "codec": codec,
-                    "input_bytes": gradient.nbytes,
-                    "gateway_sent_bytes": sum(sent_after[p] - sent_before.get(p, 0)
-                                              for p in sent_after),
-                    "per_path_sent_bytes": {p: sent_after[p] - sent_before.get(p, 0)
-                                            for p in sent_after},
-                    "link_ip_bytes_pushed": sum(pushed_after[p] - pushed_before[p]
-                                                for p in pushed_after),
-                    "link_ip_bytes_delivered": sum(link_after[p] - link_before[p]
-                                                   for p in link_after),
-                    "send_call_s": accepted - called,
-                    "time_s": delivered - called,
-                    "max_abs_err_over_max_abs": error,
-                })
-                print(f"  {codec:16s} {rows[-1]['gateway_sent_bytes'] / 1e6:8.2f} MB "
-                      f"{rows[-1]['time_s']:6.2f} s", flush=True)
+            for repeat in range(CODEC_REPEATS):
+                for number, codec in enumerate(CODECS):
+                    rows.append(_send_codec(lab, tx, rx, gradient, f"grad.{number}",
+                                            repeat + 1, codec))
+                    print(f"  {codec:16s} {rows[-1]['gateway_sent_bytes'] / 1e6:8.2f} MB "
+                          f"{rows[-1]['time_s']:6.2f} s", flush=True)
             status = {"bj": tx.status(), "sh": rx.status()}
         gateways.stop()
     record = {"scenario": "i6_codecs", "rows": rows, "gateway_status": status,
+              "repeats": CODEC_REPEATS,
               "input": "4096x4096 float32, Student-t(3) x 1e-3, seed 31"}
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(record, indent=1))
@@ -395,6 +401,13 @@ def issue4_rows(fair: dict[str, Any] | None) -> list[str]:
                      f"{goodput:.1f} Mbit/s = **{ratio:.3f}** ({done}; intact "
                      f"{wg['intact']}/{wg['messages']}) | >= {aim:.2f} | "
                      f"{_met(wg['complete'] and ratio >= aim)} |")
+        repeat = _load(f"i4_repeat/{name}")
+        if repeat is not None and repeat["wangate"]["complete"]:
+            again = total * 8 / repeat["wangate"]["time_s"] / 1e6
+            lines.append(f"| {name} | the same, second run (results/i4_repeat/{name}, no "
+                         f"baselines) | {again:.1f} Mbit/s = **{again / rate:.3f}**; FEC "
+                         f"overhead {_fmt(_fec(repeat)['overhead'], '.3f')} | >= {aim:.2f} | "
+                         f"{_met(again / rate >= aim)} |")
         for base in (record.get("baselines") or {}).get("baselines", []):
             timeout = record["baselines"]["timeout_s"]
             if base["time_s"] is not None:
@@ -433,6 +446,12 @@ def issue4_rows(fair: dict[str, Any] | None) -> list[str]:
                      f"(t={fair['window_s'][0]:g}..{fair['window_s'][1]:g} s) | {tcp:.1f} Mbit/s = "
                      f"**{tcp / rate:.2f}**; wangate {wg:.1f} Mbit/s = {wg / rate:.2f}; sum "
                      f"{(tcp + wg) / rate:.2f} | >= 0.33 | {_met(tcp / rate >= 1 / 3)} |")
+        tcp_s = fair["per_second_mbps"]["tcp"][int(fair["window_s"][0]):int(fair["window_s"][1])]
+        wg_s = fair["per_second_mbps"]["wangate"][int(fair["window_s"][0]):
+                                                  int(fair["window_s"][1])]
+        lines.append(f"| i4_fair | per second in the window: TCP min..max; wangate min..max | "
+                     f"{min(tcp_s):.1f}..{max(tcp_s):.1f}; {min(wg_s):.1f}..{max(wg_s):.1f} "
+                     f"Mbit/s (FEC overhead {_fmt(_fec(fair)['overhead'], '.3f')}) | | |")
         if fair["errors"]:
             lines.append(f"| i4_fair | errors | {'; '.join(fair['errors'])} | | |")
     return lines
@@ -486,11 +505,16 @@ def issue5_rows() -> list[str]:
         routes = _routes(record)
         events = [e["at_s"] for e in record["timeline"]]
         if "degrade" in name or "blackhole" in name:
-            at = events[0]
-            moved = [c for c in routes if c["t_s"] >= at - 0.05 and c["previous"] == "a"]
-            first = moved[0] if moved else None
+            at, hit = events[0], record["timeline"][0]["path"]
+            before = [c for c in routes if c["t_s"] < at]
+            on = before[-1]["current"] if before else None
+            lines.append(f"| {name} | critical route when path {hit} changes at t={at:g} s | "
+                         f"{on} ({_route_text(before[-1]) if before else 'no route'}) | {hit} | "
+                         f"{_met(on == hit)} |")
+            moved = [c for c in routes if c["t_s"] >= at and c["previous"] == hit]
+            first = moved[0] if moved and on == hit else None
             reaction = first["t_s"] - at if first else None
-            lines.append(f"| {name} | critical route leaves a after the t={at:g} s event "
+            lines.append(f"| {name} | critical route leaves {hit} after the t={at:g} s event "
                          f"| {_fmt(reaction, '.2f', ' s')} "
                          f"({_route_text(first)}) "
                          f"| < 1 s | {_met(reaction is not None and reaction < 1.0)} |")
@@ -525,15 +549,24 @@ def issue5_rows() -> list[str]:
 def issue6_rows(codecs: dict[str, Any] | None) -> list[str]:
     if codecs is None:
         return ["i6_codecs not run"]
-    lines = ["| codec | gateway sent bytes (sum of path sent_bytes deltas) | ratio to 64 MiB | "
-             "emulator IP bytes bj->sh | time send->recv | send() call | Mbit/s of input | "
+    lines = ["| codec | gateway sent bytes (sum of path sent_bytes deltas; each send) | "
+             "least ratio to 64 MiB | emulator IP bytes bj->sh (least) | time send->recv (each "
+             "send) | send() call (most) | Mbit/s of input (median time) | "
              "max abs err / max abs |", "|---|---|---|---|---|---|---|---|"]
+    by_codec: dict[str, list[dict[str, Any]]] = {}
     for row in codecs["rows"]:
-        lines.append(f"| {row['codec']} | {row['gateway_sent_bytes'] / 1e6:.2f} MB | "
-                     f"{row['gateway_sent_bytes'] / row['input_bytes']:.4f} | "
-                     f"{row['link_ip_bytes_pushed'] / 1e6:.2f} MB | {row['time_s']:.2f} s | "
-                     f"{row['send_call_s']:.2f} s | "
-                     f"{row['input_bytes'] * 8 / row['time_s'] / 1e6:.0f} | "
+        by_codec.setdefault(row["codec"], []).append(row)
+    for codec, rows in by_codec.items():
+        row = rows[0]
+        times = sorted(r["time_s"] for r in rows)
+        median = times[len(times) // 2] if len(times) % 2 else sum(times) / len(times)
+        sent = sorted(r["gateway_sent_bytes"] for r in rows)
+        lines.append(f"| {codec} | {' / '.join(f'{b / 1e6:.2f}' for b in sent)} MB | "
+                     f"{sent[0] / row['input_bytes']:.4f} | "
+                     f"{min(r['link_ip_bytes_pushed'] for r in rows) / 1e6:.2f} MB | "
+                     f"{' / '.join(f'{t:.2f}' for t in times)} s | "
+                     f"{max(r['send_call_s'] for r in rows):.2f} s | "
+                     f"{row['input_bytes'] * 8 / median / 1e6:.0f} | "
                      f"{row['max_abs_err_over_max_abs']:.2e} |")
     return lines
 
@@ -560,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.report_only:
                 _run_runner(ISSUE4_RUNS, ["--baseline", "tcp-cubic", "--baseline", "tcp-bbr"])
                 _run_runner(ISSUE4_MULTI, ["--baseline", "tcp-bbr"])
+                _run_runner((*ISSUE4_RUNS[:2], *ISSUE4_MULTI), [
+                    "--no-baselines", "--no-plots", "--results", str(RESULTS / "i4_repeat")])
                 run_fair()
             fair = _load("i4_fair")
             lines = issue4_rows(fair)
