@@ -162,7 +162,7 @@ def test_within_cooldown_only_sharp_degradation_switches() -> None:
 def test_a_path_just_left_is_held_down_while_another_candidate_exists() -> None:
     sel = validated("a", "b", "c")  # cooldown 2 s
     sel.update(0.0, {"a": view(10), "b": view(20), "c": view(30)})
-    degraded = view(10, "degraded", reason="loss burst: 4 in a row")
+    degraded = view(50, "degraded", reason="srtt 100 ms > 3x min 20 ms")
     event = sel.update(0.1, {"a": degraded, "b": view(20), "c": view(30)})
     assert event is not None and (event.previous, event.current) == ("a", "b")
     # b degrades too while a looks fine again: the route goes on to c, not back to a
@@ -171,6 +171,16 @@ def test_a_path_just_left_is_held_down_while_another_candidate_exists() -> None:
     # with only the held-down path left, it is taken all the same
     event = sel.update(0.3, {"a": view(10), "b": degraded, "c": degraded})
     assert event is not None and (event.previous, event.current) == ("c", "a")
+
+
+def test_a_degraded_route_that_is_still_fastest_stays_unless_it_loses_much() -> None:
+    sel = validated("a", "b")
+    sel.update(0.0, {"a": view(10), "b": view(30)})
+    slow_but_best = view(20, "degraded", reason="srtt 40 ms > 3x min 10 ms")
+    assert sel.update(0.1, {"a": slow_but_best, "b": view(30)}) is None
+    lossy = view(20, "degraded", loss=0.05, reason="loss 5.0% > 5% over 200 datagrams")
+    event = sel.update(0.2, {"a": lossy, "b": view(30)})
+    assert event is not None and (event.previous, event.current) == ("a", "b")
 
 
 def test_a_down_current_path_is_left_at_the_very_next_update_even_in_cooldown() -> None:

@@ -9,8 +9,9 @@ Rules, applied on every :meth:`CriticalPathSelector.update`:
 * *Sharp degradation* moves the route at once, ignoring dwell and cooldown: the current
   path is down, missing or no longer validated (it moves to the best usable path), or it
   is degraded - srtt at 3x its min RTT, a loss burst or high loss, as judged by
-  :class:`~wangate.core.estimator.PathEstimator` - while another usable path is up (it
-  moves to the best up path).
+  :class:`~wangate.core.estimator.PathEstimator` - while another usable path is up and
+  expected to deliver sooner, or the route loses ``SHARP_LOSS_RATE`` or more (it moves
+  to the best up path). A degraded route that is still the fastest stays.
 * Otherwise a challenger must beat the current path's expected delivery by more than
   ``margin`` (relative) and ``margin_s`` (absolute), without a break, for ``dwell_s``;
   an up path is never challenged by a degraded one. For ``cooldown_s`` after a switch
@@ -33,6 +34,8 @@ from dataclasses import dataclass
 
 from wangate.core.estimator import PathEstimator, PathStateKind
 from wangate.errors import LocalProtocolError
+
+SHARP_LOSS_RATE = 0.02  # a degraded route losing this much moves even to a slower path
 
 # Times come from float arithmetic on the caller's side (e.g. 0.01 * k); a nanosecond of
 # slack keeps "exactly after dwell_s" (and cooldown_s) from depending on rounding.
@@ -167,9 +170,17 @@ class CriticalPathSelector:
             return self._switch(now, best, f"{current} {why}; moved to {best}")
 
         current_view = usable[current]
+        sharp = current_view.loss_rate >= SHARP_LOSS_RATE
         if current_view.state != "up":
             ups = self._not_held_down({n: v for n, v in usable.items() if v.state == "up"}, now)
             best_up = self._best(ups)
+            # Degraded but still the fastest (every path slowed by the same busy host,
+            # say): staying is better than a move that makes delivery later. Loss on
+            # the current path is covered by duplicates on the secondary meanwhile.
+            if best_up is not None and (
+                _delivery_s(ups[best_up]) >= _delivery_s(current_view) and not sharp
+            ):
+                best_up = None
             if best_up is not None:
                 self._beating_since.clear()
                 return self._switch(
