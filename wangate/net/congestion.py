@@ -67,8 +67,8 @@ MIN_CWND_PACKETS = 4  # after persistent congestion (RFC 9002 §7.6.2 uses 2)
 # a fast path that costs twice the CPU per byte (measured on loopback at 1452-byte
 # datagrams: 64 here halves the CPU against 16). WAN paths' BDPs are larger anyway.
 MIN_TARGET_PACKETS = 64
-RTT_ALLOWANCE_FRACTION = 0.25  # queueing tolerated before the rate starts to fall...
-RTT_ALLOWANCE_MIN_S = 0.010  # ...but at least this (timers, ack delay, busy hosts)
+RTT_ALLOWANCE_FRACTION = 0.10  # queueing tolerated before the rate starts to fall...
+RTT_ALLOWANCE_MIN_S = 0.005  # ...but at least this (timers, ack delay, busy hosts)
 MIN_RTT_FLOOR_S = 0.001  # aioquic floors RTTs at 1 ms as well
 HIGH_LOSS_RATE = 0.15
 QUEUE_LOSS_RATE = 0.02
@@ -296,6 +296,8 @@ class WangateCongestionControl(QuicCongestionControl):
         loss_rate = self._round_lost_bytes / total if total else 0.0
         if loss_rate > HIGH_LOSS_RATE:
             return True
+        if self.state == STARTUP and loss_rate > QUEUE_LOSS_RATE:
+            return True  # overshooting the bottleneck's buffer (BBRv2 leaves startup so)
         queue = (
             self.min_rtt_s is not None
             and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
