@@ -89,9 +89,10 @@ def test_bulk_and_small_messages_both_ways_arrive_identical(sites: LoopbackSites
         assert {r["path"] for r in rows} == {"fiber-a", "fiber-b", "fiber-c"}
         for row in rows:
             assert row["state"] != "down", row
-            # every path carried a real share of the 128 MiB each way
-            assert row["sent_bytes"] > 4 * MiB, row
-            assert row["recv_bytes"] > 4 * MiB, row
+            # every path carried part of the 128 MiB each way (the critical route less:
+            # while critical messages flow, bulk keeps off it whenever it shows a queue)
+            assert row["sent_bytes"] > 1 * MiB, row
+            assert row["recv_bytes"] > 1 * MiB, row
 
 
 def test_status_counts_the_messages(sites: LoopbackSites) -> None:
