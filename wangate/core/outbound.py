@@ -115,7 +115,7 @@ class Piece:
 class CodingPolicy:
     """FEC settings: ``k`` source symbols per block (0: no FEC), repair symbols bounds."""
 
-    k: int = 16
+    k: int = 64
     min_repair: int = 0
     max_repair: int = 16
 
