@@ -299,6 +299,10 @@ class Gateway(LinkHost):
     def session_touched(self, session: PeerSession) -> None:
         self._touch(self.peers[session.peer])
 
+    def datagram_handled(self, session: PeerSession) -> None:
+        # deliver what completed, re-arm the timer; this link transmits right after
+        self._touch(self.peers[session.peer], pump=False)
+
     # ------------------------------------------------------- session driving
 
     def _touch(self, state: PeerState, pump: bool = True) -> None:

@@ -56,6 +56,9 @@ class LinkHost:
     def session_touched(self, session: PeerSession) -> None:
         raise NotImplementedError
 
+    def datagram_handled(self, session: PeerSession) -> None:
+        raise NotImplementedError
+
 
 class PathLink(QuicConnectionProtocol):
     def __init__(
@@ -179,6 +182,9 @@ class PathLink(QuicConnectionProtocol):
             return
         try:
             self.session.handle_datagram(self.path, data, time.monotonic())
+            # a message may be complete, and an ack deadline may be new: without this
+            # both would wait for whatever timer happened to be armed
+            self.host.datagram_handled(self.session)
         except RemoteProtocolError as exc:
             self._protocol_errors += 1
             log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)
