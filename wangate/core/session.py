@@ -270,7 +270,10 @@ class PeerSession:
         """What ``path`` should carry next: critical work if it is the critical route,
         duplicates if it backs up a lossy route, bulk if it finishes it earliest."""
         queue, scheduler = self._queue, self._scheduler
-        if queue.has_critical_work and scheduler.takes_critical(path, self._usable()):
+        if not queue.has_work() and not scheduler.duplicates:
+            return None  # the common idle case: nothing to decide
+        usable = self._usable()  # once per datagram, not once per question
+        if queue.has_critical_work and scheduler.takes_critical(path, usable):
             piece = queue.take(max_bytes, critical=True)
             if piece is not None:
                 scheduler.offer_duplicate(piece)
@@ -282,7 +285,7 @@ class PeerSession:
         if queue.has_bulk_work and scheduler.bulk_helps(
             path,
             self._estimators(),
-            self._usable(),
+            usable,
             queue.bulk_backlog_bytes,
             max_bytes,
             now,
@@ -439,8 +442,9 @@ class PeerSession:
             self._credit_dirty.discard(path)
             out.append(encode_control(Credit(self.granted_bytes)))
         current = self._scheduler.selector.current
-        if path == self._end_to_end_path():
-            inbound = self._inbound
+        inbound = self._inbound
+        pending = inbound.rejections or inbound.repair_requests or inbound.done_pending
+        if pending and path == self._end_to_end_path():
             while inbound.rejections:
                 out.append(encode_control(inbound.rejections.popleft()))
             while inbound.repair_requests:
