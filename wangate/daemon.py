@@ -40,6 +40,7 @@ from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayMetrics
 from wangate.metrics_http import MetricsServer
 from wangate.net.link import (
+    DATAGRAM_OVERHEAD_BYTES,
     ERROR_DUPLICATE,
     ERROR_PROTOCOL,
     ERROR_RESET,
@@ -271,9 +272,9 @@ class Gateway(LinkHost):
                 return None
             existing.refuse(ERROR_DUPLICATE, f"path {hello.path} replaced by the peer's dial")
         state.session.set_peer_limits(hello.max_message_bytes)
-        if link.dialed is False:
-            path_cfg = peer_cfg.path(hello.path)
-            link.datagram_bytes = min(link.datagram_bytes, path_cfg.max_datagram_size - 40)
+        if not link.dialed:  # accepted with the listener's size: fit this path's MTU too
+            path_mtu_bytes = peer_cfg.path(hello.path).max_datagram_size
+            link.datagram_bytes = min(link.datagram_bytes, path_mtu_bytes - DATAGRAM_OVERHEAD_BYTES)
         state.links[hello.path] = link
         log.info(
             "%s/%s up: %s -> %s (%s)",
