@@ -89,6 +89,23 @@ def test_first_gap() -> None:
     assert rs.first_gap(20, 21) == (20, 21)
 
 
+def test_covered_bytes() -> None:
+    rs = make((10, 20), (30, 40), (50, 55))
+    assert rs.covered_bytes(0, 100) == 25
+    assert rs.covered_bytes(0, 10) == 0
+    assert rs.covered_bytes(20, 30) == 0
+    assert rs.covered_bytes(10, 20) == 10
+    assert rs.covered_bytes(15, 35) == 10  # [15, 20) and [30, 35)
+    assert rs.covered_bytes(19, 31) == 2
+    assert rs.covered_bytes(12, 13) == 1
+    assert rs.covered_bytes(39, 51) == 2
+    assert rs.covered_bytes(54, 1000) == 1
+    assert rs.covered_bytes(55, 1000) == 0
+    assert rs.covered_bytes(30, 30) == 0
+    assert rs.covered_bytes(40, 30) == 0
+    assert RangeSet().covered_bytes(0, 10) == 0
+
+
 def test_trim_below() -> None:
     rs = make((0, 10), (20, 30), (40, 50))
     rs.trim_below(25)
@@ -142,6 +159,7 @@ def test_agrees_with_a_set_of_integers(
     assert rs.total() == len(model)
     assert all((v in rs) == (v in model) for v in range(-1, 82))
     assert rs.covers(lo, hi) == (set(range(lo, hi)) <= model)
+    assert rs.covered_bytes(lo, hi) == len(set(range(lo, hi)) & model)
     missing = sorted(set(range(lo, hi)) - model)
     gap = rs.first_gap(lo, hi)
     if not missing:

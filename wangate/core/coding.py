@@ -54,19 +54,45 @@ class CodingShape:
 
 @dataclass
 class BlockLedger:
-    """The sender's view of one block: what is acked, in flight, and queued."""
+    """The sender's view of one block: what is acked, in flight, and queued.
+
+    ``have`` runs on every ack, so sources are counted from ``acked_sources`` (each
+    index acked by its own piece) rather than by scanning the block's byte ranges.
+    A source whose bytes were acked or un-acked any other way (a symbol split over
+    small datagrams, a range repair, a poke) is moved to ``by_range`` and counted from
+    the message's acked ranges. A ledger that is no longer ``coded`` counts every
+    source from the ranges.
+    """
 
     acked_repairs: set[int] = field(default_factory=set)
+    acked_sources: set[int] = field(default_factory=set)  # never shares an index with by_range
+    by_range: set[int] = field(default_factory=set)  # sources counted from the acked ranges
     inflight: int = 0  # symbols of this block on the wire now
     queued: int = 0  # repair symbols decided but not yet taken by a path
     next_repair: int = 0  # next fresh repair index (starts at k_b)
     coded: bool = True  # False after a repair request: sources are resent by range
     encoder: BlockEncoder | None = None
 
+    def source_acked(self, index: int) -> None:
+        """The piece carrying exactly source ``index`` was acknowledged."""
+        if index not in self.by_range:
+            self.acked_sources.add(index)
+
+    def count_by_range(self, index: int) -> None:
+        """Bytes of source ``index`` were acked or un-acked other than by its own piece."""
+        self.by_range.add(index)
+        self.acked_sources.discard(index)
+
     def have(self, shape: CodingShape, block: int, acked: RangeSet) -> int:
-        sources = sum(
-            acked.covers(*shape.symbol_range(block, i)) for i in range(shape.block_k(block))
-        )
+        """Symbols of the block acknowledged: sources whose bytes are all acked, repairs."""
+        if not self.coded:
+            sources = sum(
+                acked.covers(*shape.symbol_range(block, i)) for i in range(shape.block_k(block))
+            )
+        else:
+            sources = len(self.acked_sources)
+            for i in self.by_range:
+                sources += acked.covers(*shape.symbol_range(block, i))
         return sources + len(self.acked_repairs)
 
     def shortfall(self, shape: CodingShape, block: int, acked: RangeSet) -> int:
@@ -78,12 +104,18 @@ class BlockLedger:
 
 
 class InboundCoding:
-    """The receiver's open blocks of one message: repair symbols kept until they decode."""
+    """The receiver's open blocks of one message: repair symbols kept until they decode.
+
+    Every shard that lands in a block with a decoder asks whether it decodes now, so a
+    block's missing byte count is kept once counted: the owner of ``received`` reports
+    each change to it (``bytes_received``, ``bytes_removed``).
+    """
 
     def __init__(self, shape: CodingShape) -> None:
         self.shape = shape
         self.decoders: dict[int, BlockDecoder] = {}
         self.decoded_blocks: set[int] = set()
+        self._missing_bytes: dict[int, int] = {}  # blocks with a decoder, once counted
 
     def add_repair(self, block: int, index: int, data: Buffer) -> None:
         decoder = self.decoders.get(block)
@@ -91,6 +123,27 @@ class InboundCoding:
             decoder = BlockDecoder(self.shape.block_k(block), self.shape.symbol_bytes)
             self.decoders[block] = decoder
         decoder.add(index, data)
+
+    def bytes_received(self, start: int, end: int, new_bytes: int) -> None:
+        """``new_bytes`` integers of [start, end) were just added to ``received``."""
+        counted = self._missing_bytes
+        if not counted or end <= start:
+            return
+        first, last = self.shape.block_of(start), self.shape.block_of(end - 1)
+        if first == last:
+            if first in counted:
+                counted[first] -= new_bytes
+        else:  # which block got how many is unknown: count those again when asked
+            for block in range(first, last + 1):
+                counted.pop(block, None)
+
+    def bytes_removed(self, block: int) -> None:
+        """Bytes of ``block`` were taken out of ``received``."""
+        self._missing_bytes.pop(block, None)
+
+    def _close(self, block: int) -> None:
+        del self.decoders[block]
+        self._missing_bytes.pop(block, None)
 
     def try_decode(self, block: int, body: bytearray, received: RangeSet) -> list[tuple[int, int]]:
         """Rebuild the block's missing sources into ``body`` if enough symbols arrived.
@@ -101,14 +154,21 @@ class InboundCoding:
         if decoder is None:
             return []
         shape = self.shape
-        start, end = shape.block_range(block)
-        if received.covers(start, end):
-            del self.decoders[block]
+        missing_bytes = self._missing_bytes.get(block)
+        if missing_bytes is None:
+            start, end = shape.block_range(block)
+            missing_bytes = end - start - received.covered_bytes(start, end)
+            self._missing_bytes[block] = missing_bytes
+        if missing_bytes == 0:
+            self._close(block)
             return []
-        complete = [
-            i for i in range(shape.block_k(block)) if received.covers(*shape.symbol_range(block, i))
-        ]
-        if len(complete) + decoder.symbol_count < shape.block_k(block):
+        # each incomplete source misses 1..symbol_bytes bytes: with fewer symbols held
+        # than that lower bound on incomplete sources, the block cannot decode yet
+        if decoder.symbol_count * shape.symbol_bytes < missing_bytes:
+            return []
+        block_k = shape.block_k(block)
+        complete = [i for i in range(block_k) if received.covers(*shape.symbol_range(block, i))]
+        if len(complete) + decoder.symbol_count < block_k:
             return []
         for i in complete:
             lo, hi = shape.symbol_range(block, i)
@@ -118,6 +178,6 @@ class InboundCoding:
             lo, hi = shape.symbol_range(block, i)
             body[lo:hi] = symbol[: hi - lo]
             written.append((lo, hi))
-        del self.decoders[block]
+        self._close(block)
         self.decoded_blocks.add(block)
         return written

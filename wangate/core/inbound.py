@@ -91,10 +91,12 @@ class Reassembly:
         if not isinstance(message, InboundMessage):
             return message is True
         end = shard.offset + len(shard.data)
-        if message.received.add(shard.offset, end):
+        new_bytes = message.received.add(shard.offset, end)
+        if new_bytes:
             message.body[shard.offset : end] = shard.data
             coding = message.coding
             if coding is not None and coding.decoders:
+                coding.bytes_received(shard.offset, end, new_bytes)
                 block = coding.shape.block_of(shard.offset)
                 self._decode(message, block)
         self._maybe_finish(shard.msg_id, message)
@@ -118,8 +120,10 @@ class Reassembly:
 
     def _decode(self, message: InboundMessage, block: int) -> None:
         assert message.coding is not None
-        for start, end in message.coding.try_decode(block, message.body, message.received):
+        written = message.coding.try_decode(block, message.body, message.received)
+        for start, end in written:
             message.received.add(start, end)
+        if written:
             self.blocks_decoded += 1
 
     # ----------------------------------------------------------- completion
@@ -136,6 +140,7 @@ class Reassembly:
                 blocks = tuple(sorted(coding.decoded_blocks))
                 for block in blocks:
                     message.received.remove(*coding.shape.block_range(block))
+                    coding.bytes_removed(block)
                 coding.decoded_blocks.clear()
                 self.repair_requests.append(RepairRequested(msg_id, blocks))
                 return

@@ -78,10 +78,30 @@ class OutboundMessage:
     def ledger(self, block: int) -> BlockLedger:
         ledger = self.blocks.get(block)
         if ledger is None:
-            assert self.shape is not None
-            ledger = BlockLedger(next_repair=self.shape.block_k(block))
+            shape = self.shape
+            assert shape is not None
+            ledger = BlockLedger(next_repair=shape.block_k(block))
+            if self.acked.covered_bytes(*shape.block_range(block)):
+                # bytes acked before the ledger existed (a split symbol, a closed block)
+                for i in range(shape.block_k(block)):
+                    if self.acked.covered_bytes(*shape.symbol_range(block, i)):
+                        ledger.count_by_range(i)
             self.blocks[block] = ledger
         return ledger
+
+    def range_acked(self, start: int, end: int) -> None:
+        """Tell the open ledgers which sources a byte-range piece [start, end) touched."""
+        shape = self.shape
+        if shape is None or not self.blocks or end <= start:
+            return
+        k = shape.k
+        first, last = start // shape.symbol_bytes, (end - 1) // shape.symbol_bytes
+        for block in range(first // k, last // k + 1):
+            ledger = self.blocks.get(block)
+            if ledger is not None:
+                base = block * k
+                for index in range(max(first, base) - base, min(last, base + k - 1) - base + 1):
+                    ledger.count_by_range(index)
 
     def encoder(self, block: int) -> BlockEncoder:
         ledger = self.ledger(block)
@@ -159,12 +179,17 @@ class OutboundQueue:
     def take(self, max_bytes: int, *, critical: bool) -> Piece | None:
         """The next critical (or bulk) piece of at most ``max_bytes``, if any."""
         work = self._critical if critical else self._bulk
-        while work:
-            message = work[0]
+        skipped = 0
+        while skipped < len(work):
+            message = work[skipped]
             piece = self._take_from(message, max_bytes)
             if not message.has_work:
-                work.popleft()
+                del work[skipped]
                 message.queued = False
+            elif piece is None:
+                # only repair symbols larger than this path's datagrams are left (a
+                # smaller path joined after the message was cut): leave them to others
+                skipped += 1
             if piece is not None:
                 return piece
         return None
@@ -287,11 +312,16 @@ class OutboundQueue:
             message.acked.add(start, end)
         shape = message.shape
         ledger = message.blocks.get(block) if block >= 0 else None
-        if shape is not None and ledger is not None:
+        if block < 0:
+            message.range_acked(start, end)
+        elif shape is not None and ledger is not None:
             ledger.inflight -= 1
-            if symbol >= shape.block_k(block):
+            block_k = shape.block_k(block)
+            if symbol >= block_k:
                 ledger.acked_repairs.add(symbol)
-            if ledger.coded and ledger.have(shape, block, message.acked) >= shape.block_k(block):
+            else:
+                ledger.source_acked(symbol)
+            if ledger.coded and ledger.have(shape, block, message.acked) >= block_k:
                 # any k symbols rebuild the block at the receiver
                 message.acked.add(*shape.block_range(block))
                 del message.blocks[block]
@@ -323,6 +353,9 @@ class OutboundQueue:
         if message is not None:
             message.repairs.append((0, 1))
             message.acked.remove(0, 1)
+            ledger = message.blocks.get(0)
+            if ledger is not None:
+                ledger.count_by_range(0)
             message.acked_at = None
             self._add_backlog(message, 1)
             self._enqueue(message)

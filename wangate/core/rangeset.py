@@ -69,6 +69,18 @@ class RangeSet:
         i = bisect.bisect_right(self._starts, start) - 1
         return i >= 0 and self._ends[i] >= end
 
+    def covered_bytes(self, start: int, end: int) -> int:
+        """How many integers of [start, end) are in the set."""
+        if end <= start:
+            return 0
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(ends, start)  # first range ending after ``start``
+        count = 0
+        while i < len(starts) and starts[i] < end:
+            count += min(ends[i], end) - max(starts[i], start)
+            i += 1
+        return count
+
     def first_gap(self, start: int, end: int) -> tuple[int, int] | None:
         """The first sub-range of [start, end) not in the set, if any."""
         pos = start
