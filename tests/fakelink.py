@@ -33,6 +33,7 @@ from wangate.core.frames import (
     decode_datagram,
     encode_control,
 )
+from wangate.core.governor import BulkGovernor
 from wangate.core.message import MessageHeader, message_checksum
 from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
@@ -163,9 +164,11 @@ class SimulatedPair:
         auto_consume: bool = True,
         start_s: float = 1000.0,
         coding: CodingPolicy = NO_FEC,
+        governor: Callable[[], BulkGovernor] | None = None,
     ) -> None:
         self.now = start_s
         self.coding = coding
+        self.governor = governor
         self.tamper: Callable[[bytes], bytes] | None = None
         self.datagram_bytes = (
             dict(datagram_bytes)
@@ -181,6 +184,7 @@ class SimulatedPair:
                 inbox_window_bytes=inbox_window_bytes,
                 now=start_s,
                 coding=coding,
+                governor=governor() if governor else None,
             )
             for site in SITES
         }
@@ -261,6 +265,7 @@ class SimulatedPair:
             inbox_window_bytes=old.inbox_window_bytes,
             now=self.now,
             coding=self.coding,
+            governor=self.governor() if self.governor else None,
         )
         self.instance_ids[site] += 1
         # the new instance numbers its messages from 1 again, and holds nothing

@@ -13,6 +13,8 @@ from wangate.certs import create_ca, issue_site_certificate
 from wangate.config import (
     CompressionConfig,
     Config,
+    CriticalConfig,
+    FecConfig,
     LimitsConfig,
     MetricsConfig,
     PathConfig,
@@ -661,3 +663,35 @@ def test_example_configs_load(tmp_path: Path, pki: Path, name: str) -> None:
     assert [len(peer.paths) for peer in config.peers] == [3]
     assert [path.name for path in config.peers[0].paths] == ["fiber-a", "fiber-b", "internet"]
     assert config.peers[0].name == {"bj": "sh", "sh": "bj"}[config.site.name]
+
+
+def test_fec_and_critical_sections(conf_dir: Path) -> None:
+    defaults = load_text(conf_dir, MINIMAL)
+    assert defaults.fec == FecConfig(True, 64, 0, 16)
+    assert defaults.critical == CriticalConfig(8)
+    text = MINIMAL + (
+        "\n[fec]\nenabled = false\nk = 32\nmin_repair = 1\nmax_repair = 8\n"
+        "\n[critical]\nhost_delay_target_ms = 0\n"
+    )
+    config = load_text(conf_dir, text)
+    assert config.fec == FecConfig(False, 32, 1, 8)
+    assert config.critical == CriticalConfig(0)
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "fragment"),
+    [
+        ("[fec]\nk = 0", "fec.k", "1..128"),
+        ("[fec]\nmin_repair = 9\nmax_repair = 8", "fec.min_repair", "larger than fec.max_repair"),
+        ("[fec]\nenabled = 1", "fec.enabled", "expected a boolean"),
+        ("[critical]\nhost_delay_target_ms = -1", "critical.host_delay_target_ms", "0..10000"),
+        ("[critical]\nhost_delay_target_ms = 2.5", "critical.host_delay_target_ms", "integer"),
+        ("[critical]\ntarget = 3", "critical.target", "unknown key"),
+    ],
+)
+def test_fec_and_critical_errors(conf_dir: Path, section: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_text(conf_dir, MINIMAL + "\n" + section + "\n")
+    message = str(info.value)
+    assert message.startswith(f"{CONFIG_NAME}: {key}: "), message
+    assert fragment in message

@@ -378,3 +378,29 @@ def test_measurements_stay_within_their_bounds(
             assert est.min_rtt_s <= est.rtt_p99_s <= max(rtts)
         assert est.state(now).kind in ("up", "degraded", "down")
         assert math.isfinite(est.expected_delivery_s(1200, 0, now))
+
+
+def test_random_loss_rate_leaves_out_runs_of_three_or_more() -> None:
+    est = PathEstimator()
+    outcomes = "a" * 10 + "l" + "a" + "ll" + "a" + "lllll" + "a"  # runs of 1, 2 and 5
+    for i, outcome in enumerate(outcomes):
+        (est.on_acked if outcome == "a" else est.on_lost)(1000, 1.0 + i * 0.001)
+    assert est.loss_samples == 21
+    assert est.loss_rate == 8 / 21
+    assert est.random_loss_rate == 3 / 21  # the run of 5 is a burst
+    est.on_spurious_loss(1000, 2.0)  # the newest loss, one of the burst, was late
+    assert (est.loss_rate, est.random_loss_rate) == (7 / 21, 3 / 21)
+    est.forget_losses()
+    assert (est.loss_rate, est.random_loss_rate) == (0.0, 0.0)
+
+
+def test_random_loss_rate_forgets_bursts_that_leave_the_window() -> None:
+    est = PathEstimator(loss_window_packets=6)
+    for i in range(4):
+        est.on_lost(1000, 1.0 + i * 0.001)
+    est.on_acked(1000, 1.1)
+    est.on_lost(1000, 1.2)  # a new run of one: random
+    assert (est.loss_rate, est.random_loss_rate) == (5 / 6, 1 / 6)
+    for i in range(4):
+        est.on_acked(1000, 1.3 + i * 0.001)  # the burst leaves the window
+    assert (est.loss_rate, est.random_loss_rate) == (1 / 6, 1 / 6)

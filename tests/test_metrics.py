@@ -149,6 +149,7 @@ STATUS: dict[str, Any] = {
         "bytes_sent": 7000, "bytes_received": 8000, "messages_waiting": 1,
         "messages_in_flight": 2, "repair_datagrams": 3, "repair_bytes": 3600,
         "source_bytes": 9000, "fec_bytes": 2400, "fec_repair_per_block": 2,
+        "bulk_limit_bps": 40_000_000, "bulk_limit_cuts": 7,
     }},
 }  # fmt: skip
 
@@ -267,6 +268,14 @@ wangate_peer_messages_waiting{peer="sh"} 1
 # HELP wangate_peer_messages_in_flight Messages being sent.
 # TYPE wangate_peer_messages_in_flight gauge
 wangate_peer_messages_in_flight{peer="sh"} 2
+# HELP wangate_peer_bulk_limit_bits_per_second Bulk rate allowed while critical traffic flows \
+and the gateways are busy (0: no limit).
+# TYPE wangate_peer_bulk_limit_bits_per_second gauge
+wangate_peer_bulk_limit_bits_per_second{peer="sh"} 40000000
+# HELP wangate_peer_bulk_limit_cuts_total Times bulk was slowed down because the gateways \
+delayed critical traffic.
+# TYPE wangate_peer_bulk_limit_cuts_total counter
+wangate_peer_bulk_limit_cuts_total{peer="sh"} 7
 # HELP wangate_peer_messages_failed_total Messages that could not be delivered.
 # TYPE wangate_peer_messages_failed_total counter
 wangate_peer_messages_failed_total{peer="sh"} 1

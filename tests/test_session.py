@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -610,3 +611,17 @@ def test_a_lone_tiny_bulk_message_on_equal_paths_is_sent() -> None:
     )
     sent = send_many(pair, "bj", [0], seed=1)
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=5)
+
+
+def test_has_critical_for_names_the_critical_route_while_its_data_waits() -> None:
+    slow = LinkProfile(delay_s=0.010, rate_bps=2e6)
+    pair = SimulatedPair({"a": slow, "b": replace(slow, delay_s=0.040)}, seed=4)
+    pair.run_for(2.0)  # probes validate both paths; a is the faster one
+    session = pair.sessions["bj"]
+    assert session.path_snapshot("a", pair.now)["role"] == "critical"
+    payload = random.Random(1).randbytes(64 << 10)
+    msg_id = pair.submit("bj", make_header("layer0", payload, critical=True), payload)
+    assert session.has_critical_for("a") and not session.has_critical_for("b")
+    delivered = lambda: msg_id in pair.received["sh"]  # noqa: E731
+    assert pair.run_until(delivered, 5.0)
+    assert not session.has_critical_for("a") and not session.has_critical_for("b")

@@ -111,6 +111,15 @@ class FecConfig:
 
 
 @dataclass(frozen=True)
+class CriticalConfig:
+    """[critical]: protecting critical messages from bulk (wangate.core.governor)."""
+
+    # while critical traffic flows, bulk is slowed when the gateways' own delay (common to
+    # every path) exceeds this; 0 turns the limit off
+    host_delay_target_ms: int = 8
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     site: SiteConfig
@@ -120,6 +129,7 @@ class Config:
     compression: CompressionConfig
     metrics: MetricsConfig
     fec: FecConfig = FecConfig()
+    critical: CriticalConfig = CriticalConfig()
 
     def peer(self, name: str) -> PeerConfig:
         for peer in self.peers:
@@ -276,9 +286,8 @@ class _Parser:
     # -- sections -------------------------------------------------------------------
 
     def config(self, document: dict[str, Any]) -> Config:
-        self.table(
-            document, "", {"site", "tls"}, {"peers", "limits", "compression", "metrics", "fec"}
-        )
+        optional = {"peers", "limits", "compression", "metrics", "fec", "critical"}
+        self.table(document, "", {"site", "tls"}, optional)
         site = self.site(document["site"])
         tls = self.tls(document["tls"], site.name)
         peers = self.peers(document.get("peers", []), site)
@@ -291,7 +300,13 @@ class _Parser:
             compression=self.compression(document.get("compression", {})),
             metrics=self.metrics(document.get("metrics", {})),
             fec=self.fec(document.get("fec", {})),
+            critical=self.critical(document.get("critical", {})),
         )
+
+    def critical(self, value: object) -> CriticalConfig:
+        table = self.table(value, "critical", set(), {"host_delay_target_ms"})
+        target = table.get("host_delay_target_ms", CriticalConfig.host_delay_target_ms)
+        return CriticalConfig(self.integer(target, "critical.host_delay_target_ms", 0, 10_000))
 
     def fec(self, value: object) -> FecConfig:
         table = self.table(value, "fec", set(), {"enabled", "k", "min_repair", "max_repair"})

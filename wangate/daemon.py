@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import os
 import random
 import socket
@@ -30,6 +31,7 @@ from wangate.core.events import (
     PathStateChanged,
 )
 from wangate.core.frames import Hello
+from wangate.core.governor import BulkGovernor
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
@@ -89,6 +91,8 @@ class Gateway(LinkHost):
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
         now = time.monotonic()
+        target_ms = config.critical.host_delay_target_ms
+        host_delay_target_s = target_ms / 1000 if target_ms else math.inf
         self.peers: dict[str, PeerState] = {
             peer.name: PeerState(
                 PeerSession(
@@ -102,6 +106,7 @@ class Gateway(LinkHost):
                         min_repair=config.fec.min_repair,
                         max_repair=config.fec.max_repair,
                     ),
+                    governor=BulkGovernor(target_delay_s=host_delay_target_s),
                 )
             )
             for peer in config.peers

@@ -313,6 +313,12 @@ _PEER_VALUES: tuple[tuple[str, MetricKind, str, str], ...] = (
     ("wangate_peer_messages_waiting", "gauge", "Messages waiting for the peer's credit.",
      "messages_waiting"),
     ("wangate_peer_messages_in_flight", "gauge", "Messages being sent.", "messages_in_flight"),
+    ("wangate_peer_bulk_limit_bits_per_second", "gauge",
+     "Bulk rate allowed while critical traffic flows and the gateways are busy (0: no limit).",
+     "bulk_limit_bps"),
+    ("wangate_peer_bulk_limit_cuts_total", "counter",
+     "Times bulk was slowed down because the gateways delayed critical traffic.",
+     "bulk_limit_cuts"),
 )  # fmt: skip
 
 

@@ -267,6 +267,7 @@ class Lab:
                               f'local = "{address.local}"',
                               f'remote = "{address.remote}:{port}"', f"mtu = {address.mtu}"]
                 lines.append("")
+            lines.append(self.scenario.gateway_config)
             config = directory / f"{site}.toml"
             config.write_text("\n".join(lines))
             configs[site] = config

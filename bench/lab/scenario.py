@@ -100,6 +100,7 @@ class Scenario:
     timeline: tuple[TimelineEvent, ...]
     flows: tuple[Flow, ...]
     source: Path | None = None
+    gateway_config: str = ""  # TOML appended to every site's gateway config
 
     def path(self, name: str) -> PathSpec:
         for path in self.paths:
@@ -210,7 +211,7 @@ def load_scenario(path: str | Path) -> Scenario:
 def parse_scenario(data: dict[str, Any], source_name: str, source: Path | None = None) -> Scenario:
     top = _Reader(source_name, "", data)
     top.only({"name", "description", "seed", "duration_s", "mtu", "sites", "links", "timeline",
-              "workload"})
+              "workload", "gateway_config"})
     default_mtu = int(top.get("mtu", int, 1500))
     sites: list[str] = []
     for site in top.tables("sites"):
@@ -262,6 +263,7 @@ def parse_scenario(data: dict[str, Any], source_name: str, source: Path | None =
         timeline=timeline,
         flows=flows,
         source=source,
+        gateway_config=top.get("gateway_config", str, ""),
     )
 
 

@@ -29,6 +29,10 @@ from typing import Literal
 
 from wangate.errors import LocalProtocolError
 
+_DELIVERED, _LOST, _BURST_LOST = 0, 1, 2
+# Random loss of a few percent seldom loses 3 in a row (2 % loss: 1 run in 2500 losses).
+FEC_BURST_LOSSES = 3
+
 PathStateKind = Literal["up", "degraded", "down"]
 
 
@@ -112,9 +116,11 @@ class PathEstimator:
         self._last_transit_s: float | None = None
         self._jitter_s = 0.0
 
-        # Loss: outcome of the last loss_window_packets datagrams, True = lost.
-        self._outcomes: deque[bool] = deque(maxlen=loss_window_packets)
+        # Loss: outcome of the last loss_window_packets datagrams: _DELIVERED, _LOST, or
+        # _BURST_LOST (one of a run of at least ``fec_burst_losses``).
+        self._outcomes: deque[int] = deque(maxlen=loss_window_packets)
         self._lost_in_window = 0
+        self._burst_lost_in_window = 0
         self._consecutive_losses = 0
 
         # Delivery rate: (ack time, cumulative acked bytes) and a max filter of samples.
@@ -147,8 +153,8 @@ class PathEstimator:
         _check_size(size_bytes)
         self._lost_bytes += size_bytes
         self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
-        self._record_outcome(lost=True)
         self._consecutive_losses += 1
+        self._record_outcome(lost=True)
 
     def on_abandoned(self, size_bytes: int, now: float) -> None:
         """In flight when the path went down: no longer in flight, but no loss sample.
@@ -164,6 +170,7 @@ class PathEstimator:
         path's loss rate, and must not keep it degraded once it is back."""
         self._outcomes.clear()
         self._lost_in_window = 0
+        self._burst_lost_in_window = 0
         self._consecutive_losses = 0
 
     def on_spurious_loss(self, size_bytes: int, now: float) -> None:
@@ -178,8 +185,10 @@ class PathEstimator:
         self._consecutive_losses = 0
         outcomes = self._outcomes
         for i in range(len(outcomes) - 1, -1, -1):
-            if outcomes[i]:
-                outcomes[i] = False
+            if outcomes[i] != _DELIVERED:
+                if outcomes[i] == _BURST_LOST:
+                    self._burst_lost_in_window -= 1
+                outcomes[i] = _DELIVERED
                 self._lost_in_window -= 1
                 break
 
@@ -261,6 +270,19 @@ class PathEstimator:
         if not self._outcomes:
             return 0.0
         return self._lost_in_window / len(self._outcomes)
+
+    @property
+    def random_loss_rate(self) -> float:
+        """``loss_rate`` without losses in runs of ``FEC_BURST_LOSSES`` or more.
+
+        What FEC is sized for. A run is a queue overflowing (our own startup, a
+        competing flow) or an outage: a repair symbol or two per block cannot rebuild
+        it, and paying for them on every block would cost more than the selective
+        repair that does.
+        """
+        if not self._outcomes:
+            return 0.0
+        return (self._lost_in_window - self._burst_lost_in_window) / len(self._outcomes)
 
     @property
     def loss_samples(self) -> int:
@@ -375,11 +397,26 @@ class PathEstimator:
             self._min_filter.popleft()
 
     def _record_outcome(self, *, lost: bool) -> None:
-        if len(self._outcomes) == self._outcomes.maxlen and self._outcomes[0]:
+        outcomes = self._outcomes
+        if len(outcomes) == outcomes.maxlen and outcomes[0] != _DELIVERED:
             self._lost_in_window -= 1
-        self._outcomes.append(lost)
-        if lost:
-            self._lost_in_window += 1
+            if outcomes[0] == _BURST_LOST:
+                self._burst_lost_in_window -= 1
+        if not lost:
+            outcomes.append(_DELIVERED)
+            return
+        self._lost_in_window += 1
+        run = self._consecutive_losses
+        if run < FEC_BURST_LOSSES:
+            outcomes.append(_LOST)
+            return
+        outcomes.append(_BURST_LOST)
+        self._burst_lost_in_window += 1
+        if run == FEC_BURST_LOSSES:  # the run's earlier losses were counted as random
+            for i in range(2, min(run, len(outcomes)) + 1):
+                if outcomes[-i] == _LOST:
+                    outcomes[-i] = _BURST_LOST
+                    self._burst_lost_in_window += 1
 
     def _sample_rate(self, now: float) -> None:
         history = self._ack_history

@@ -42,6 +42,7 @@ from wangate.core.frames import (
     encode_repair,
     encode_shard,
 )
+from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
@@ -68,6 +69,7 @@ class PeerSession:
         inbox_window_bytes: int,
         now: float,
         coding: CodingPolicy | None = None,
+        governor: BulkGovernor | None = None,
     ) -> None:
         self.local_site = local_site
         self.peer = peer
@@ -89,6 +91,7 @@ class PeerSession:
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
         self._last_critical_at = -CRITICAL_ACTIVE_S
+        self._governor = governor or BulkGovernor()
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
@@ -260,6 +263,13 @@ class PeerSession:
             return encode_probe(seq, int(now * 1e9))
         return None
 
+    def has_critical_for(self, path: str) -> bool:
+        """Whether critical work (or a duplicate of it) waits that ``path`` would carry."""
+        queue, scheduler = self._queue, self._scheduler
+        if queue.has_critical_work and scheduler.takes_critical(path, self._usable()):
+            return True
+        return bool(scheduler.duplicates) and scheduler.duplicate_target() == path
+
     def _usable(self) -> dict[str, bool]:
         return {n: s.usable and n not in self._closed for n, s in self._senders.items()}
 
@@ -281,8 +291,15 @@ class PeerSession:
         piece = scheduler.take_duplicate(path)
         if piece is not None:
             return piece
+        if not queue.has_bulk_work:
+            return None
         critical_active = now - self._last_critical_at < CRITICAL_ACTIVE_S
-        if queue.has_bulk_work and scheduler.bulk_helps(
+        governor = self._governor
+        if now >= governor.next_update_at:
+            senders = self._senders
+            delay_s = common_delay_s(senders[n].estimator for n, ok in usable.items() if ok)
+            governor.update(now, delay_s, critical_active)
+        if governor.allows(now) and scheduler.bulk_helps(
             path,
             self._estimators(),
             usable,
@@ -291,7 +308,10 @@ class PeerSession:
             now,
             critical_active,
         ):
-            return queue.take(max_bytes, critical=False)
+            piece = queue.take(max_bytes, critical=False)
+            if piece is not None:
+                governor.on_bulk_sent(max_bytes)  # CPU is spent per datagram, full or not
+            return piece
         return None
 
     def _reselect(self, now: float) -> None:
@@ -311,9 +331,9 @@ class PeerSession:
             return
         senders = [self._senders[n] for n in open_paths]
         queue.symbol_bytes = min(s.datagram_bytes for s in senders) - REPAIR_HEADER_BYTES
-        # loss seen by a block spread over the paths in proportion to their rates
+        # random loss seen by a block spread over the paths in proportion to their rates
         rates = [s.estimator.planning_rate_bps for s in senders]
-        loss = sum(s.estimator.loss_rate * r for s, r in zip(senders, rates, strict=True))
+        loss = sum(s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True))
         loss /= sum(rates)
         queue.repair_count = parity_for_loss(
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
@@ -473,6 +493,9 @@ class PeerSession:
         deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
         if self._queue.messages:
             deadlines.append(self._done_check_at)
+            bulk_at = self._governor.next_allowed_at()
+            if bulk_at is not None and self._queue.has_bulk_work:
+                deadlines.append(bulk_at)
         for name, sender in self._senders.items():
             if name in self._closed:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
@@ -555,4 +578,7 @@ class PeerSession:
             "fec_repair_per_block": queue.repair_count,
             "blocks_decoded": inbound.blocks_decoded,
             "peer_granted_bytes": self._peer_granted,
+            # bulk's rate while critical traffic flows and the hosts are busy (0: no limit)
+            "bulk_limit_bps": int(self._governor.rate_bps or 0),
+            "bulk_limit_cuts": self._governor.cuts,
         }

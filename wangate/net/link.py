@@ -19,6 +19,7 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
 from wangate.errors import AuthenticationError, RemoteProtocolError, WangateError
+from wangate.net.pacing import install_burstable_pacer
 from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class PathLink(QuicConnectionProtocol):
         self._hello_sent = False
         self._protocol_errors = 0
         self._closed_reported = False
+        self._pacer = install_burstable_pacer(quic._loss)
 
     @property
     def dialer_site(self) -> str:
@@ -220,12 +222,15 @@ class PathLink(QuicConnectionProtocol):
             if control:
                 quic.send_stream_data(CONTROL_STREAM_ID, control)
             added = 0
+            # unpaced while critical data waits: what is pulled now must not wait for it
+            critical = session.has_critical_for(path)
             while len(pending) < PENDING_LOW_WATER:
                 datagram = session.datagram_to_send(path, now)
                 if datagram is None:
                     break
                 quic.send_datagram_frame(datagram)
                 added += 1
+            self._pacer.burst = critical or session.has_critical_for(path)
             super().transmit()
             if added == 0 or pending:
                 break  # nothing more to send, or aioquic's window/pacer is full
