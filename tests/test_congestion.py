@@ -295,6 +295,19 @@ def test_startup_exits_on_congestion_loss_from_a_shallow_buffer() -> None:
     assert _goodput_bps(sim.flows[0], 3.0) > 0.6 * RATE_BPS
 
 
+def test_startup_leaves_on_loss_without_waiting_for_the_round_to_end() -> None:
+    # judged only at round ends, Startup lost 174 packets to a 1.25-BDP buffer in its
+    # first second: the round it waited for doubled the window once more
+    cc = _wangate()
+    flow = Flow(cc)
+    sim = Simulation(Link(buffer_bytes=1.25 * BDP), [flow])
+    sim.run(1.0)
+    assert cc.filled_pipe and cc.congestion_events == 1
+    assert flow.lost <= 100
+    sim.run(5.0)
+    assert cc.btl_bw_bps == pytest.approx(RATE_BPS, rel=0.05)
+
+
 def test_shares_a_bottleneck_with_reno() -> None:
     # BBR v1-style cycling and the RTT clamp leave a loss-based flow its share
     ours = _wangate()

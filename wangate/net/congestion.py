@@ -28,7 +28,8 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   lowest RTT is above ``min_rtt x QUEUE_RTT_FACTOR`` (a standing queue). Congestion cuts
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
-  few percent leaves the model alone. Persistent congestion (RFC 9002 §7.6) drops the
+  few percent leaves the model alone. In Startup, 8 lost packets at a congestion rate
+  end it at once rather than at the round's end. Persistent congestion (RFC 9002 §7.6) drops the
   window to the minimum; it regrows by the bytes acked, the model is kept.
 
 Pure: aioquic passes ``now``; nothing here reads a clock or does I/O. Importing the
@@ -74,6 +75,7 @@ HIGH_LOSS_RATE = 0.15
 QUEUE_LOSS_RATE = 0.02
 QUEUE_RTT_FACTOR = 1.25
 LOSS_MIN_PACKETS = 3
+STARTUP_LOSS_MIN_PACKETS = 8  # 2 % random loss needs a 400-packet round to reach this
 LOSS_BETA = 0.7
 APP_LIMITED_FRACTION = 0.5  # sending with less than this much of cwnd in flight
 SRTT_WEIGHT = 0.125  # RFC 9002 §5.3
@@ -250,7 +252,15 @@ class WangateCongestionControl(QuicCongestionControl):
                 self._round_lost_packets += 1
                 self._round_lost_bytes += packet.sent_bytes
         # judged when the round ends (_start_round): early in a round a few random
-        # losses against few acks would look like a high loss rate
+        # losses against few acks would look like a high loss rate. Startup is the
+        # exception once the losses are many: it doubles its window every round, so a
+        # round's wait overfills the bottleneck's buffer twice over.
+        if (
+            self.state == STARTUP
+            and self._round_lost_packets >= STARTUP_LOSS_MIN_PACKETS
+            and self._is_congestion()
+        ):
+            self._on_congestion(now)
 
     def on_persistent_congestion(self) -> None:
         self.congestion_window = self.min_window
