@@ -164,8 +164,10 @@ def _goodput_bps(flow: Flow, seconds: float) -> float:
 
 
 def test_startup_grows_exponentially_then_settles_at_bdp() -> None:
+    # 16x the usual rate: from the 64-datagram initial window, several rounds to the BDP
+    rate_bps, bdp = 16 * RATE_BPS, 16 * BDP
     cc = _wangate()
-    sim = Simulation(Link(buffer_bytes=2 * BDP), [Flow(cc)])
+    sim = Simulation(Link(rate_bps=rate_bps, buffer_bytes=2 * bdp), [Flow(cc)])
     windows: list[int] = []  # the window as each round trip starts
 
     def observe(s: Simulation) -> None:
@@ -175,7 +177,7 @@ def test_startup_grows_exponentially_then_settles_at_bdp() -> None:
     sim.run(0.3, observe)
     # slow-start-like while below the BDP: pacing at cwnd / srtt keeps it a little under
     # doubling per round, but never linear
-    growing = [w for w in windows if w < BDP]
+    growing = [w for w in windows if w < bdp]
     assert len(growing) >= 4
     for before, after in itertools.pairwise(growing):
         assert after >= 1.4 * before
@@ -183,10 +185,10 @@ def test_startup_grows_exponentially_then_settles_at_bdp() -> None:
     sim.run(3.0)
     assert cc.state == PROBE_BW
     assert cc.filled_pipe
-    assert cc.btl_bw_bps == pytest.approx(RATE_BPS, rel=0.1)
+    assert cc.btl_bw_bps == pytest.approx(rate_bps, rel=0.1)
     assert cc.min_rtt_s == pytest.approx(BASE_RTT_S, rel=0.05)
-    assert 0.9 * BDP <= cc.congestion_window <= 2 * BDP
-    assert _goodput_bps(sim.flows[0], 3.0) > 0.8 * RATE_BPS
+    assert 0.9 * bdp <= cc.congestion_window <= 2 * bdp
+    assert _goodput_bps(sim.flows[0], 3.0) > 0.8 * rate_bps
 
 
 def test_one_percent_random_loss_keeps_window_near_bdp_and_reno_does_not() -> None:
@@ -347,7 +349,7 @@ def test_persistent_congestion_collapses_then_regrows() -> None:
 def test_new_controller_starts_at_initial_window() -> None:
     cc = _wangate()
     assert cc.state == STARTUP
-    assert cc.congestion_window == 10 * MSS
+    assert cc.congestion_window == cc.initial_window == 64 * MSS
     assert cc.bytes_in_flight == 0
     assert cc.get_log_data()["state"] == STARTUP
 
