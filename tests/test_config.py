@@ -667,14 +667,15 @@ def test_example_configs_load(tmp_path: Path, pki: Path, name: str) -> None:
 
 def test_fec_and_critical_sections(conf_dir: Path) -> None:
     defaults = load_text(conf_dir, MINIMAL)
-    assert defaults.fec == FecConfig(True, 64, 0, 16)
+    assert defaults.fec == FecConfig(True, 64, 0, 16, 2)
     assert defaults.critical == CriticalConfig(8)
     text = MINIMAL + (
         "\n[fec]\nenabled = false\nk = 32\nmin_repair = 1\nmax_repair = 8\n"
+        "critical_min_repair = 4\n"
         "\n[critical]\nhost_delay_target_ms = 0\n"
     )
     config = load_text(conf_dir, text)
-    assert config.fec == FecConfig(False, 32, 1, 8)
+    assert config.fec == FecConfig(False, 32, 1, 8, 4)
     assert config.critical == CriticalConfig(0)
 
 
@@ -684,6 +685,7 @@ def test_fec_and_critical_sections(conf_dir: Path) -> None:
         ("[fec]\nk = 0", "fec.k", "1..128"),
         ("[fec]\nmin_repair = 9\nmax_repair = 8", "fec.min_repair", "larger than fec.max_repair"),
         ("[fec]\nenabled = 1", "fec.enabled", "expected a boolean"),
+        ("[fec]\ncritical_min_repair = 129", "fec.critical_min_repair", "0..128"),
         ("[critical]\nhost_delay_target_ms = -1", "critical.host_delay_target_ms", "0..10000"),
         ("[critical]\nhost_delay_target_ms = 2.5", "critical.host_delay_target_ms", "integer"),
         ("[critical]\ntarget = 3", "critical.target", "unknown key"),

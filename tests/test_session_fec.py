@@ -43,6 +43,28 @@ def test_clean_link_sends_the_minimum_repair_per_block_and_nothing_else() -> Non
     assert status["source_bytes"] == size
 
 
+def test_critical_blocks_get_at_least_the_critical_minimum() -> None:
+    # k=16, min 1, critical min 3: a bulk and a critical message of 40 symbols (3 blocks)
+    coding = CodingPolicy(k=16, min_repair=1, max_repair=16, critical_min_repair=3)
+    pair = SimulatedPair({"a": lossy(0.0)}, seed=2, coding=coding)
+    repairs: dict[int, int] = {}
+
+    def count_repairs(data: bytes) -> bytes:
+        if data[0] == DGRAM_REPAIR:
+            msg_id = decode_datagram(data).msg_id
+            repairs[msg_id] = repairs.get(msg_id, 0) + 1
+        return data
+
+    pair.tamper = count_repairs
+    symbol = 1200 - REPAIR_HEADER_BYTES
+    sent = send_many(pair, "bj", [40 * symbol - 200] * 2, seed=3, critical_every=2)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
+    assert_exactly_once_intact(pair, "bj", sent)
+    bulk_id, critical_id = sent
+    assert not sent[bulk_id][0].critical and sent[critical_id][0].critical
+    assert repairs == {bulk_id: 3 * 1, critical_id: 3 * 3}
+
+
 def test_random_loss_is_repaired_by_fec_without_resending_source_bytes() -> None:
     pair = SimulatedPair({"a": lossy(0.10), "b": lossy(0.10)}, seed=2, coding=FEC)
     sent = send_many(pair, "bj", [1_000_000, 200_000, 7, 50_000], seed=2)

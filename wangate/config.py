@@ -108,6 +108,7 @@ class FecConfig:
     k: int = 64
     min_repair: int = 0  # repair symbols per block, at least (even on a clean path)
     max_repair: int = 16  # ...and at most, however lossy the paths
+    critical_min_repair: int = 2  # at least this many per block of a critical message
 
 
 @dataclass(frozen=True)
@@ -309,7 +310,8 @@ class _Parser:
         return CriticalConfig(self.integer(target, "critical.host_delay_target_ms", 0, 10_000))
 
     def fec(self, value: object) -> FecConfig:
-        table = self.table(value, "fec", set(), {"enabled", "k", "min_repair", "max_repair"})
+        keys = {"enabled", "k", "min_repair", "max_repair", "critical_min_repair"}
+        table = self.table(value, "fec", set(), keys)
         default = FecConfig()
         enabled = self.typed(table.get("enabled", True), "fec.enabled", bool, "a boolean")
         k = self.integer(table.get("k", default.k), "fec.k", 1, 128)
@@ -317,7 +319,13 @@ class _Parser:
         high = self.integer(table.get("max_repair", default.max_repair), "fec.max_repair", 0, 128)
         if low > high:
             raise self.error("fec.min_repair", f"{low} is larger than fec.max_repair ({high})")
-        return FecConfig(enabled, k, low, high)
+        critical = self.integer(
+            table.get("critical_min_repair", default.critical_min_repair),
+            "fec.critical_min_repair",
+            0,
+            128,
+        )
+        return FecConfig(enabled, k, low, high, critical)
 
     def site(self, value: object) -> SiteConfig:
         table = self.table(value, "site", {"name", "socket"}, {"listen", "socket_mode"})

@@ -105,6 +105,7 @@ class Gateway(LinkHost):
                         k=config.fec.k if config.fec.enabled else 0,
                         min_repair=config.fec.min_repair,
                         max_repair=config.fec.max_repair,
+                        critical_min_repair=config.fec.critical_min_repair,
                     ),
                     governor=BulkGovernor(target_delay_s=host_delay_target_s),
                 )

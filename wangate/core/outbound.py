@@ -138,6 +138,9 @@ class CodingPolicy:
     k: int = 64
     min_repair: int = 0
     max_repair: int = 16
+    # a critical message's blocks get at least this many, so that one lost datagram
+    # costs no round trip before the route's loss shows in the estimates
+    critical_min_repair: int = 2
 
 
 class OutboundQueue:
@@ -245,7 +248,10 @@ class OutboundQueue:
         ledger = message.ledger(block)
         ledger.inflight += 1
         if index == shape.block_k(block) - 1:  # the block's sources are all out
-            self._queue_repairs(message, block, self.repair_count)
+            count = self.repair_count
+            if message.critical:
+                count = max(count, self.coding.critical_min_repair)
+            self._queue_repairs(message, block, count)
         return Piece(message, symbol_start, symbol_end, False, block, index)
 
     def _repair_symbol(self, message: OutboundMessage) -> Piece | None:
