@@ -42,6 +42,7 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.message import MessageHeader
+from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
@@ -625,3 +626,31 @@ def test_has_critical_for_names_the_critical_route_while_its_data_waits() -> Non
     delivered = lambda: msg_id in pair.received["sh"]  # noqa: E731
     assert pair.run_until(delivered, 5.0)
     assert not session.has_critical_for("a") and not session.has_critical_for("b")
+
+
+def _blackholed_critical_delay_s() -> tuple[float, float]:
+    """A critical message in flight on the route when it goes silent: seconds from the
+    route change to delivery, and from submission to the route change."""
+    fast = LinkProfile(delay_s=0.010, rate_bps=4e6)  # 64 KiB spends 130 ms on the wire
+    pair = SimulatedPair({"a": fast, "b": replace(fast, delay_s=0.030, rate_bps=100e6)}, seed=6)
+    pair.run_for(2.0)
+    assert pair.sessions["bj"].path_snapshot("a", pair.now)["role"] == "critical"
+    payload = random.Random(2).randbytes(64 << 10)
+    submitted = pair.now
+    msg_id = pair.submit("bj", make_header("layer0", payload, critical=True), payload)
+    pair.run_for(0.06)
+    pair.set_silent("a", True)
+    assert pair.run_until(lambda: msg_id in pair.received["sh"], 5.0)
+    delivered = pair.now
+    (moved_at, change), *_ = [
+        (t, e) for t, e in pair.events["bj"] if isinstance(e, RouteChanged) and t > submitted
+    ]
+    assert (change.previous, change.current) == ("a", "b")
+    assert pair.received["sh"][msg_id][1] == payload
+    return delivered - moved_at, moved_at - submitted
+
+
+def test_critical_data_on_a_route_that_goes_silent_is_repaired_on_the_new_route_at_once() -> None:
+    after_move_s, move_s = _blackholed_critical_delay_s()
+    assert move_s < 0.5
+    assert after_move_s < 0.05  # b's 30 ms one-way and a few ms on its wire

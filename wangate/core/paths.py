@@ -148,6 +148,10 @@ class PathSender:
     def take_all_inflight(self) -> list[SentDatagram]:
         return self._forget(list(self.inflight))
 
+    def give_up(self, seqs: list[int]) -> list[SentDatagram]:
+        """Stop waiting for these in-flight datagrams (their data goes elsewhere)."""
+        return self._forget([seq for seq in seqs if seq in self.inflight])
+
 
 @dataclass
 class PathReceiver:

@@ -321,7 +321,23 @@ class PeerSession:
         if change is not None:
             self._events.append(change)
             self._route_dirty = True
+            left = self._senders.get(change.previous or "")
+            if left is not None and left.estimator.state(now).kind != "up":
+                self._rescue_critical(left)
         self._adapt_coding(open_paths)
+
+    def _rescue_critical(self, sender: PathSender) -> None:
+        """The critical route left a path that went bad: the critical data still on it
+        is repaired on the new route now, not after the old path's timeout (a late
+        arrival is harmless; the receiver keeps the first copy)."""
+        messages = self._queue.messages
+        seqs = [
+            seq
+            for seq, sent in sender.inflight.items()
+            if sent.msg_id in messages and messages[sent.msg_id].critical
+        ]
+        if seqs:
+            self._requeue(sender, sender.give_up(seqs), outage=True)
 
     def _adapt_coding(self, open_paths: set[str]) -> None:
         """Symbol size fits every open path; repair count follows the measured loss."""
