@@ -267,6 +267,16 @@ def test_duplicates_go_to_the_secondary_when_the_current_path_loses() -> None:
     assert not sel.needs_duplicate()  # nowhere to duplicate to
 
 
+def test_duplicates_go_to_a_secondary_about_as_fast_as_the_current_path() -> None:
+    sel = validated("a", "b")
+    sel.update(0.0, {"a": view(20), "b": view(27.9)})  # within 40 %: either may be faster
+    assert sel.current == "a" and sel.needs_duplicate()
+    sel.update(0.01, {"a": view(20), "b": view(28.5)})
+    assert not sel.needs_duplicate()
+    sel.update(0.02, {"a": view(20), "b": view(27.9, "down")})
+    assert not sel.needs_duplicate()
+
+
 def test_critical_view_reads_the_estimator() -> None:
     est = PathEstimator()
     est.on_heard(0.0)

@@ -23,6 +23,10 @@ Rules, applied on every :meth:`CriticalPathSelector.update`:
   while another candidate is there (like a routing hold-down timer), so paths that a
   burst of our own traffic degrades in turn do not pass the route back and forth.
 
+* Duplicates: critical data also goes on the best other path (:meth:`secondary`) when
+  the route loses ``duplicate_loss_rate`` or more, or when that path is expected within
+  ``duplicate_within`` of the route (then jitter decides which is faster, not us).
+
 Paths are ranked up before degraded, then by expected delivery, then by name.
 """
 
@@ -100,6 +104,7 @@ class CriticalPathSelector:
         cooldown_s: float = 2.0,
         validation_probes: int = 3,
         duplicate_loss_rate: float = 0.001,
+        duplicate_within: float = 0.4,
     ) -> None:
         if margin < 0 or margin_s < 0 or dwell_s < 0 or cooldown_s < 0:
             raise LocalProtocolError("margin, margin_s, dwell_s and cooldown_s must be >= 0")
@@ -111,6 +116,7 @@ class CriticalPathSelector:
         self._cooldown_s = cooldown_s
         self._validation_probes = validation_probes
         self._duplicate_loss_rate = duplicate_loss_rate
+        self._duplicate_within = duplicate_within
         self._current: str | None = None
         self._switched_at: float | None = None
         self._probes_ok: dict[str, int] = {}
@@ -137,12 +143,18 @@ class CriticalPathSelector:
         return self._best(others)
 
     def needs_duplicate(self) -> bool:
-        """Whether the current path loses enough that critical data should also go on
-        :meth:`secondary`."""
+        """Whether critical data should also go on :meth:`secondary`: the current path
+        loses, or the secondary is expected within ``duplicate_within`` of it (jitter
+        or a change may make either one the faster, and the receiver keeps whichever
+        copy comes first, so the route's hysteresis costs no latency)."""
         view = self._views.get(self._current) if self._current is not None else None
-        if view is None or self.secondary() is None:
+        secondary = self.secondary()
+        if view is None or secondary is None:
             return False
-        return view.loss_rate >= self._duplicate_loss_rate
+        if view.loss_rate >= self._duplicate_loss_rate:
+            return True
+        other = self._views[secondary]
+        return other.expected_delivery_s <= view.expected_delivery_s * (1 + self._duplicate_within)
 
     def update(self, now: float, candidates: Mapping[str, PathView]) -> RouteChanged | None:
         self._views = dict(candidates)
