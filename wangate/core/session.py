@@ -199,7 +199,10 @@ class PeerSession:
                     )
                 )
                 continue
-            if self._started_bytes + message.body_len > self._peer_granted:
+            # A critical message may also use the slack the receiver keeps for one
+            # message beyond its window: it must not wait for bulk to be consumed.
+            slack = self._peer_max_message or 0 if message.critical else 0
+            if self._started_bytes + message.body_len > self._peer_granted + slack:
                 return
             self._waiting.popleft()
             self._started_bytes += message.body_len
