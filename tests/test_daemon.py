@@ -163,3 +163,25 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
             time.sleep(0.1)
         with lab["sh"].client() as gw:
             assert gw.paths()[0]["state"] == "down"  # the peer noticed at once
+
+
+def test_a_send_deadline_fails_the_message_when_the_peer_is_gone(tmp_path: Path) -> None:
+    with LoopbackSites(2, 1, directory=tmp_path, mtu=1500) as lab:
+        process = lab["sh"].process
+        assert process is not None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        with lab["bj"].client() as gw:
+            array = np.arange(10_000, dtype=np.float32)
+            sent_at = time.monotonic()
+            msg_id = gw.send("sh", "grad", array, deadline_s=0.5)
+            failures: list[str] = []
+            while time.monotonic() < sent_at + 10 and not failures:
+                time.sleep(0.05)
+                failures = gw.status()["peers"]["sh"]["recent_failures"]
+            assert time.monotonic() - sent_at >= 0.5
+            assert msg_id >= 1
+            assert len(failures) == 1
+            assert failures[0].startswith("deadline of 0.5 s passed before sh confirmed it (0 of ")
+            gw.send("bj", "self", array)  # the gateway goes on serving
+            assert np.array_equal(gw.recv("self", source="bj", timeout=5), array)

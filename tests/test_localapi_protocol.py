@@ -96,6 +96,16 @@ def test_send_request_decodes_to_exact_values() -> None:
     assert request == SendRequest(5, "sh", "layer3.grad", 12, False, b"\x01\x02", 99)
 
 
+def test_send_deadline_is_optional_and_a_positive_number() -> None:
+    request = decode_request(pack({**SEND, "deadline_s": 2}), 8)
+    assert request == SendRequest(5, "sh", "layer3.grad", 12, False, b"\x01\x02", 99, 2.0)
+    assert decode_request(pack({**SEND, "deadline_s": None}), 8) == decode_request(pack(SEND), 8)
+    # without a deadline the encoding is what it always was (the golden vectors hold)
+    plain = SendRequest(5, "sh", "t", 1, False, b"", 7)
+    assert b"deadline_s" not in encode_request(plain, 0)
+    assert b"deadline_s" in encode_request(SendRequest(5, "sh", "t", 1, False, b"", 7, 0.5), 0)
+
+
 def test_recv_request_nil_fields_and_integer_timeout() -> None:
     assert decode_request(pack(RECV), 0) == RecvRequest(6, "t", None, None, 1.5)
     request = decode_request(pack({**RECV, "source": "bj", "step": 3, "timeout_s": 2}), 0)
@@ -106,6 +116,7 @@ def test_recv_request_nil_fields_and_integer_timeout() -> None:
 @pytest.mark.parametrize("request_", [
     HelloRequest(0), PingRequest(2**32 - 1),
     SendRequest(1, "sh", "é" * 128, 2**63 - 1, True, b"", 2**32 - 1),
+    SendRequest(1, "sh", "t", 0, False, b"", 0, 0.125),
     RecvRequest(3, "x", "bj", 0, None), RecvRequest(4, "x", None, 7, 0.25),
 ])
 def test_requests_round_trip(request_: Any) -> None:
@@ -140,6 +151,12 @@ def bad(header: Any, payload_bytes: int = 0) -> FrameError:
         ({**SEND, "id": -1}, "bad_request", None),
         ({**SEND, "id": 2**32}, "bad_request", None),
         ({**SEND, "id": "5"}, "bad_request", None),
+        ({**SEND, "deadline_s": 0}, "bad_request", 5),
+        ({**SEND, "deadline_s": -1.0}, "bad_request", 5),
+        ({**SEND, "deadline_s": float("inf")}, "bad_request", 5),
+        ({**SEND, "deadline_s": "1"}, "bad_request", 5),
+        ({**SEND, "deadline_s": True}, "bad_request", 5),
+        ({**RECV, "deadline_s": 1.0}, "bad_request", 6),
         ({**RECV, "timeout_s": -1.0}, "bad_request", 6),
         ({**RECV, "timeout_s": float("nan")}, "bad_request", 6),
         ({**RECV, "timeout_s": float("inf")}, "bad_request", 6),
@@ -224,6 +241,9 @@ REQUEST_VECTORS = {
     "ping_request": (PingRequest(7), b""),
     "hello_request": (HelloRequest(1), b""),
     "send_request": (SendRequest(2, "sh", "layer3.grad", 12, False, META, CHECKSUM), PAYLOAD),
+    "send_deadline_request": (
+        SendRequest(2, "sh", "layer3.grad", 12, True, META, CHECKSUM, 0.5), PAYLOAD
+    ),
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
 }
 REPLY_VECTORS = {

@@ -681,3 +681,56 @@ def test_critical_message_does_not_wait_for_bulk_to_be_consumed() -> None:
         pair.consume("sh", msg_id)
     everything = {*bulk, second_id}
     assert pair.run_until(lambda: everything <= set(pair.received["sh"]), 10.0)
+
+
+def test_a_message_past_its_deadline_fails_once_and_is_no_longer_sent() -> None:
+    pair = SimulatedPair({"a": LOSSY}, seed=12)
+    pair.run_for(1.0)
+    pair.set_silent("a", True)  # nothing gets through any more
+    payload = random.Random(3).randbytes(50_000)
+    session = pair.sessions["bj"]
+    submitted = pair.now
+    header = make_header("g", payload)
+    msg_id = session.submit(header, payload, pair.now, deadline_at=pair.now + 0.5)
+    pair.run_until(lambda: bool(pair.events_of("bj", MessageFailed)), 2.0)
+    (failed_at, failure), *rest = [
+        (t, e) for t, e in pair.events["bj"] if isinstance(e, MessageFailed)
+    ]
+    assert rest == [] and failure.msg_id == msg_id
+    assert submitted + 0.5 <= failed_at < submitted + 0.5 + 0.01
+    assert failure.reason.startswith("deadline of 0.5 s passed before sh confirmed it (")
+    assert failure.reason.endswith(f" of {body_bytes(header, payload)} bytes acknowledged)")
+    sent_before = pair.wire["bj"].payload_sent[msg_id]
+    pair.set_silent("a", False)
+    pair.run_for(2.0)
+    assert pair.wire["bj"].payload_sent[msg_id] == sent_before  # given up: never sent again
+    assert msg_id not in pair.received["sh"]
+    assert session.status()["messages_in_flight"] == 0
+
+
+def test_a_deadline_also_ends_a_message_still_waiting_for_credit() -> None:
+    pair = SimulatedPair(
+        {"a": LOSSY}, seed=13, max_message_bytes=64 << 10, inbox_window_bytes=64 << 10,
+        auto_consume=False,
+    )
+    first = send_many(pair, "bj", [60_000], seed=5, critical_every=100)
+    assert pair.run_until(lambda: set(first) <= set(pair.received["sh"]), 3.0)
+    payload = bytes(60_000)  # does not fit until the first is consumed
+    msg_id = pair.sessions["bj"].submit(
+        make_header("late", payload), payload, pair.now, deadline_at=pair.now + 0.3
+    )
+    pair.run_for(1.0)
+    (failure,) = pair.events_of("bj", MessageFailed)
+    assert failure.msg_id == msg_id and "(0 of " in failure.reason
+    assert pair.sessions["bj"].status()["messages_waiting"] == 0
+
+
+def test_a_message_confirmed_in_time_does_not_fail() -> None:
+    pair = SimulatedPair({"a": LOSSY}, seed=14)
+    payload = random.Random(4).randbytes(30_000)
+    msg_id = pair.sessions["bj"].submit(
+        make_header("g", payload), payload, pair.now, deadline_at=pair.now + 2.0
+    )
+    assert pair.run_until(lambda: msg_id in pair.received["sh"], 1.5)
+    pair.run_for(3.0)
+    assert pair.events_of("bj", MessageFailed) == []

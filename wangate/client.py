@@ -155,9 +155,15 @@ def _recv_request(
 
 
 def _send_request(
-    peer: str, tag: str, step: int, critical: bool, meta: bytes, checksum: int
+    peer: str,
+    tag: str,
+    step: int,
+    critical: bool,
+    meta: bytes,
+    checksum: int,
+    deadline_s: float | None,
 ) -> Callable[[int], Request]:
-    return lambda rid: SendRequest(rid, peer, tag, step, critical, meta, checksum)
+    return lambda rid: SendRequest(rid, peer, tag, step, critical, meta, checksum, deadline_s)
 
 
 def _unix_socket() -> socket.socket:
@@ -204,10 +210,17 @@ class Client:
         step: int = 0,
         critical: bool = False,
         codec: str | None = None,
+        deadline_s: float | None = None,
     ) -> int:
-        """Hand ``array`` to the gateway for ``peer``; returns the message id once accepted."""
+        """Hand ``array`` to the gateway for ``peer``; returns the message id once accepted.
+
+        With ``deadline_s``, the gateway gives the message up if the peer has not
+        confirmed it that many seconds after acceptance (``status()``'s recent failures
+        say why); without, it keeps trying while the peer is there.
+        """
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        reply, _ = self._call(_send_request(peer, tag, step, critical, meta, checksum), payload)
+        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+        reply, _ = self._call(request, payload)
         return _field(reply, "message_id", int)
 
     def recv(
@@ -339,11 +352,11 @@ class AsyncClient:
         step: int = 0,
         critical: bool = False,
         codec: str | None = None,
+        deadline_s: float | None = None,
     ) -> int:
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        reply, _ = await self._call(
-            _send_request(peer, tag, step, critical, meta, checksum), payload
-        )
+        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+        reply, _ = await self._call(request, payload)
         return _field(reply, "message_id", int)
 
     async def recv(

@@ -389,6 +389,7 @@ class Gateway(LinkHost):
     # ------------------------------------------------------ GatewayService
 
     async def submit(self, submission: Submission) -> int:
+        arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
         if submission.peer == self.site_name:
             await self.inbox.deliver(local_delivery(self.site_name, submission))
             self.local_messages += 1
@@ -415,7 +416,13 @@ class Gateway(LinkHost):
             state.backlog_freed.clear()
             await state.backlog_freed.wait()
         try:
-            msg_id = state.session.submit(header, submission.payload, time.monotonic())
+            deadline_s = submission.deadline_s
+            msg_id = state.session.submit(
+                header,
+                submission.payload,
+                time.monotonic(),
+                deadline_at=None if deadline_s is None else arrived_at + deadline_s,
+            )
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="too_large") from exc
         self._touch(state)

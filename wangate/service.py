@@ -24,6 +24,7 @@ class Submission:
     meta: bytes  # tensor description from wangate.codec (dtype, shape, codec); opaque here
     payload: Buffer  # the tensor bytes as encoded by the client
     checksum: int  # CRC-32 of meta followed by payload, computed by the sending client
+    deadline_s: float | None = None  # give the message up if not confirmed by then
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ class OutboundMessage:
         "blocks",
         "body_len",
         "critical",
+        "deadline_at",
         "head",
         "msg_id",
         "next_offset",
@@ -55,6 +56,7 @@ class OutboundMessage:
         self.queued = False  # in the queue's work list
         self.started_at = 0.0
         self.acked_at: float | None = None  # every byte acknowledged (awaiting "done")
+        self.deadline_at: float | None = None  # the trainer's: give up if not done by then
         self.shape: CodingShape | None = None  # set when the first piece is taken
         self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
         self.repair_work: deque[int] = deque()  # one entry per repair symbol to send

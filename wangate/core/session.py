@@ -12,6 +12,7 @@ holds more than its inbox window plus one message.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable
 
@@ -92,6 +93,8 @@ class PeerSession:
         self._route_dirty = False  # tell the peer our critical route
         self._last_critical_at = -CRITICAL_ACTIVE_S
         self._governor = governor or BulkGovernor()
+        # (deadline, id, message) of messages submitted with one; done ones leave lazily
+        self._deadlines: list[tuple[float, int, OutboundMessage]] = []
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
@@ -163,7 +166,15 @@ class PeerSession:
 
     # ----------------------------------------------------------------- sending
 
-    def submit(self, header: MessageHeader, payload: Buffer, now: float) -> int:
+    def submit(
+        self,
+        header: MessageHeader,
+        payload: Buffer,
+        now: float,
+        *,
+        deadline_at: float | None = None,
+    ) -> int:
+        """Queue a message; with ``deadline_at`` it fails unless confirmed by then."""
         head = header.encode()
         size = len(head) + len(memoryview(payload).cast("B"))
         if size > self.max_message_bytes:
@@ -174,6 +185,9 @@ class PeerSession:
         self._next_msg_id += 1
         message = OutboundMessage(msg_id, head, payload, header.critical)
         message.started_at = now
+        if deadline_at is not None:
+            message.deadline_at = deadline_at
+            heapq.heappush(self._deadlines, (deadline_at, msg_id, message))
         if header.critical:
             self._last_critical_at = now
         if header.critical:
@@ -510,6 +524,11 @@ class PeerSession:
 
     def get_timer(self) -> float | None:
         deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
+        expiring = self._deadlines
+        while expiring and not self._pending(expiring[0][2]):
+            heapq.heappop(expiring)  # done or failed since: no wake-up for it
+        if expiring:
+            deadlines.append(expiring[0][0])
         if self._queue.messages:
             deadlines.append(self._done_check_at)
             bulk_at = self._governor.next_allowed_at()
@@ -530,7 +549,30 @@ class PeerSession:
                 deadlines.append(ack)
         return min(deadlines)
 
+    def _pending(self, message: OutboundMessage) -> bool:
+        return self._queue.messages.get(message.msg_id) is message or message in self._waiting
+
+    def _expire_deadlines(self, now: float) -> None:
+        expiring = self._deadlines
+        while expiring and expiring[0][0] <= now:
+            deadline_at, msg_id, message = heapq.heappop(expiring)
+            if not self._pending(message):
+                continue
+            if message in self._waiting:
+                self._waiting.remove(message)
+            else:
+                self._queue.drop(msg_id)
+            acked = message.acked.covered_bytes(0, message.body_len)
+            self._events.append(
+                MessageFailed(
+                    msg_id,
+                    f"deadline of {deadline_at - message.started_at:.3g} s passed before "
+                    f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)",
+                )
+            )
+
     def handle_timer(self, now: float) -> None:
+        self._expire_deadlines(now)
         if now >= self._credit_refresh_at:
             self._credit_refresh_at = now + CREDIT_REFRESH_S
             self._credit_dirty.update(self._senders)

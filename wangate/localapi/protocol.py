@@ -43,6 +43,7 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "ping": frozenset({"op", "id"}),
     "reset_path": frozenset({"op", "id", "peer", "path"}),
 }
+OPTIONAL_KEYS: dict[str, frozenset[str]] = {"send": frozenset({"deadline_s"})}
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
 # Error codes that leave the stream unusable: the reader cannot find the next frame.
@@ -89,6 +90,7 @@ class SendRequest:
     critical: bool
     meta: bytes
     checksum: int
+    deadline_s: float | None = None  # fail the message if not delivered by then
 
 
 @dataclass(frozen=True)
@@ -239,9 +241,10 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
     if op not in REQUEST_KEYS:
         raise FrameError("unknown_op", f"unknown op {op!r}; known: {', '.join(OPS)}", rid)
     expected = REQUEST_KEYS[op]
-    if header.keys() != expected:
+    allowed = expected | OPTIONAL_KEYS.get(op, frozenset())
+    if not expected <= header.keys() <= allowed:
         missing = sorted(expected - header.keys())
-        extra = sorted(header.keys() - expected)
+        extra = sorted(header.keys() - allowed)
         raise FrameError(
             "bad_request", f"{op}: missing keys {missing}, unexpected keys {extra}", rid
         )
@@ -255,6 +258,11 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             raise FrameError("bad_request", "'meta' must be msgpack bin", rid)
         if type(header["critical"]) is not bool:
             raise FrameError("bad_request", "'critical' must be a boolean", rid)
+        deadline_s = header.get("deadline_s")
+        if deadline_s is not None and (
+            type(deadline_s) not in (int, float) or not math.isfinite(deadline_s) or deadline_s <= 0
+        ):
+            raise FrameError("bad_request", "'deadline_s' must be a number > 0 or nil", rid)
         return SendRequest(
             rid,
             _name(header, "peer", rid),
@@ -263,6 +271,7 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             header["critical"],
             meta,
             _int(header, "checksum", rid, MAX_CHECKSUM),
+            None if deadline_s is None else float(deadline_s),
         )
     if op == "recv":
         timeout_s = header["timeout_s"]
@@ -295,7 +304,7 @@ def request_header(request: Request) -> dict[str, Any]:
             "op": "send", "id": request.request_id, "peer": request.peer, "tag": request.tag,
             "step": request.step, "critical": request.critical, "meta": request.meta,
             "checksum": request.checksum,
-        }
+        } | ({} if request.deadline_s is None else {"deadline_s": request.deadline_s})
     if isinstance(request, RecvRequest):
         return {
             "op": "recv", "id": request.request_id, "tag": request.tag,

@@ -215,6 +215,7 @@ class _Connection:
                     meta=request.meta,
                     payload=payload,
                     checksum=request.checksum,
+                    deadline_s=request.deadline_s,
                 )
             )
             return ok_reply(rid, message_id=message_id), b""
