@@ -734,3 +734,25 @@ def test_a_message_confirmed_in_time_does_not_fail() -> None:
     assert pair.run_until(lambda: msg_id in pair.received["sh"], 1.5)
     pair.run_for(3.0)
     assert pair.events_of("bj", MessageFailed) == []
+
+
+def test_an_abandoned_message_expires_at_the_receiver_and_its_credit_comes_back() -> None:
+    slow = LinkProfile(delay_s=0.010, rate_bps=200e3)  # 60 kB take 2.4 s on the wire
+    pair = SimulatedPair({"a": slow}, seed=15, max_message_bytes=64 << 10,
+                         inbox_window_bytes=64 << 10)
+    rng = random.Random(6)
+    first, second = rng.randbytes(60_000), rng.randbytes(60_000)
+    bj = pair.sessions["bj"]
+    first_id = bj.submit(make_header("a", first), first, pair.now, deadline_at=pair.now + 0.5)
+    second_id = pair.submit("bj", make_header("b", second), second)  # waits for credit
+    abandoned_at = pair.now + 0.5
+    pair.run_until(lambda: bool(pair.events_of("bj", MessageFailed)), 1.0)
+    assert [e.msg_id for e in pair.events_of("bj", MessageFailed)] == [first_id]
+    pair.run_for(55.0)
+    assert second_id not in pair.received["sh"]  # the partial first still holds the window
+    assert pair.run_until(lambda: second_id in pair.received["sh"], 20.0)
+    assert pair.received["sh"][second_id][1] == second
+    (dropped,) = pair.events_of("sh", MessageDropped)
+    assert dropped.msg_id == first_id and "no data for 60 s" in dropped.reason
+    assert abandoned_at + 60.0 <= pair.now < abandoned_at + 60.0 + 3.0
+    assert [e.msg_id for e in pair.events_of("bj", MessageFailed)] == [first_id]

@@ -38,7 +38,7 @@ class MessageFailed:
 
 @dataclass(frozen=True)
 class MessageDropped:
-    """A message from the peer was discarded (bad checksum, malformed, too large)."""
+    """A message from the peer was discarded (bad checksum, malformed, too large, expired)."""
 
     msg_id: int
     reason: str

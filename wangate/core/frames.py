@@ -308,6 +308,7 @@ class RouteChosen:
 REJECT_TOO_LARGE = 1
 REJECT_CHECKSUM = 2
 REJECT_MALFORMED = 3
+REJECT_EXPIRED = 4  # no byte arrived for the receiver's idle timeout: sender gone quiet
 
 ControlFrame = Hello | Ack | Credit | MessageRejected | RouteChosen | MessagesDone | RepairRequested
 

@@ -7,16 +7,22 @@ once every byte is there and its checksum matches; the sender is then told it is
 If a message whose blocks were rebuilt by FEC fails its checksum, those blocks are
 thrown away and asked for again by range (``RepairRequested``): a corrupt block is
 repaired, never delivered.
+
+A message still being assembled that makes no progress (no new byte, no new repair
+symbol) for ``idle_timeout_s`` is dropped as expired: its sender gave up on it or went
+quiet, and its bytes must not hold the window forever.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import math
+from collections import OrderedDict, deque
 
 from wangate.core.coding import CodingShape, InboundCoding
 from wangate.core.events import Event, MessageDropped, MessageReceived
 from wangate.core.frames import (
     REJECT_CHECKSUM,
+    REJECT_EXPIRED,
     REJECT_MALFORMED,
     REJECT_TOO_LARGE,
     MessageRejected,
@@ -26,27 +32,48 @@ from wangate.core.frames import (
 )
 from wangate.core.message import verify_body
 from wangate.core.rangeset import RangeSet
-from wangate.errors import ChecksumError, RemoteProtocolError
+from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MAX_DONE_PENDING = 4096
+DEFAULT_IDLE_TIMEOUT_S = 60.0
 
 
 class InboundMessage:
-    __slots__ = ("body", "coding", "received", "started_at")
+    __slots__ = ("body", "coding", "progressed_at", "received", "started_at")
 
     def __init__(self, size_bytes: int, now: float) -> None:
         self.body = bytearray(size_bytes)
         self.received = RangeSet()
         self.started_at = now
+        self.progressed_at = now  # last new byte or repair symbol (or creation)
         self.coding: InboundCoding | None = None
 
 
 class Reassembly:
-    def __init__(self, max_message_bytes: int, window_bytes: int, events: deque[Event]) -> None:
+    """The receiving half of one peer's messages.
+
+    ``now`` passed to the methods must never go backwards (a monotonic clock).
+    """
+
+    def __init__(
+        self,
+        max_message_bytes: int,
+        window_bytes: int,
+        events: deque[Event],
+        *,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    ) -> None:
+        if not 0.0 < idle_timeout_s < math.inf:
+            raise LocalProtocolError(
+                f"inbound idle timeout must be a positive number of seconds, not {idle_timeout_s}"
+            )
         self.max_message_bytes = max_message_bytes
         self.window_bytes = window_bytes
+        self.idle_timeout_s = idle_timeout_s
         self._events = events
-        self.inbound: dict[int, InboundMessage] = {}
+        # in progress, least recently progressed first (``_progressed`` moves to the end),
+        # so the first one is the next to expire: expire/next_expiry are O(1) amortised
+        self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
         self.completed = RangeSet()  # message ids delivered
         self.rejected = RangeSet()  # message ids dropped: acknowledged, never confirmed
         self.held_bytes = 0  # in progress + delivered and not yet consumed
@@ -93,6 +120,7 @@ class Reassembly:
         end = shard.offset + len(shard.data)
         new_bytes = message.received.add(shard.offset, end)
         if new_bytes:
+            self._progressed(shard.msg_id, message, now)
             message.body[shard.offset : end] = shard.data
             coding = message.coding
             if coding is not None and coding.decoders:
@@ -113,10 +141,18 @@ class Reassembly:
             raise RemoteProtocolError(f"message {repair.msg_id}: repair symbols changed shape")
         start, end = shape.block_range(repair.block)
         if not message.received.covers(start, end):
+            decoder = message.coding.decoders.get(repair.block)
+            held = 0 if decoder is None else decoder.symbol_count
             message.coding.add_repair(repair.block, repair.index, repair.data)
+            if message.coding.decoders[repair.block].symbol_count > held:
+                self._progressed(repair.msg_id, message, now)
             self._decode(message, repair.block)
             self._maybe_finish(repair.msg_id, message)
         return True
+
+    def _progressed(self, msg_id: int, message: InboundMessage, now: float) -> None:
+        message.progressed_at = now
+        self.inbound.move_to_end(msg_id)
 
     def _decode(self, message: InboundMessage, block: int) -> None:
         assert message.coding is not None
@@ -155,6 +191,41 @@ class Reassembly:
         self.messages_received += 1
         self.bytes_received += len(message.body)
         self._events.append(MessageReceived(msg_id, header, payload, len(message.body)))
+
+    # -------------------------------------------------------------- expiry
+
+    def next_expiry(self) -> float | None:
+        """When ``expire`` will next drop a message (None: nothing in progress). O(1)."""
+        for message in self.inbound.values():  # the least recently progressed
+            return message.progressed_at + self.idle_timeout_s
+        return None
+
+    def restart_clocks(self, now: float) -> None:
+        """No path to the peer works: nothing can make progress, so nothing is idle."""
+        for message in self.inbound.values():
+            message.progressed_at = now
+
+    def expire(self, now: float) -> None:
+        """Drop every message that made no progress for ``idle_timeout_s`` (at ``now``).
+
+        Like a checksum failure: its bytes leave the window and count as consumed (the
+        sender gets that credit back), later datagrams of it are acknowledged and
+        ignored, and the sender is told with ``MessageRejected`` (``REJECT_EXPIRED``).
+        O(1) amortised: each message expires once.
+        """
+        inbound = self.inbound
+        while inbound:
+            msg_id = next(iter(inbound))
+            message = inbound[msg_id]
+            if now < message.progressed_at + self.idle_timeout_s:
+                return
+            reason = (
+                f"no data for {self.idle_timeout_s:g} s: abandoned by its sender? "
+                f"({message.received.total()} of {len(message.body)} bytes received)"
+            )
+            self._drop(msg_id, message, REJECT_EXPIRED, reason)
+
+    # ------------------------------------------------------------- dropping
 
     def _drop(self, msg_id: int, message: InboundMessage, code: int, reason: str) -> None:
         del self.inbound[msg_id]

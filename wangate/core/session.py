@@ -524,6 +524,10 @@ class PeerSession:
 
     def get_timer(self) -> float | None:
         deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
+        if self._hearing_peer():
+            expiry = self._inbound.next_expiry()
+            if expiry is not None:
+                deadlines.append(expiry)
         expiring = self._deadlines
         while expiring and not self._pending(expiring[0][2]):
             heapq.heappop(expiring)  # done or failed since: no wake-up for it
@@ -571,8 +575,19 @@ class PeerSession:
                 )
             )
 
+    def _hearing_peer(self) -> bool:
+        return any(s.usable and n not in self._closed for n, s in self._senders.items())
+
     def handle_timer(self, now: float) -> None:
         self._expire_deadlines(now)
+        inbound = self._inbound
+        if not self._hearing_peer():
+            inbound.restart_clocks(now)  # an outage does not make the peer's messages idle
+        elif inbound.inbound:
+            dropped = len(inbound.rejections)
+            inbound.expire(now)
+            if len(inbound.rejections) > dropped:
+                self._credit_dirty.update(self._senders)  # their bytes count as consumed
         if now >= self._credit_refresh_at:
             self._credit_refresh_at = now + CREDIT_REFRESH_S
             self._credit_dirty.update(self._senders)
