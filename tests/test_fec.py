@@ -3,7 +3,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections import Counter
 from fractions import Fraction
 
 import pytest
@@ -15,7 +14,6 @@ from wangate.core.fec import (
     BlockDecoder,
     BlockEncoder,
     block_loss_probability,
-    interleave_order,
     parity_for_loss,
 )
 from wangate.errors import LocalProtocolError
@@ -237,29 +235,3 @@ def test_parity_meets_target_and_is_minimal(loss: float, k: int) -> None:
         assert block_loss_probability(rounded, k, m) < 1e-3
     if m > 0:
         assert block_loss_probability(rounded, k, m - 1) >= 1e-3
-
-
-# ------------------------------------------------------------------ interleaving
-
-
-@settings(deadline=None)
-@given(st.integers(1, 10), st.integers(1, 30))
-def test_interleaving_spreads_any_burst(blocks: int, k_plus_m: int) -> None:
-    order = interleave_order(blocks, k_plus_m)
-    assert sorted(order) == [(b, i) for b in range(blocks) for i in range(k_plus_m)]
-    sequence = [block for block, _ in order]
-    for burst in range(1, len(order) + 1):
-        bound = math.ceil(burst / blocks)
-        hits = Counter(sequence[:burst])
-        worst = max(hits.values())
-        for start in range(1, len(order) - burst + 1):  # slide the burst along
-            hits[sequence[start - 1]] -= 1
-            hits[sequence[start + burst - 1]] += 1
-            worst = max(worst, hits[sequence[start + burst - 1]])
-        assert worst <= bound
-
-
-def test_interleaving_order_is_round_robin() -> None:
-    assert interleave_order(3, 2) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
-    with pytest.raises(LocalProtocolError):
-        interleave_order(0, 4)

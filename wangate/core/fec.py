@@ -14,8 +14,7 @@ built for, so every encoder and decoder here is built for ``MAX_SYMBOLS`` and an
 repair index below it works without agreeing on a parity count in advance. Encoder
 and decoder objects are cached per ``k``.
 
-``parity_for_loss`` picks the repair count from the binomial tail; ``interleave_order``
-spreads several blocks over time so a burst costs each block only a little.
+``parity_for_loss`` picks the repair count from the binomial tail.
 """
 
 from __future__ import annotations
@@ -252,17 +251,3 @@ def _parity_cached(quanta: int, k: int, target: float, floor: int, ceiling: int)
         if block_loss_probability(loss_rate, k, m) < target:
             return m
     return max(floor, ceiling)
-
-
-# ---------------------------------------------------------------- interleaving
-
-
-def interleave_order(blocks: int, k_plus_m: int) -> list[tuple[int, int]]:
-    """(block, symbol index) pairs in sending order, blocks taken round-robin.
-
-    Consecutive sends cycle through all blocks, so a burst of ``b`` consecutive
-    losses removes at most ``ceil(b / blocks)`` symbols from any one block.
-    """
-    if blocks < 1 or k_plus_m < 1:
-        raise LocalProtocolError(f"cannot interleave {blocks} blocks of {k_plus_m} symbols")
-    return [(block, index) for index in range(k_plus_m) for block in range(blocks)]

@@ -18,7 +18,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.errors import AuthenticationError, RemoteProtocolError, WangateError
+from wangate.errors import RemoteProtocolError, WangateError
 from wangate.net.pacing import install_burstable_pacer
 from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
@@ -126,7 +126,7 @@ class PathLink(QuicConnectionProtocol):
     def _on_handshake(self) -> None:
         try:
             self.peer = self.host.authenticate(self)
-        except AuthenticationError as exc:
+        except WangateError as exc:  # an AuthenticationError, or our own misconfiguration
             self.refuse(AUTHENTICATION_FAILED_ERROR_CODE, f"site authentication failed: {exc}")
             return
         self.authenticated = True

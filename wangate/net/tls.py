@@ -10,10 +10,8 @@ neither asks for a client certificate nor checks one. So, on every server connec
 2. On ``HandshakeCompleted``, :func:`authenticate_peer` checks the certificate the peer
    proved it holds the key of (CertificateVerify): that it chains to our CA, is valid
    now, and names a configured peer site. Clients call it too, for the site check.
-3. Until that succeeds nothing from the connection reaches the application:
-   :class:`AuthenticationGate` drops every event before it and closes the connection
-   on failure. The server's 1-RTT keys only exist after the client's Finished, so no
-   stream data can precede ``HandshakeCompleted``; the gate does not rely on that.
+3. Until that succeeds the connection's owner passes nothing from it to the
+   application, and on failure closes it with ``AUTHENTICATION_FAILED_ERROR_CODE``.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from pathlib import Path
 
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEvent
 
 from wangate.certs import load_ca_certificates, verify_site_certificate
 from wangate.config import Config
@@ -37,7 +34,6 @@ MAX_DATAGRAM_FRAME_SIZE = 65536
 # Application error code closing a connection whose peer failed site authentication.
 # 0x2A mirrors the TLS alert bad_certificate(42) (RFC 8446 section 6.2).
 AUTHENTICATION_FAILED_ERROR_CODE = 0x2A
-_MAX_REASON_CHARS = 256
 
 
 def server_quic_configuration(config: Config, *, max_datagram_size: int) -> QuicConfiguration:
@@ -144,52 +140,3 @@ def authenticate_peer(
     if site not in allowed_sites:
         raise AuthenticationError(f"peer certificate names site {site!r}, not a configured peer")
     return site
-
-
-class AuthenticationGate:
-    """Holds back a connection's events from the application until its peer is authenticated.
-
-    Feed it every event in order; deliver an event only if :meth:`admit` returns true.
-    Before ``HandshakeCompleted`` nothing passes; on it the peer is authenticated; on
-    failure the connection is closed with ``AUTHENTICATION_FAILED_ERROR_CODE`` and nothing
-    passes again but the final ``ConnectionTerminated``.
-    """
-
-    def __init__(
-        self,
-        connection: QuicConnection,
-        *,
-        ca_path: Path,
-        allowed_sites: Collection[str],
-        expected_site: str | None = None,
-    ) -> None:
-        self._connection = connection
-        self._ca_path = ca_path
-        self._allowed_sites = frozenset(allowed_sites)
-        self._expected_site = expected_site
-        self.site: str | None = None  # the authenticated peer site
-        self.failure: AuthenticationError | None = None
-
-    def admit(self, event: QuicEvent) -> bool:
-        if isinstance(event, ConnectionTerminated) or self.site is not None:
-            return True
-        if self.failure is not None or not isinstance(event, HandshakeCompleted):
-            return False
-        try:
-            self.site = authenticate_peer(
-                self._connection,
-                ca_path=self._ca_path,
-                allowed_sites=self._allowed_sites,
-                expected_site=self._expected_site,
-            )
-        except WangateError as exc:
-            # Fail closed, even when our own CA file is unreadable.
-            self.failure = (
-                exc if isinstance(exc, AuthenticationError) else AuthenticationError(str(exc))
-            )
-            reason = f"site authentication failed: {self.failure}"[:_MAX_REASON_CHARS]
-            self._connection.close(
-                error_code=AUTHENTICATION_FAILED_ERROR_CODE, reason_phrase=reason
-            )
-            return False
-        return True
