@@ -12,7 +12,6 @@ holds more than its inbox window plus one message.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Iterable
 
@@ -47,6 +46,7 @@ from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbox import Outbox
 from wangate.core.paths import PathReceiver, PathSender, SentDatagram
 from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
 from wangate.errors import LocalProtocolError, RemoteProtocolError
@@ -84,17 +84,12 @@ class PeerSession:
 
         # sending
         self._next_msg_id = 1
-        self._waiting: deque[OutboundMessage] = deque()  # submitted, not yet admitted by credit
+        self._outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
         self._queue = OutboundQueue(coding)
-        self._peer_granted = 0
-        self._peer_max_message: int | None = None
-        self._started_bytes = 0
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
         self._last_critical_at = -CRITICAL_ACTIVE_S
         self._governor = governor or BulkGovernor()
-        # (deadline, id, message) of messages submitted with one; done ones leave lazily
-        self._deadlines: list[tuple[float, int, OutboundMessage]] = []
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
@@ -159,8 +154,7 @@ class PeerSession:
             )
         for sender in self._senders.values():
             sender.take_all_inflight()
-        self._peer_granted = 0
-        self._started_bytes = 0
+        self._outbox.reset()
         self._inbound.peer_restarted()
         self._credit_dirty.update(self._senders)
 
@@ -185,45 +179,23 @@ class PeerSession:
         self._next_msg_id += 1
         message = OutboundMessage(msg_id, head, payload, header.critical)
         message.started_at = now
-        if deadline_at is not None:
-            message.deadline_at = deadline_at
-            heapq.heappush(self._deadlines, (deadline_at, msg_id, message))
         if header.critical:
             self._last_critical_at = now
-        if header.critical:
-            self._waiting.appendleft(message)
-        else:
-            self._waiting.append(message)
+        self._outbox.add(message, deadline_at)
         self._admit()
         return msg_id
 
     def set_peer_limits(self, max_message_bytes: int) -> None:
-        self._peer_max_message = max_message_bytes
+        self._outbox.peer_max_message = max_message_bytes
 
     def _admit(self) -> None:
-        while self._waiting:
-            message = self._waiting[0]
-            if self._peer_max_message is not None and message.body_len > self._peer_max_message:
-                self._waiting.popleft()
-                self._events.append(
-                    MessageFailed(
-                        message.msg_id,
-                        f"message of {message.body_len} bytes exceeds peer {self.peer}'s "
-                        f"limit of {self._peer_max_message}",
-                    )
-                )
-                continue
-            # A critical message may also use the slack the receiver keeps for one
-            # message beyond its window: it must not wait for bulk to be consumed.
-            slack = self._peer_max_message or 0 if message.critical else 0
-            if self._started_bytes + message.body_len > self._peer_granted + slack:
-                return
-            self._waiting.popleft()
-            self._started_bytes += message.body_len
+        started, failed = self._outbox.admit()
+        for message in started:
             self._queue.add(message)
+        self._events.extend(failed)
 
     def pending_bytes(self) -> int:
-        return sum(m.body_len for m in self._waiting) + sum(
+        return self._outbox.waiting_bytes() + sum(
             m.body_len for m in self._queue.messages.values()
         )
 
@@ -457,8 +429,7 @@ class PeerSession:
         if isinstance(frame, Ack):
             self._on_ack(path, frame, now)
         elif isinstance(frame, Credit):
-            if frame.granted_bytes > self._peer_granted:
-                self._peer_granted = frame.granted_bytes
+            if self._outbox.grant(frame.granted_bytes):
                 self._admit()
         elif isinstance(frame, RouteChosen):
             self.peer_critical_path = frame.path
@@ -528,11 +499,9 @@ class PeerSession:
             expiry = self._inbound.next_expiry()
             if expiry is not None:
                 deadlines.append(expiry)
-        expiring = self._deadlines
-        while expiring and not self._pending(expiring[0][2]):
-            heapq.heappop(expiring)  # done or failed since: no wake-up for it
-        if expiring:
-            deadlines.append(expiring[0][0])
+        message_deadline = self._outbox.next_deadline(self._queue.messages)
+        if message_deadline is not None:
+            deadlines.append(message_deadline)
         if self._queue.messages:
             deadlines.append(self._done_check_at)
             bulk_at = self._governor.next_allowed_at()
@@ -553,33 +522,11 @@ class PeerSession:
                 deadlines.append(ack)
         return min(deadlines)
 
-    def _pending(self, message: OutboundMessage) -> bool:
-        return self._queue.messages.get(message.msg_id) is message or message in self._waiting
-
-    def _expire_deadlines(self, now: float) -> None:
-        expiring = self._deadlines
-        while expiring and expiring[0][0] <= now:
-            deadline_at, msg_id, message = heapq.heappop(expiring)
-            if not self._pending(message):
-                continue
-            if message in self._waiting:
-                self._waiting.remove(message)
-            else:
-                self._queue.drop(msg_id)
-            acked = message.acked.covered_bytes(0, message.body_len)
-            self._events.append(
-                MessageFailed(
-                    msg_id,
-                    f"deadline of {deadline_at - message.started_at:.3g} s passed before "
-                    f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)",
-                )
-            )
-
     def _hearing_peer(self) -> bool:
         return any(s.usable and n not in self._closed for n, s in self._senders.items())
 
     def handle_timer(self, now: float) -> None:
-        self._expire_deadlines(now)
+        self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
         inbound = self._inbound
         if not self._hearing_peer():
             inbound.restart_clocks(now)  # an outage does not make the peer's messages idle
@@ -644,7 +591,7 @@ class PeerSession:
             "messages_received": inbound.messages_received,
             "bytes_sent": self.bytes_sent,
             "bytes_received": inbound.bytes_received,
-            "messages_waiting": len(self._waiting),
+            "messages_waiting": len(self._outbox.waiting),
             "messages_in_flight": len(queue.messages),
             "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": self.repair_datagrams,
@@ -653,7 +600,7 @@ class PeerSession:
             "fec_bytes": queue.fec_bytes,
             "fec_repair_per_block": queue.repair_count,
             "blocks_decoded": inbound.blocks_decoded,
-            "peer_granted_bytes": self._peer_granted,
+            "peer_granted_bytes": self._outbox.granted_bytes,
             # bulk's rate while critical traffic flows and the hosts are busy (0: no limit)
             "bulk_limit_bps": int(self._governor.rate_bps or 0),
             "bulk_limit_cuts": self._governor.cuts,
