@@ -668,15 +668,15 @@ def test_example_configs_load(tmp_path: Path, pki: Path, name: str) -> None:
 def test_fec_and_critical_sections(conf_dir: Path) -> None:
     defaults = load_text(conf_dir, MINIMAL)
     assert defaults.fec == FecConfig(True, 64, 0, 16, 2)
-    assert defaults.critical == CriticalConfig(8)
+    assert defaults.critical == CriticalConfig(0)
     text = MINIMAL + (
         "\n[fec]\nenabled = false\nk = 32\nmin_repair = 1\nmax_repair = 8\n"
         "critical_min_repair = 4\n"
-        "\n[critical]\nhost_delay_target_ms = 0\n"
+        "\n[critical]\nhost_delay_target_ms = 8\n"
     )
     config = load_text(conf_dir, text)
     assert config.fec == FecConfig(False, 32, 1, 8, 4)
-    assert config.critical == CriticalConfig(0)
+    assert config.critical == CriticalConfig(8)
 
 
 @pytest.mark.parametrize(

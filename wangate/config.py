@@ -116,8 +116,9 @@ class CriticalConfig:
     """[critical]: protecting critical messages from bulk (wangate.core.governor)."""
 
     # while critical traffic flows, bulk is slowed when the gateways' own delay (common to
-    # every path) exceeds this; 0 turns the limit off
-    host_delay_target_ms: int = 8
+    # every path) exceeds this. 0 (the default) never slows bulk: when critical and bulk
+    # gradients belong to the same step, slowing bulk makes the step slower.
+    host_delay_target_ms: int = 0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ holds more than its inbox window plus one message.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable
 
@@ -89,7 +90,8 @@ class PeerSession:
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
         self._last_critical_at = -CRITICAL_ACTIVE_S
-        self._governor = governor or BulkGovernor()
+        # without one, bulk is never slowed for critical traffic ([critical] in config)
+        self._governor = governor or BulkGovernor(target_delay_s=math.inf)
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 

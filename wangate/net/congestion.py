@@ -310,8 +310,8 @@ class WangateCongestionControl(QuicCongestionControl):
         loss_rate = self._round_lost_bytes / total if total else 0.0
         if loss_rate > HIGH_LOSS_RATE:
             return True
-        if self.state == STARTUP and loss_rate > QUEUE_LOSS_RATE:
-            return True  # overshooting the bottleneck's buffer (BBRv2 leaves startup so)
+        # Startup too: random loss of a few percent must not end it (a 64 kB message on a
+        # lossy path would crawl up in ProbeBW); its overshoot fills the buffer first
         queue = (
             self.min_rtt_s is not None
             and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
