@@ -14,6 +14,10 @@ cut by ``decrease``, below it grows by ``increase_fraction``. Without critical t
 is not limited at all. A token bucket (not a window) because the cost being controlled is
 CPU per datagram, whatever path it takes.
 
+It is off unless configured (``[critical] host_delay_target_ms``): when critical and bulk
+gradients belong to the same training step, the step ends with its last bulk byte, and
+slowing bulk makes it slower (bench/RESULTS.md has both sides of the trade).
+
 Pure: time comes in as ``now``.
 """
 
