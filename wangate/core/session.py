@@ -525,7 +525,7 @@ class PeerSession:
         return min(deadlines)
 
     def _hearing_peer(self) -> bool:
-        return any(s.usable and n not in self._closed for n, s in self._senders.items())
+        return any(self._usable().values())
 
     def handle_timer(self, now: float) -> None:
         self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
