@@ -697,3 +697,12 @@ def test_fec_and_critical_errors(conf_dir: Path, section: str, key: str, fragmen
     message = str(info.value)
     assert message.startswith(f"{CONFIG_NAME}: {key}: "), message
     assert fragment in message
+
+
+def test_partial_message_idle_timeout(conf_dir: Path) -> None:
+    config = load_text(conf_dir, MINIMAL + "\n[limits]\npartial_message_idle_s = 30\n")
+    assert config.limits == LimitsConfig(4 << 30, 8 << 30, 8 << 30, 30)
+    assert load_text(conf_dir, MINIMAL).limits.partial_message_idle_s == 60
+    with pytest.raises(ConfigError) as info:
+        load_text(conf_dir, MINIMAL + "\n[limits]\npartial_message_idle_s = 0\n")
+    assert str(info.value).startswith(f"{CONFIG_NAME}: limits.partial_message_idle_s: ")

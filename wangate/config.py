@@ -83,6 +83,8 @@ class LimitsConfig:
     max_message_bytes: int = 4 << 30
     client_budget_bytes: int = 8 << 30  # bytes one trainer connection may have in the daemon
     peer_inbox_bytes: int = 8 << 30  # delivered-but-unclaimed bytes per source peer
+    # a partial message from a peer that sends nothing more for it this long is dropped
+    partial_message_idle_s: int = 60
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,12 @@ class _Parser:
         return tuple(paths)
 
     def limits(self, value: object) -> LimitsConfig:
-        names = {"max_message_bytes", "client_budget_bytes", "peer_inbox_bytes"}
+        names = {
+            "max_message_bytes",
+            "client_budget_bytes",
+            "peer_inbox_bytes",
+            "partial_message_idle_s",
+        }
         table = self.table(value, "limits", set(), names)
         limits = LimitsConfig(
             **{name: self.integer(table[name], f"limits.{name}", 1) for name in sorted(table)}

@@ -108,6 +108,7 @@ class Gateway(LinkHost):
                         critical_min_repair=config.fec.critical_min_repair,
                     ),
                     governor=BulkGovernor(target_delay_s=host_delay_target_s),
+                    partial_idle_s=config.limits.partial_message_idle_s,
                 )
             )
             for peer in config.peers

@@ -44,7 +44,7 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
-from wangate.core.inbound import Reassembly
+from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, Reassembly
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.outbox import Outbox
@@ -72,6 +72,7 @@ class PeerSession:
         now: float,
         coding: CodingPolicy | None = None,
         governor: BulkGovernor | None = None,
+        partial_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.local_site = local_site
         self.peer = peer
@@ -96,7 +97,9 @@ class PeerSession:
         self._path_states: dict[str, str] = {}
 
         # receiving
-        self._inbound = Reassembly(max_message_bytes, self.inbox_window_bytes, self._events)
+        self._inbound = Reassembly(
+            max_message_bytes, self.inbox_window_bytes, self._events, idle_timeout_s=partial_idle_s
+        )
         self._credit_dirty: set[str] = set()
         self._credit_refresh_at = now + CREDIT_REFRESH_S
         self._done_check_at = now + DONE_CHECK_S
