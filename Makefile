@@ -20,4 +20,5 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wangate tests bench
+	$(VENV)/bin/ruff format --check wangate tests bench
 	$(VENV)/bin/mypy wangate

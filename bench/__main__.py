@@ -37,16 +37,30 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     records = []
     extra = [a for a in argv if a not in args.scenario]
     for name, scenario in scenarios:
-        records.append(run_scenario(
-            scenario, Path(args.results), baselines=baselines, timeout_s=args.timeout_s,
-            baseline_timeout_s=args.baseline_timeout_s, run_id=args.run_id,
-            plots=not args.no_plots, gateway_src=args.gateway_src,
-            command=command_line(["run", *extra, name])))
+        records.append(
+            run_scenario(
+                scenario,
+                Path(args.results),
+                baselines=baselines,
+                timeout_s=args.timeout_s,
+                baseline_timeout_s=args.baseline_timeout_s,
+                run_id=args.run_id,
+                plots=not args.no_plots,
+                gateway_src=args.gateway_src,
+                command=command_line(["run", *extra, name]),
+            )
+        )
     print()
     print("time for the workload (ratio to the ideal bound):")
     print(combined_table(records))
-    return 0 if all(r["wangate"]["complete"] and r["wangate"]["intact"] == r["wangate"]["messages"]
-                    for r in records) else 1
+    return (
+        0
+        if all(
+            r["wangate"]["complete"] and r["wangate"]["intact"] == r["wangate"]["messages"]
+            for r in records
+        )
+        else 1
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,21 +77,34 @@ def main(argv: list[str] | None = None) -> int:
         from bench.plots import main as plots_main
 
         return plots_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="real gateways in the WAN lab, baselines, results/")
-    run.add_argument("scenario", nargs="+", help="names in bench/scenarios/, files, or 'all' "
-                     "(every scenario there with a [workload])")
+    run.add_argument(
+        "scenario",
+        nargs="+",
+        help="names in bench/scenarios/, files, or 'all' (every scenario there with a [workload])",
+    )
     run.add_argument("--results", default=str(Path(__file__).resolve().parent.parent / "results"))
     run.add_argument("--timeout-s", type=float, help="time wangate gets for the workload")
     run.add_argument("--baseline-timeout-s", type=float, help="time each baseline gets")
-    run.add_argument("--baseline", action="append", help="only these (repeatable): "
-                     "tcp-cubic, tcp-bbr, aioquic-stream")
+    run.add_argument(
+        "--baseline",
+        action="append",
+        help="only these (repeatable): tcp-cubic, tcp-bbr, aioquic-stream",
+    )
     run.add_argument("--no-baselines", action="store_true")
     run.add_argument("--no-plots", action="store_true")
-    run.add_argument("--gateway-src", type=Path, help="folder with the wangate package the "
-                     "gateways run (e.g. git archive HEAD wangate | tar -x -C DIR)")
+    run.add_argument(
+        "--gateway-src",
+        type=Path,
+        help="folder with the wangate package the "
+        "gateways run (e.g. git archive HEAD wangate | tar -x -C DIR)",
+    )
     run.add_argument("--run-id", help="lab run id (1-6 of [0-9a-z]); random by default")
     sub.add_parser("cpu", help="gateway vs plain aioquic on loopback (python -m bench cpu -h)")
     sub.add_parser("plots", help="redraw PNGs from results/<scenario>/run.json")

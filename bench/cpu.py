@@ -69,8 +69,9 @@ class CpuResult:
         return self.total_bytes * 8 / self.cpu_s / 1e6
 
 
-def run_wangate(datagram_bytes: int, total_bytes: int,
-                gateway_src: Path | None = None) -> CpuResult:
+def run_wangate(
+    datagram_bytes: int, total_bytes: int, gateway_src: Path | None = None
+) -> CpuResult:
     from wangate.loopback import LoopbackSites
 
     count = max(1, total_bytes // MESSAGE_BYTES)
@@ -115,8 +116,15 @@ def run_wangate(datagram_bytes: int, total_bytes: int,
         if errors:
             raise errors[0]
         cpu = {s.name: lab.cpu_seconds(s) - cpu0[s.name] for s in lab.sites}
-    return CpuResult("wangate", datagram_bytes, count * MESSAGE_BYTES, finished[0] - started,
-                     cpu["bj"], cpu["sh"], thread_cpu["send"] + thread_cpu["recv"])
+    return CpuResult(
+        "wangate",
+        datagram_bytes,
+        count * MESSAGE_BYTES,
+        finished[0] - started,
+        cpu["bj"],
+        cpu["sh"],
+        thread_cpu["send"] + thread_cpu["recv"],
+    )
 
 
 def _free_port() -> int:
@@ -132,17 +140,47 @@ def run_aioquic(datagram_bytes: int, total_bytes: int) -> CpuResult:
     transfer = [sys.executable, "-m", "bench.lab.transfer"]
     cwd = str(Path(__file__).resolve().parent.parent)
     receiver = subprocess.Popen(
-        [*transfer, "recv", "--proto", "quic", "--bind", f"127.0.0.1:{port}",
-         "--messages", str(count), *options], stdout=subprocess.PIPE, text=True, cwd=cwd)
+        [
+            *transfer,
+            "recv",
+            "--proto",
+            "quic",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--messages",
+            str(count),
+            *options,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
     try:
         assert receiver.stdout is not None
         receiver.stdout.readline()  # ready
         schedule = json.dumps([[0.0, MESSAGE_BYTES]] * count)
         sender = subprocess.run(
-            [*transfer, "send", "--proto", "quic", "--bind", "127.0.0.1",
-             "--to", f"127.0.0.1:{port}", "--schedule", schedule, *options,
-             "--max-buffered-bytes", str(SENDER_BUFFER_BYTES)],
-            capture_output=True, text=True, cwd=cwd, timeout=900, check=True)
+            [
+                *transfer,
+                "send",
+                "--proto",
+                "quic",
+                "--bind",
+                "127.0.0.1",
+                "--to",
+                f"127.0.0.1:{port}",
+                "--schedule",
+                schedule,
+                *options,
+                "--max-buffered-bytes",
+                str(SENDER_BUFFER_BYTES),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            timeout=900,
+            check=True,
+        )
         sent = json.loads(sender.stdout)
         got = json.loads(receiver.communicate(timeout=60)[0])
     finally:
@@ -153,16 +191,23 @@ def run_aioquic(datagram_bytes: int, total_bytes: int) -> CpuResult:
         raise RuntimeError(f"aioquic delivered {len(got['completed'])} of {count} messages")
     # CPU of the transfer itself: start-up (imports, the server's key) left out, as
     # the daemons' start-up is
-    return CpuResult("aioquic", datagram_bytes, count * MESSAGE_BYTES,
-                     got["completed"][-1] - sent["started"],
-                     sent["cpu_s"] - sent["cpu_at_start_s"], got["cpu_s"] - got["cpu_at_ready_s"],
-                     0.0)
+    return CpuResult(
+        "aioquic",
+        datagram_bytes,
+        count * MESSAGE_BYTES,
+        got["completed"][-1] - sent["started"],
+        sent["cpu_s"] - sent["cpu_at_start_s"],
+        got["cpu_s"] - got["cpu_at_ready_s"],
+        0.0,
+    )
 
 
 def markdown(results: list[CpuResult]) -> str:
-    lines = ["| transport | datagram | MiB | seconds | goodput Mbit/s | CPU s sender | "
-             "CPU s receiver | CPU s trainers | Mbit per CPU-second | wangate/aioquic |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| transport | datagram | MiB | seconds | goodput Mbit/s | CPU s sender | "
+        "CPU s receiver | CPU s trainers | Mbit per CPU-second | wangate/aioquic |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     by_key = {(r.transport, r.datagram_bytes): r for r in results}
     for r in results:
         ratio = ""
@@ -170,24 +215,37 @@ def markdown(results: list[CpuResult]) -> str:
         if r.transport == "wangate" and other is not None:
             ratio = f"{r.mbit_per_cpu_s / other.mbit_per_cpu_s:.2f}"
         trainers = f"{r.trainer_cpu_s:.1f}" if r.transport == "wangate" else "-"
-        lines.append(f"| {r.transport} | {r.datagram_bytes} | {r.total_bytes // MiB} | "
-                     f"{r.seconds:.2f} | {r.goodput_mbps:.0f} | {r.sender_cpu_s:.1f} | "
-                     f"{r.receiver_cpu_s:.1f} | {trainers} | {r.mbit_per_cpu_s:.0f} | {ratio} |")
+        lines.append(
+            f"| {r.transport} | {r.datagram_bytes} | {r.total_bytes // MiB} | "
+            f"{r.seconds:.2f} | {r.goodput_mbps:.0f} | {r.sender_cpu_s:.1f} | "
+            f"{r.receiver_cpu_s:.1f} | {trainers} | {r.mbit_per_cpu_s:.0f} | {ratio} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench cpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench cpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--mib", type=int, default=256, help="bytes per transfer, MiB")
-    parser.add_argument("--datagram", type=int, action="append",
-                        help="UDP payload bytes (repeatable; default 1452 and 8952)")
-    parser.add_argument("--gateway-src", type=Path,
-                        help="folder with the wangate package the daemons run")
+    parser.add_argument(
+        "--datagram",
+        type=int,
+        action="append",
+        help="UDP payload bytes (repeatable; default 1452 and 8952)",
+    )
+    parser.add_argument(
+        "--gateway-src", type=Path, help="folder with the wangate package the daemons run"
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args(argv)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Linux {platform.release()}, Python {platform.python_version()}", flush=True)
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Linux {platform.release()}, Python {platform.python_version()}",
+        flush=True,
+    )
     results = []
     for datagram in args.datagram or [1452, 8952]:
         for transport in ("aioquic", "wangate"):
@@ -195,14 +253,29 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_aioquic(datagram, args.mib * MiB)
             else:
                 result = run_wangate(datagram, args.mib * MiB, args.gateway_src)
-            print(f"  {result.transport} {datagram}: {result.seconds:.1f} s, "
-                  f"{result.goodput_mbps:.0f} Mbit/s, {result.cpu_s:.1f} CPU s", flush=True)
+            print(
+                f"  {result.transport} {datagram}: {result.seconds:.1f} s, "
+                f"{result.goodput_mbps:.0f} Mbit/s, {result.cpu_s:.1f} CPU s",
+                flush=True,
+            )
             results.append(result)
     print()
     print(markdown(results))
     if args.json:
-        print(json.dumps([{**r.__dict__, "goodput_mbps": r.goodput_mbps, "cpu_s": r.cpu_s,
-                           "mbit_per_cpu_s": r.mbit_per_cpu_s} for r in results], indent=1))
+        print(
+            json.dumps(
+                [
+                    {
+                        **r.__dict__,
+                        "goodput_mbps": r.goodput_mbps,
+                        "cpu_s": r.cpu_s,
+                        "mbit_per_cpu_s": r.mbit_per_cpu_s,
+                    }
+                    for r in results
+                ],
+                indent=1,
+            )
+        )
     return 0
 
 

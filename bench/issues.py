@@ -47,8 +47,13 @@ ISSUE4_RUNS = ("i4_loss01", "i4_loss1", "i4_loss5", "i4_burst1")
 ISSUE4_MULTI = ("i4_three",)
 ISSUE5_RUNS = ("i5_critical", "i5_degrade", "i5_jitter", "i5_blackhole")
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk:0.01", "split:0.01/int8", "int8+zstd")
-LOSS_AIMS = {"i4_loss01": 0.85, "i4_loss1": 0.75, "i4_loss5": 0.50, "i4_burst1": 0.65,
-             "i4_three": 0.80}
+LOSS_AIMS = {
+    "i4_loss01": 0.85,
+    "i4_loss1": 0.75,
+    "i4_loss5": 0.50,
+    "i4_burst1": 0.65,
+    "i4_three": 0.80,
+}
 CODEC_REPEATS = 2  # each codec's gradient is sent this many times (rounds of all codecs)
 FAIR_DURATION_S = 30.0
 FAIR_WINDOW_S = (5.0, 30.0)  # both flows measured over the same span, start-up excluded
@@ -128,9 +133,12 @@ class _Gateways:
             self.logs[site] = logs_dir / f"gateway-{site}.log"
             with self.logs[site].open("wb") as log:
                 self.processes[site] = lab.run_in(
-                    site, [sys.executable, "-m", "wangate", "run", "-c", str(config)],
-                    stdout=log, stderr=subprocess.STDOUT,
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                    site,
+                    [sys.executable, "-m", "wangate", "run", "-c", str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                )
         deadline = time.monotonic() + 20.0
         for site in self.processes:
             expected = len(lab.site_addresses(site))
@@ -182,9 +190,18 @@ def run_fair() -> dict[str, Any]:
     errors: list[str] = []
     with Lab(scenario) as lab:
         gateways = _Gateways(lab, out / "logs")
-        sink = lab.run_in("sh", [sys.executable, "-m", "bench.issues", "worker", "tcp-sink",
-                                 json.dumps({"bind": [path.address_of("sh"), 9300]})],
-                          stdout=subprocess.PIPE)
+        sink = lab.run_in(
+            "sh",
+            [
+                sys.executable,
+                "-m",
+                "bench.issues",
+                "worker",
+                "tcp-sink",
+                json.dumps({"bind": [path.address_of("sh"), 9300]}),
+            ],
+            stdout=subprocess.PIPE,
+        )
         assert sink.stdout is not None
         sink.stdout.readline()
         stop_at = [0.0]
@@ -220,13 +237,29 @@ def run_fair() -> dict[str, Any]:
 
         t0 = lab.start_timeline()
         stop_at[0] = t0 + FAIR_DURATION_S
-        source = lab.run_in("bj", [sys.executable, "-m", "bench.issues", "worker", "tcp-source",
-                                   json.dumps({"bind": path.address_of("bj"),
-                                               "to": [path.address_of("sh"), 9300],
-                                               "cc": "cubic", "duration_s": FAIR_DURATION_S})],
-                            stdout=subprocess.PIPE)
-        threads = [threading.Thread(target=wangate_receiver),
-                   threading.Thread(target=wangate_sender)]
+        source = lab.run_in(
+            "bj",
+            [
+                sys.executable,
+                "-m",
+                "bench.issues",
+                "worker",
+                "tcp-source",
+                json.dumps(
+                    {
+                        "bind": path.address_of("bj"),
+                        "to": [path.address_of("sh"), 9300],
+                        "cc": "cubic",
+                        "duration_s": FAIR_DURATION_S,
+                    }
+                ),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        threads = [
+            threading.Thread(target=wangate_receiver),
+            threading.Thread(target=wangate_sender),
+        ]
         for thread in threads:
             thread.start()
         sent = json.loads(source.communicate(timeout=FAIR_DURATION_S + 30)[0] or b"{}")
@@ -249,17 +282,28 @@ def run_fair() -> dict[str, Any]:
     wg_bytes = _bytes_in([[t0, 0], *wg_cumulative], start, end)
     span = end - start
     record = {
-        "scenario": "i4_fair", "window_s": list(FAIR_WINDOW_S),
+        "scenario": "i4_fair",
+        "window_s": list(FAIR_WINDOW_S),
         "link_rate_mbps": path.a_to_b.rate_mbps,
-        "tcp": {"cc": sent.get("cc"), "goodput_mbps": tcp_bytes * 8 / span / 1e6,
-                "total_bytes": got.get("total_bytes")},
+        "tcp": {
+            "cc": sent.get("cc"),
+            "goodput_mbps": tcp_bytes * 8 / span / 1e6,
+            "total_bytes": got.get("total_bytes"),
+        },
         "wangate": {"goodput_mbps": wg_bytes * 8 / span / 1e6, "messages": len(wg_done)},
-        "errors": errors, "link_stats": link, "gateway_status": status,
+        "errors": errors,
+        "link_stats": link,
+        "gateway_status": status,
         "per_second_mbps": {
-            "tcp": [_bytes_in(got.get("samples", []), t0 + k, t0 + k + 1) * 8 / 1e6
-                    for k in range(int(FAIR_DURATION_S))],
-            "wangate": [_bytes_in([[t0, 0], *wg_cumulative], t0 + k, t0 + k + 1) * 8 / 1e6
-                        for k in range(int(FAIR_DURATION_S))]},
+            "tcp": [
+                _bytes_in(got.get("samples", []), t0 + k, t0 + k + 1) * 8 / 1e6
+                for k in range(int(FAIR_DURATION_S))
+            ],
+            "wangate": [
+                _bytes_in([[t0, 0], *wg_cumulative], t0 + k, t0 + k + 1) * 8 / 1e6
+                for k in range(int(FAIR_DURATION_S))
+            ],
+        },
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(record, indent=1))
@@ -268,6 +312,7 @@ def run_fair() -> dict[str, Any]:
 
 def _bytes_in(samples: list[list[float]], start: float, end: float) -> float:
     """Bytes of a cumulative counter ``[[t, total], ...]`` inside ``[start, end]`` (linear)."""
+
     def at(t: float) -> float:
         if not samples or t <= samples[0][0]:
             return float(samples[0][1]) if samples else 0.0
@@ -275,12 +320,14 @@ def _bytes_in(samples: list[list[float]], start: float, end: float) -> float:
             if t_a <= t <= t_b:
                 return c_a + (c_b - c_a) * ((t - t_a) / (t_b - t_a) if t_b > t_a else 1.0)
         return float(samples[-1][1])
+
     return at(end) - at(start)
 
 
 # -- issue 6: codecs -----------------------------------------------------------------------
-def _send_codec(lab: Any, tx: Any, rx: Any, gradient: np.ndarray, tag: str, step: int,
-                codec: str) -> dict[str, Any]:
+def _send_codec(
+    lab: Any, tx: Any, rx: Any, gradient: np.ndarray, tag: str, step: int, codec: str
+) -> dict[str, Any]:
     """One gradient with one codec: bytes the paths sent and the time to the receiver."""
     sent_before, link_before = _sent_bytes(tx, "sh"), _link_bytes(lab)
     pushed_before = _pushed_bytes(lab)
@@ -292,10 +339,10 @@ def _send_codec(lab: Any, tx: Any, rx: Any, gradient: np.ndarray, tag: str, step
     time.sleep(0.5)  # late acks and repair for this message settle
     sent_after, link_after = _sent_bytes(tx, "sh"), _link_bytes(lab)
     pushed_after = _pushed_bytes(lab)
-    error = float(np.max(np.abs(decoded.astype(np.float32) - gradient))
-                  / np.max(np.abs(gradient)))
+    error = float(np.max(np.abs(decoded.astype(np.float32) - gradient)) / np.max(np.abs(gradient)))
     return {
-        "codec": codec, "step": step,
+        "codec": codec,
+        "step": step,
         "input_bytes": gradient.nbytes,
         "gateway_sent_bytes": sum(sent_after[p] - sent_before.get(p, 0) for p in sent_after),
         "per_path_sent_bytes": {p: sent_after[p] - sent_before.get(p, 0) for p in sent_after},
@@ -319,23 +366,33 @@ def run_codecs() -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with Lab(scenario) as lab:
         gateways = _Gateways(lab, out / "logs")
-        with wangate.Client(lab.gateway_socket("bj")) as tx, \
-                wangate.Client(lab.gateway_socket("sh")) as rx:
+        with (
+            wangate.Client(lab.gateway_socket("bj")) as tx,
+            wangate.Client(lab.gateway_socket("sh")) as rx,
+        ):
             # one warm-up message so every path's controller has left start-up
             tx.send("sh", "warmup", gradient[:512], step=0, codec="none")
             rx.recv("warmup", source="bj", step=0, timeout=30)
             time.sleep(0.5)
             for repeat in range(CODEC_REPEATS):
                 for number, codec in enumerate(CODECS):
-                    rows.append(_send_codec(lab, tx, rx, gradient, f"grad.{number}",
-                                            repeat + 1, codec))
-                    print(f"  {codec:16s} {rows[-1]['gateway_sent_bytes'] / 1e6:8.2f} MB "
-                          f"{rows[-1]['time_s']:6.2f} s", flush=True)
+                    rows.append(
+                        _send_codec(lab, tx, rx, gradient, f"grad.{number}", repeat + 1, codec)
+                    )
+                    print(
+                        f"  {codec:16s} {rows[-1]['gateway_sent_bytes'] / 1e6:8.2f} MB "
+                        f"{rows[-1]['time_s']:6.2f} s",
+                        flush=True,
+                    )
             status = {"bj": tx.status(), "sh": rx.status()}
         gateways.stop()
-    record = {"scenario": "i6_codecs", "rows": rows, "gateway_status": status,
-              "repeats": CODEC_REPEATS,
-              "input": "4096x4096 float32, Student-t(3) x 1e-3, seed 31"}
+    record = {
+        "scenario": "i6_codecs",
+        "rows": rows,
+        "gateway_status": status,
+        "repeats": CODEC_REPEATS,
+        "input": "4096x4096 float32, Student-t(3) x 1e-3, seed 31",
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(record, indent=1))
     return record
@@ -353,10 +410,14 @@ def _fec(record: dict[str, Any], src: str = "bj", dst: str = "sh") -> dict[str, 
     rx = status.get(dst, {}).get("peers", {}).get(src, {})
     source = peer.get("source_bytes") or 0
     fec, repair = peer.get("fec_bytes") or 0, peer.get("repair_bytes") or 0
-    return {"source_bytes": source, "fec_bytes": fec, "repair_bytes": repair,
-            "overhead": (fec + repair) / source if source else None,
-            "fec_repair_per_block": peer.get("fec_repair_per_block"),
-            "blocks_decoded": rx.get("blocks_decoded")}
+    return {
+        "source_bytes": source,
+        "fec_bytes": fec,
+        "repair_bytes": repair,
+        "overhead": (fec + repair) / source if source else None,
+        "fec_repair_per_block": peer.get("fec_repair_per_block"),
+        "blocks_decoded": rx.get("blocks_decoded"),
+    }
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -393,21 +454,27 @@ def issue4_rows(fair: dict[str, Any] | None) -> list[str]:
             done = f"{wg['time_s']:.2f} s"
         else:
             goodput = wg["delivered_bytes"] * 8 / wg["timeout_s"] / 1e6
-            done = (f"not done: {wg['delivered_bytes'] / 2**20:.0f} of {total / 2**20:.0f} MiB "
-                    f"in {wg['timeout_s']:.0f} s")
+            done = (
+                f"not done: {wg['delivered_bytes'] / 2**20:.0f} of {total / 2**20:.0f} MiB "
+                f"in {wg['timeout_s']:.0f} s"
+            )
         aim = LOSS_AIMS[name]
         ratio = goodput / rate
-        lines.append(f"| {name} | wangate goodput / link rate ({rate:g} Mbit/s) | "
-                     f"{goodput:.1f} Mbit/s = **{ratio:.3f}** ({done}; intact "
-                     f"{wg['intact']}/{wg['messages']}) | >= {aim:.2f} | "
-                     f"{_met(wg['complete'] and ratio >= aim)} |")
+        lines.append(
+            f"| {name} | wangate goodput / link rate ({rate:g} Mbit/s) | "
+            f"{goodput:.1f} Mbit/s = **{ratio:.3f}** ({done}; intact "
+            f"{wg['intact']}/{wg['messages']}) | >= {aim:.2f} | "
+            f"{_met(wg['complete'] and ratio >= aim)} |"
+        )
         repeat = _load(f"i4_repeat/{name}")
         if repeat is not None and repeat["wangate"]["complete"]:
             again = total * 8 / repeat["wangate"]["time_s"] / 1e6
-            lines.append(f"| {name} | the same, second run (results/i4_repeat/{name}, no "
-                         f"baselines) | {again:.1f} Mbit/s = **{again / rate:.3f}**; FEC "
-                         f"overhead {_fmt(_fec(repeat)['overhead'], '.3f')} | >= {aim:.2f} | "
-                         f"{_met(again / rate >= aim)} |")
+            lines.append(
+                f"| {name} | the same, second run (results/i4_repeat/{name}, no "
+                f"baselines) | {again:.1f} Mbit/s = **{again / rate:.3f}**; FEC "
+                f"overhead {_fmt(_fec(repeat)['overhead'], '.3f')} | >= {aim:.2f} | "
+                f"{_met(again / rate >= aim)} |"
+            )
         for base in (record.get("baselines") or {}).get("baselines", []):
             timeout = record["baselines"]["timeout_s"]
             if base["time_s"] is not None:
@@ -416,42 +483,54 @@ def issue4_rows(fair: dict[str, Any] | None) -> list[str]:
                 rel = f"{goodput / b_goodput:.2f}"
             else:
                 b_goodput = base["delivered_bytes"] * 8 / timeout / 1e6
-                b_note = (f"capped at {timeout:.0f} s: {base['delivered_bytes'] / 2**20:.0f} of "
-                          f"{total / 2**20:.0f} MiB done, <= {b_goodput:.1f} Mbit/s")
+                b_note = (
+                    f"capped at {timeout:.0f} s: {base['delivered_bytes'] / 2**20:.0f} of "
+                    f"{total / 2**20:.0f} MiB done, <= {b_goodput:.1f} Mbit/s"
+                )
                 rel = f">= {goodput / b_goodput:.1f}" if b_goodput else "inf (0 bytes done)"
             lines.append(f"| {name} | wangate / {base['name']} goodput | {rel} ({b_note}) | | |")
         fec = _fec(record)
-        lines.append(f"| {name} | FEC overhead (fec+repair)/source | "
-                     f"{_fmt(fec['overhead'], '.3f')} (fec {fec['fec_bytes'] / 1e6:.1f} MB, "
-                     f"repair {fec['repair_bytes'] / 1e6:.2f} MB, "
-                     f"source {fec['source_bytes'] / 1e6:.1f} MB, "
-                     f"{fec['fec_repair_per_block']} repair/block at the end, "
-                     f"{fec['blocks_decoded']} blocks decoded) | | |")
+        lines.append(
+            f"| {name} | FEC overhead (fec+repair)/source | "
+            f"{_fmt(fec['overhead'], '.3f')} (fec {fec['fec_bytes'] / 1e6:.1f} MB, "
+            f"repair {fec['repair_bytes'] / 1e6:.2f} MB, "
+            f"source {fec['source_bytes'] / 1e6:.1f} MB, "
+            f"{fec['fec_repair_per_block']} repair/block at the end, "
+            f"{fec['blocks_decoded']} blocks decoded) | | |"
+        )
         links = record["link_stats"]["wangate_run"]
-        drops = {k: sum(p["a_to_b"][k] for p in links.values())
-                 for k in ("pushed_packets", "dropped_queue", "dropped_loss", "dropped_burst")}
+        drops = {
+            k: sum(p["a_to_b"][k] for p in links.values())
+            for k in ("pushed_packets", "dropped_queue", "dropped_loss", "dropped_burst")
+        }
         cpu = record["wangate"].get("gateway_cpu", {})
-        lines.append(f"| {name} | emulator bj->sh: packets, queue drops, random/burst loss drops; "
-                     f"gateway CPU | {drops['pushed_packets']}, {drops['dropped_queue']}, "
-                     f"{drops['dropped_loss']}/{drops['dropped_burst']}; "
-                     + ", ".join(f"{s} {c['cpu_s']:.1f} s ({c['core_share']:.0%})"
-                                 for s, c in cpu.items())
-                     + " | | |")
+        lines.append(
+            f"| {name} | emulator bj->sh: packets, queue drops, random/burst loss drops; "
+            f"gateway CPU | {drops['pushed_packets']}, {drops['dropped_queue']}, "
+            f"{drops['dropped_loss']}/{drops['dropped_burst']}; "
+            + ", ".join(f"{s} {c['cpu_s']:.1f} s ({c['core_share']:.0%})" for s, c in cpu.items())
+            + " | | |"
+        )
     if fair is None:
         lines.append("| i4_fair | not run | | | |")
     else:
         rate = fair["link_rate_mbps"]
         tcp, wg = fair["tcp"]["goodput_mbps"], fair["wangate"]["goodput_mbps"]
-        lines.append(f"| i4_fair | TCP cubic share of the link beside wangate "
-                     f"(t={fair['window_s'][0]:g}..{fair['window_s'][1]:g} s) | {tcp:.1f} Mbit/s = "
-                     f"**{tcp / rate:.2f}**; wangate {wg:.1f} Mbit/s = {wg / rate:.2f}; sum "
-                     f"{(tcp + wg) / rate:.2f} | >= 0.33 | {_met(tcp / rate >= 1 / 3)} |")
-        tcp_s = fair["per_second_mbps"]["tcp"][int(fair["window_s"][0]):int(fair["window_s"][1])]
-        wg_s = fair["per_second_mbps"]["wangate"][int(fair["window_s"][0]):
-                                                  int(fair["window_s"][1])]
-        lines.append(f"| i4_fair | per second in the window: TCP min..max; wangate min..max | "
-                     f"{min(tcp_s):.1f}..{max(tcp_s):.1f}; {min(wg_s):.1f}..{max(wg_s):.1f} "
-                     f"Mbit/s (FEC overhead {_fmt(_fec(fair)['overhead'], '.3f')}) | | |")
+        lines.append(
+            f"| i4_fair | TCP cubic share of the link beside wangate "
+            f"(t={fair['window_s'][0]:g}..{fair['window_s'][1]:g} s) | {tcp:.1f} Mbit/s = "
+            f"**{tcp / rate:.2f}**; wangate {wg:.1f} Mbit/s = {wg / rate:.2f}; sum "
+            f"{(tcp + wg) / rate:.2f} | >= 0.33 | {_met(tcp / rate >= 1 / 3)} |"
+        )
+        tcp_s = fair["per_second_mbps"]["tcp"][int(fair["window_s"][0]) : int(fair["window_s"][1])]
+        wg_s = fair["per_second_mbps"]["wangate"][
+            int(fair["window_s"][0]) : int(fair["window_s"][1])
+        ]
+        lines.append(
+            f"| i4_fair | per second in the window: TCP min..max; wangate min..max | "
+            f"{min(tcp_s):.1f}..{max(tcp_s):.1f}; {min(wg_s):.1f}..{max(wg_s):.1f} "
+            f"Mbit/s (FEC overhead {_fmt(_fec(fair)['overhead'], '.3f')}) | | |"
+        )
         if fair["errors"]:
             lines.append(f"| i4_fair | errors | {'; '.join(fair['errors'])} | | |")
     return lines
@@ -494,36 +573,46 @@ def issue5_rows() -> list[str]:
         p99 = _p(delays, 0.99)
         wg = record["wangate"]
         p50, worst = _p(delays, 0.5), max(delays) if delays else None
-        lines.append(f"| {name} | critical send->deliver p50 / p99 / max (ms), {len(delays)} of "
-                     f"{len(crit)} delivered | {_fmt(_ms(p50), '.0f')} / "
-                     f"**{_fmt(_ms(p99), '.0f')}** / "
-                     f"{_fmt(_ms(worst), '.0f')} | p99 <= {aim:.0f} ({aim_text}) | "
-                     f"{_met(p99 is not None and p99 * 1e3 <= aim)} |")
-        lines.append(f"| {name} | messages lost or corrupt (of {wg['messages']}); bulk delivered "
-                     f"by | {len(lost)}; workload done at {_fmt(wg['time_s'], '.1f', ' s')} | 0 | "
-                     f"{_met(not lost)} |")
+        lines.append(
+            f"| {name} | critical send->deliver p50 / p99 / max (ms), {len(delays)} of "
+            f"{len(crit)} delivered | {_fmt(_ms(p50), '.0f')} / "
+            f"**{_fmt(_ms(p99), '.0f')}** / "
+            f"{_fmt(_ms(worst), '.0f')} | p99 <= {aim:.0f} ({aim_text}) | "
+            f"{_met(p99 is not None and p99 * 1e3 <= aim)} |"
+        )
+        lines.append(
+            f"| {name} | messages lost or corrupt (of {wg['messages']}); bulk delivered "
+            f"by | {len(lost)}; workload done at {_fmt(wg['time_s'], '.1f', ' s')} | 0 | "
+            f"{_met(not lost)} |"
+        )
         routes = _routes(record)
         events = [e["at_s"] for e in record["timeline"]]
         if "degrade" in name or "blackhole" in name:
             at, hit = events[0], record["timeline"][0]["path"]
             before = [c for c in routes if c["t_s"] < at]
             on = before[-1]["current"] if before else None
-            lines.append(f"| {name} | critical route when path {hit} changes at t={at:g} s | "
-                         f"{on} ({_route_text(before[-1]) if before else 'no route'}) | {hit} | "
-                         f"{_met(on == hit)} |")
+            lines.append(
+                f"| {name} | critical route when path {hit} changes at t={at:g} s | "
+                f"{on} ({_route_text(before[-1]) if before else 'no route'}) | {hit} | "
+                f"{_met(on == hit)} |"
+            )
             moved = [c for c in routes if c["t_s"] >= at and c["previous"] == hit]
             first = moved[0] if moved and on == hit else None
             reaction = first["t_s"] - at if first else None
-            lines.append(f"| {name} | critical route leaves {hit} after the t={at:g} s event "
-                         f"| {_fmt(reaction, '.2f', ' s')} "
-                         f"({_route_text(first)}) "
-                         f"| < 1 s | {_met(reaction is not None and reaction < 1.0)} |")
+            lines.append(
+                f"| {name} | critical route leaves {hit} after the t={at:g} s event "
+                f"| {_fmt(reaction, '.2f', ' s')} "
+                f"({_route_text(first)}) "
+                f"| < 1 s | {_met(reaction is not None and reaction < 1.0)} |"
+            )
             late = [m for m in crit if m["call_s"] is not None and m["call_s"] >= at]
             worst = max(late, key=lambda m: m["send_to_deliver_s"] or 1e9) if late else None
             if worst:
-                lines.append(f"| {name} | longest critical delay after the event | "
-                             f"{_fmt(_ms(worst['send_to_deliver_s']), '.0f', ' ms')} "
-                             f"(sent at {worst['call_s']:.2f} s) | | |")
+                lines.append(
+                    f"| {name} | longest critical delay after the event | "
+                    f"{_fmt(_ms(worst['send_to_deliver_s']), '.0f', ' ms')} "
+                    f"(sent at {worst['call_s']:.2f} s) | | |"
+                )
         if "jitter" in name:
             # the route matters while critical traffic flows; moves after it (bulk alone,
             # e.g. a loss burst when bulk speeds up again) are listed on their own
@@ -531,36 +620,52 @@ def issue5_rows() -> list[str]:
             inside = [c for c in routes if 0 <= c["t_s"] <= end]
             after = [c for c in routes if c["t_s"] > end]
             windows = max(1, math.ceil(end / COOLDOWN_S))
-            worst_window = max((sum(1 for c in inside if t <= c["t_s"] < t + COOLDOWN_S)
-                                for t in [c["t_s"] for c in inside]), default=0)
-            lines.append(f"| {name} | critical route switches bj->sh while critical traffic "
-                         f"flowed ({end:.1f} s) | "
-                         f"{len(inside)} = {len(inside) / windows:.2f} per {COOLDOWN_S:g} s; "
-                         "at most "
-                         f"**{worst_window}** in any {COOLDOWN_S:g} s window | <= 1 per cooldown | "
-                         f"{_met(worst_window <= 1)} |")
+            worst_window = max(
+                (
+                    sum(1 for c in inside if t <= c["t_s"] < t + COOLDOWN_S)
+                    for t in [c["t_s"] for c in inside]
+                ),
+                default=0,
+            )
+            lines.append(
+                f"| {name} | critical route switches bj->sh while critical traffic "
+                f"flowed ({end:.1f} s) | "
+                f"{len(inside)} = {len(inside) / windows:.2f} per {COOLDOWN_S:g} s; "
+                "at most "
+                f"**{worst_window}** in any {COOLDOWN_S:g} s window | <= 1 per cooldown | "
+                f"{_met(worst_window <= 1)} |"
+            )
             gaps = [b["t_s"] - a["t_s"] for a, b in itertools.pairwise(inside)]
             listed = "; ".join(f"{c['t_s']:.2f} s {_route_text(c)}" for c in inside[:8])
-            lines.append(f"| {name} | shortest gap between switches; the switches | "
-                         f"{_fmt(min(gaps) if gaps else None, '.2f', ' s')}; {listed or 'none'}"
-                         f"{' ...' if len(inside) > 8 else ''} | >= {COOLDOWN_S:g} s | "
-                         f"{_met(not gaps or min(gaps) >= COOLDOWN_S)} |")
+            lines.append(
+                f"| {name} | shortest gap between switches; the switches | "
+                f"{_fmt(min(gaps) if gaps else None, '.2f', ' s')}; {listed or 'none'}"
+                f"{' ...' if len(inside) > 8 else ''} | >= {COOLDOWN_S:g} s | "
+                f"{_met(not gaps or min(gaps) >= COOLDOWN_S)} |"
+            )
             if after:
                 listed = "; ".join(f"{c['t_s']:.2f} s {_route_text(c)}" for c in after[:4])
-                lines.append(f"| {name} | route changes after critical traffic ended | "
-                             f"{len(after)}: {listed} | | |")
-        lines.append(f"| {name} | plot | `results/{name}/latency.png` (route changes marked), "
-                     f"`paths.png`, `goodput.png` | | |")
+                lines.append(
+                    f"| {name} | route changes after critical traffic ended | "
+                    f"{len(after)}: {listed} | | |"
+                )
+        lines.append(
+            f"| {name} | plot | `results/{name}/latency.png` (route changes marked), "
+            f"`paths.png`, `goodput.png` | | |"
+        )
     return lines
 
 
 def issue6_rows(codecs: dict[str, Any] | None) -> list[str]:
     if codecs is None:
         return ["i6_codecs not run"]
-    lines = ["| codec | gateway sent bytes (sum of path sent_bytes deltas; each send) | "
-             "least ratio to 64 MiB | emulator IP bytes bj->sh (least) | time send->recv (each "
-             "send) | send() call (most) | Mbit/s of input (median time) | "
-             "max abs err / max abs |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| codec | gateway sent bytes (sum of path sent_bytes deltas; each send) | "
+        "least ratio to 64 MiB | emulator IP bytes bj->sh (least) | time send->recv (each "
+        "send) | send() call (most) | Mbit/s of input (median time) | "
+        "max abs err / max abs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     by_codec: dict[str, list[dict[str, Any]]] = {}
     for row in codecs["rows"]:
         by_codec.setdefault(row["codec"], []).append(row)
@@ -569,13 +674,15 @@ def issue6_rows(codecs: dict[str, Any] | None) -> list[str]:
         times = sorted(r["time_s"] for r in rows)
         median = times[len(times) // 2] if len(times) % 2 else sum(times) / len(times)
         sent = sorted(r["gateway_sent_bytes"] for r in rows)
-        lines.append(f"| {codec} | {' / '.join(f'{b / 1e6:.2f}' for b in sent)} MB | "
-                     f"{sent[0] / row['input_bytes']:.4f} | "
-                     f"{min(r['link_ip_bytes_pushed'] for r in rows) / 1e6:.2f} MB | "
-                     f"{' / '.join(f'{t:.2f}' for t in times)} s | "
-                     f"{max(r['send_call_s'] for r in rows):.2f} s | "
-                     f"{row['input_bytes'] * 8 / median / 1e6:.0f} | "
-                     f"{row['max_abs_err_over_max_abs']:.2e} |")
+        lines.append(
+            f"| {codec} | {' / '.join(f'{b / 1e6:.2f}' for b in sent)} MB | "
+            f"{sent[0] / row['input_bytes']:.4f} | "
+            f"{min(r['link_ip_bytes_pushed'] for r in rows) / 1e6:.2f} MB | "
+            f"{' / '.join(f'{t:.2f}' for t in times)} s | "
+            f"{max(r['send_call_s'] for r in rows):.2f} s | "
+            f"{row['input_bytes'] * 8 / median / 1e6:.0f} | "
+            f"{row['max_abs_err_over_max_abs']:.2e} |"
+        )
     return lines
 
 
@@ -590,8 +697,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         return worker_main(argv[1], argv[2])
-    parser = argparse.ArgumentParser(prog="python -m bench.issues", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.issues",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("issue", choices=("4", "5", "6", "all"))
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
@@ -601,8 +711,10 @@ def main(argv: list[str] | None = None) -> int:
             if not args.report_only:
                 _run_runner(ISSUE4_RUNS, ["--baseline", "tcp-cubic", "--baseline", "tcp-bbr"])
                 _run_runner(ISSUE4_MULTI, ["--baseline", "tcp-bbr"])
-                _run_runner((*ISSUE4_RUNS[:2], *ISSUE4_MULTI), [
-                    "--no-baselines", "--no-plots", "--results", str(RESULTS / "i4_repeat")])
+                _run_runner(
+                    (*ISSUE4_RUNS[:2], *ISSUE4_MULTI),
+                    ["--no-baselines", "--no-plots", "--results", str(RESULTS / "i4_repeat")],
+                )
                 run_fair()
             fair = _load("i4_fair")
             lines = issue4_rows(fair)

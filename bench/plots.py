@@ -37,14 +37,23 @@ def _mark_timeline(ax: Any, record: dict[str, Any]) -> None:
         ax.axvline(event["at_s"], color="0.6", linestyle=":", linewidth=0.8)
         if len(record["timeline"]) <= 6:
             text = f"{event['path']}: " + ", ".join(f"{k}={v}" for k, v in event["set"].items())
-            ax.annotate(text, (event["at_s"], 1.0), xycoords=("data", "axes fraction"),
-                        fontsize=7, color="0.4", rotation=90, va="top", ha="right")
+            ax.annotate(
+                text,
+                (event["at_s"], 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                color="0.4",
+                rotation=90,
+                va="top",
+                ha="right",
+            )
 
 
 def _goodput(plt: Any, record: dict[str, Any], file: Path) -> None:
     directions = record["paths"]
-    fig, axes = plt.subplots(len(directions), 1, figsize=(9, 3.2 * len(directions)),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        len(directions), 1, figsize=(9, 3.2 * len(directions)), squeeze=False, sharex=True
+    )
     for ax, (direction, paths) in zip(axes[:, 0], directions.items(), strict=True):
         total = None
         edges: list[float] = []
@@ -52,11 +61,13 @@ def _goodput(plt: Any, record: dict[str, Any], file: Path) -> None:
             # one value per whole second [k, k+1): draw each as a flat step to k+1
             edges = [*series["t_s"], len(series["t_s"])]
             values = series["goodput_mbps"]
-            ax.stairs(values, edges,
-                      label=f"{name} ({series['nominal']['rate_mbps']:g} Mbit/s, "
-                            f"{series['nominal']['delay_ms']:g} ms)")
-            total = values if total is None else [a + b for a, b in zip(total, values,
-                                                                       strict=True)]
+            ax.stairs(
+                values,
+                edges,
+                label=f"{name} ({series['nominal']['rate_mbps']:g} Mbit/s, "
+                f"{series['nominal']['delay_ms']:g} ms)",
+            )
+            total = values if total is None else [a + b for a, b in zip(total, values, strict=True)]
         if total is not None and len(paths) > 1:
             ax.stairs(total, edges, color="k", linewidth=1.0, linestyle="--", label="sum")
         _mark_timeline(ax, record)
@@ -72,26 +83,47 @@ def _goodput(plt: Any, record: dict[str, Any], file: Path) -> None:
 
 def _latency(plt: Any, record: dict[str, Any], file: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    for critical, style in ((False, {"color": "tab:gray", "marker": ".", "label": "bulk"}),
-                            (True, {"color": "tab:red", "marker": "o", "label": "critical"})):
-        points = [(m["scheduled_s"], m["latency_s"] * 1e3) for m in record["messages"]
-                  if m["critical"] == critical and m["latency_s"] is not None]
+    for critical, style in (
+        (False, {"color": "tab:gray", "marker": ".", "label": "bulk"}),
+        (True, {"color": "tab:red", "marker": "o", "label": "critical"}),
+    ):
+        points = [
+            (m["scheduled_s"], m["latency_s"] * 1e3)
+            for m in record["messages"]
+            if m["critical"] == critical and m["latency_s"] is not None
+        ]
         if points:
             xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, linestyle="-" if critical else "none", linewidth=0.8,
-                    markersize=4, **style)
+            ax.plot(
+                xs, ys, linestyle="-" if critical else "none", linewidth=0.8, markersize=4, **style
+            )
     directions = set(record["paths"])
-    changes = [c for c in record["route_changes"] if c["source"] == "log" and c["t_s"] >= 0
-               and f"{c['site']}->{c['peer']}" in directions]
+    changes = [
+        c
+        for c in record["route_changes"]
+        if c["source"] == "log" and c["t_s"] >= 0 and f"{c['site']}->{c['peer']}" in directions
+    ]
     several = len(directions) > 1
     for number, change in enumerate(changes):
-        ax.axvline(change["t_s"], color="tab:blue", linewidth=0.8, alpha=0.7,
-                   label="critical route change" if number == 0 else None)
+        ax.axvline(
+            change["t_s"],
+            color="tab:blue",
+            linewidth=0.8,
+            alpha=0.7,
+            label="critical route change" if number == 0 else None,
+        )
         if len(changes) <= 12:
             where = f"{change['site']}->{change['peer']}: " if several else ""
-            ax.annotate(f"{where}{change['previous']}\u2192{change['current']}",
-                        (change["t_s"], 0.98), xycoords=("data", "axes fraction"),
-                        fontsize=7, color="tab:blue", rotation=90, va="top", ha="right")
+            ax.annotate(
+                f"{where}{change['previous']}\u2192{change['current']}",
+                (change["t_s"], 0.98),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                color="tab:blue",
+                rotation=90,
+                va="top",
+                ha="right",
+            )
     _mark_timeline(ax, record)
     ax.set_yscale("log")
     from matplotlib.ticker import ScalarFormatter
@@ -110,8 +142,7 @@ def _latency(plt: Any, record: dict[str, Any], file: Path) -> None:
 
 def _paths(plt: Any, record: dict[str, Any], file: Path) -> None:
     directions = record["paths"]
-    fig, axes = plt.subplots(len(directions), 2, figsize=(11, 3.0 * len(directions)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(directions), 2, figsize=(11, 3.0 * len(directions)), squeeze=False)
     for row, (direction, paths) in enumerate(directions.items()):
         for name, series in paths.items():
             middles = [t + 0.5 for t in series["t_s"]]  # per-second values, at mid-second
@@ -154,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         file = Path(name)
         written = write_plots(json.loads(file.read_text()), file.parent)
         if not written:
-            print("matplotlib is not installed: .venv/bin/pip install matplotlib",
-                  file=sys.stderr)
+            print("matplotlib is not installed: .venv/bin/pip install matplotlib", file=sys.stderr)
             return 1
         print("\n".join(str(p) for p in written))
     return 0

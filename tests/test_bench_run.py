@@ -109,8 +109,15 @@ def test_messages_cross_lossy_emulated_links_intact(tmp_path: Path) -> None:
     scenario_file = tmp_path / "tiny.toml"
     scenario_file.write_text(TINY)
     scenario = load_scenario(scenario_file)
-    record = run_scenario(scenario, tmp_path / "results", baselines=(), timeout_s=30.0,
-                          run_id="r" + secrets.token_hex(2), plots=False, quiet=True)
+    record = run_scenario(
+        scenario,
+        tmp_path / "results",
+        baselines=(),
+        timeout_s=30.0,
+        run_id="r" + secrets.token_hex(2),
+        plots=False,
+        quiet=True,
+    )
 
     out = tmp_path / "results" / "tiny"
     on_disk = json.loads((out / "run.json").read_text())
@@ -119,8 +126,10 @@ def test_messages_cross_lossy_emulated_links_intact(tmp_path: Path) -> None:
 
     messages = on_disk["messages"]
     assert [(m["step"], m["name"], m["size_bytes"], m["critical"]) for m in messages] == [
-        (step, name, size, critical) for step in range(4)
-        for name, size, critical in (("layer0", 65536, True), ("bulk", 1_000_003, False))]
+        (step, name, size, critical)
+        for step in range(4)
+        for name, size, critical in (("layer0", 65536, True), ("bulk", 1_000_003, False))
+    ]
     assert all(m["intact"] for m in messages), [m for m in messages if not m["intact"]]
     for m in messages:
         assert m["scheduled_s"] <= m["call_s"] <= m["accepted_s"] < m["delivered_s"]

@@ -53,9 +53,14 @@ ARRAYS: dict[str, np.ndarray] = {
     "nan_inf": np.array([np.nan, np.inf, -np.inf, -0.0], dtype=np.float32),
     **{
         f"{kind}{bits}": rng.integers(
-            np.iinfo(f"{kind}{bits}").min, np.iinfo(f"{kind}{bits}").max, 33,
-            dtype=f"{kind}{bits}", endpoint=True)
-        for kind in ("int", "uint") for bits in (8, 16, 32, 64)
+            np.iinfo(f"{kind}{bits}").min,
+            np.iinfo(f"{kind}{bits}").max,
+            33,
+            dtype=f"{kind}{bits}",
+            endpoint=True,
+        )
+        for kind in ("int", "uint")
+        for bits in (8, 16, 32, 64)
     },
 }
 
@@ -188,8 +193,11 @@ def test_damaged_message_raises_checksum_error(gateway: GatewayThread) -> None:
 
 def test_policy_from_hello_and_error_feedback_per_peer_and_tag(sock_path: Path) -> None:
     settings = {
-        "compression": {"default": "none", "tags": [["*.sparse", "topk:0.5/fp32"]],
-                        "min_lossy_bytes": 0},
+        "compression": {
+            "default": "none",
+            "tags": [["*.sparse", "topk:0.5/fp32"]],
+            "min_lossy_bytes": 0,
+        },
         "max_message_bytes": 1 << 20,
     }
     array = np.array([1.0, 0.75], dtype=np.float32)

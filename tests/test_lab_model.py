@@ -34,8 +34,9 @@ def test_rate_limit_spaces_packets_by_serialisation_time() -> None:
         link.push(packet(i), 0.0)
     deliveries = drain(link, 1.0)
     # 1250 bytes at 10 Mbit/s is exactly 1 ms each
-    assert [t for t, _ in deliveries] == pytest.approx([0.001, 0.002, 0.003, 0.004, 0.005],
-                                                       abs=1e-12)
+    assert [t for t, _ in deliveries] == pytest.approx(
+        [0.001, 0.002, 0.003, 0.004, 0.005], abs=1e-12
+    )
     assert [p[:4] for _, p in deliveries] == [i.to_bytes(4, "big") for i in range(5)]
 
 
@@ -164,8 +165,19 @@ def test_bad_parameters_are_refused() -> None:
 
 def test_every_shipped_scenario_loads() -> None:
     names = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
-    for required in ("clean3", "lossy_fast", "congest", "blackhole", "three_sites", "loss1",
-                     "loss01", "loss5", "burst1", "degrade", "jitter_swap"):
+    for required in (
+        "clean3",
+        "lossy_fast",
+        "congest",
+        "blackhole",
+        "three_sites",
+        "loss1",
+        "loss01",
+        "loss5",
+        "burst1",
+        "degrade",
+        "jitter_swap",
+    ):
         assert required in names
     for name in names:
         scenario = load_scenario(name)
@@ -187,14 +199,32 @@ def test_scenario_details() -> None:
 
 
 def test_ideal_bound_is_fluid_over_summed_rates() -> None:
-    scenario = parse_scenario({
-        "sites": [{"name": "x"}, {"name": "y"}],
-        "links": [{"sites": ["x", "y"], "paths": [
-            {"name": "p", "rate_mbps": 60, "delay_ms": 10},
-            {"name": "q", "rate_mbps": 40, "delay_ms": 30, "b_to_a": {"delay_ms": 5}}]}],
-        "workload": {"flows": [{"src": "x", "dst": "y", "steps": 2, "interval_s": 0.1,
-                                "messages": [{"name": "m", "size_bytes": 2_500_000}]}]},
-    }, "inline")
+    scenario = parse_scenario(
+        {
+            "sites": [{"name": "x"}, {"name": "y"}],
+            "links": [
+                {
+                    "sites": ["x", "y"],
+                    "paths": [
+                        {"name": "p", "rate_mbps": 60, "delay_ms": 10},
+                        {"name": "q", "rate_mbps": 40, "delay_ms": 30, "b_to_a": {"delay_ms": 5}},
+                    ],
+                }
+            ],
+            "workload": {
+                "flows": [
+                    {
+                        "src": "x",
+                        "dst": "y",
+                        "steps": 2,
+                        "interval_s": 0.1,
+                        "messages": [{"name": "m", "size_bytes": 2_500_000}],
+                    }
+                ]
+            },
+        },
+        "inline",
+    )
     flow = scenario.flows[0]
     assert schedule(flow) == [(0.0, 2_500_000), (0.1, 2_500_000)]
     # 20 Mbit per message at 100 Mbit/s = 0.2 s each, back to back, + 10 ms
@@ -203,16 +233,34 @@ def test_ideal_bound_is_fluid_over_summed_rates() -> None:
     assert scenario.path("q").a_to_b.delay_ms == 30.0
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"sites": [{"name": "x"}, {"name": "y"}], "links": [], "bogus": 1}, "bogus: unknown key"),
-    ({"sites": [{"name": "x"}, {"name": "y"}],
-      "links": [{"sites": ["x", "y"], "paths": [{"name": "p", "loss": 2}]}]}, "loss"),
-    ({"sites": [{"name": "x"}, {"name": "y"}],
-      "links": [{"sites": ["x", "z"], "paths": [{"name": "p"}]}]}, "links[0].sites"),
-    ({"sites": [{"name": "x"}, {"name": "y"}],
-      "links": [{"sites": ["x", "y"], "paths": [{"name": "p"}]}],
-      "timeline": [{"at_s": 1, "path": "nope", "set": {}}]}, "timeline[0].path"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"sites": [{"name": "x"}, {"name": "y"}], "links": [], "bogus": 1}, "bogus: unknown key"),
+        (
+            {
+                "sites": [{"name": "x"}, {"name": "y"}],
+                "links": [{"sites": ["x", "y"], "paths": [{"name": "p", "loss": 2}]}],
+            },
+            "loss",
+        ),
+        (
+            {
+                "sites": [{"name": "x"}, {"name": "y"}],
+                "links": [{"sites": ["x", "z"], "paths": [{"name": "p"}]}],
+            },
+            "links[0].sites",
+        ),
+        (
+            {
+                "sites": [{"name": "x"}, {"name": "y"}],
+                "links": [{"sites": ["x", "y"], "paths": [{"name": "p"}]}],
+                "timeline": [{"at_s": 1, "path": "nope", "set": {}}],
+            },
+            "timeline[0].path",
+        ),
+    ],
+)
 def test_scenario_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_scenario(data, "file.toml")
@@ -231,11 +279,17 @@ def test_refuses_clearly_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_forwarder_plays_the_timeline_on_its_directions() -> None:
     from bench.lab.forwarder import Forwarder
 
-    forwarder = Forwarder({
-        "path": "a", "fd_a": -1, "fd_b": -1, "seed": 1,
-        "a_to_b": {"delay_ms": 5.0}, "b_to_a": {"delay_ms": 5.0},
-        "timeline": [(1.0, "a_to_b", {"delay_ms": 40.0}), (2.0, "both", {"loss": 0.5})],
-    })
+    forwarder = Forwarder(
+        {
+            "path": "a",
+            "fd_a": -1,
+            "fd_b": -1,
+            "seed": 1,
+            "a_to_b": {"delay_ms": 5.0},
+            "b_to_a": {"delay_ms": 5.0},
+            "timeline": [(1.0, "a_to_b", {"delay_ms": 40.0}), (2.0, "both", {"loss": 0.5})],
+        }
+    )
     assert forwarder._play_timeline(100.0) is None  # not started: nothing applies
     forwarder.start_timeline(100.0)
     assert forwarder._play_timeline(100.5) == 101.0

@@ -57,9 +57,14 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
     run_id = _run_id()
     with Lab(scenario, run_id=run_id) as lab:
         assert [(a.path, a.local, a.remote) for a in lab.site_addresses("bj")] == [
-            ("a", "10.77.1.1", "10.77.1.2"), ("b", "10.77.2.1", "10.77.2.2")]
-        route = lab.run_in("bj", ["ip", "-o", "route", "get", "10.77.2.2", "from", "10.77.2.1"],
-                           stdout=subprocess.PIPE)
+            ("a", "10.77.1.1", "10.77.1.2"),
+            ("b", "10.77.2.1", "10.77.2.2"),
+        ]
+        route = lab.run_in(
+            "bj",
+            ["ip", "-o", "route", "get", "10.77.2.2", "from", "10.77.2.1"],
+            stdout=subprocess.PIPE,
+        )
         assert f"dev wl{run_id}p2a" in route.communicate(timeout=10)[0].decode()
         assert sorted(_namespaces_of(run_id)) == [f"wglab-{run_id}-bj", f"wglab-{run_id}-sh"]
         # the gateway hook: a command per site, run in its namespace, given its config
@@ -67,7 +72,9 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
         config = tomllib.loads(hooks["sh"].communicate(timeout=10)[0].decode())
         assert config["site"]["name"] == "sh"
         assert [(p["name"], p["local"], p["remote"]) for p in config["peers"][0]["paths"]] == [
-            ("a", "10.77.1.2", "10.77.1.1:7000"), ("b", "10.77.2.2", "10.77.2.1:7000")]
+            ("a", "10.77.1.2", "10.77.1.1:7000"),
+            ("b", "10.77.2.2", "10.77.2.1:7000"),
+        ]
         assert config["peers"][0]["name"] == "bj"
         assert all(Path(config["tls"][key]).is_file() for key in ("ca", "cert", "key"))
     assert _namespaces_of(run_id) == []
@@ -76,8 +83,11 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
 
 def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
     run_id, orphan = _run_id(), _run_id()
-    up = subprocess.Popen([sys.executable, "-m", "bench.lab", "up", "jitter_swap", "--run-id",
-                           run_id], stdout=subprocess.PIPE, text=True)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "bench.lab", "up", "jitter_swap", "--run-id", run_id],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert up.stdout is not None
     for line in up.stdout:
         if line.startswith("timeline started"):
@@ -96,7 +106,8 @@ def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
 def test_timeline_changes_delay_during_a_run() -> None:
     scenario = dataclasses.replace(
         two_site_scenario([{"name": "a", "delay_ms": 5.0}]),
-        timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),))
+        timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),),
+    )
     with Lab(scenario, run_id=_run_id()) as lab:
         lab.start_timeline()
         time.sleep(1.0)

@@ -46,8 +46,14 @@ def load_vector(name: str) -> bytes:
 
 
 SEND = {
-    "op": "send", "id": 5, "peer": "sh", "tag": "layer3.grad", "step": 12,
-    "critical": False, "meta": b"\x01\x02", "checksum": 99,
+    "op": "send",
+    "id": 5,
+    "peer": "sh",
+    "tag": "layer3.grad",
+    "step": 12,
+    "critical": False,
+    "meta": b"\x01\x02",
+    "checksum": 99,
 }
 RECV = {"op": "recv", "id": 6, "tag": "t", "source": None, "step": None, "timeout_s": 1.5}
 
@@ -84,7 +90,10 @@ def test_bad_prefixes_are_fatal_with_their_code(raw: bytes, code: str) -> None:
 def test_prefix_at_the_limits_is_accepted() -> None:
     prefix = decode_prefix(encode_prefix(MAX_HEADER_BYTES, LIMIT), LIMIT)
     assert (prefix.version, prefix.flags, prefix.header_bytes, prefix.payload_bytes) == (
-        1, 0, MAX_HEADER_BYTES, LIMIT
+        1,
+        0,
+        MAX_HEADER_BYTES,
+        LIMIT,
     )
 
 
@@ -113,12 +122,17 @@ def test_recv_request_nil_fields_and_integer_timeout() -> None:
     assert isinstance(request, RecvRequest) and type(request.timeout_s) is float
 
 
-@pytest.mark.parametrize("request_", [
-    HelloRequest(0), PingRequest(2**32 - 1),
-    SendRequest(1, "sh", "é" * 128, 2**63 - 1, True, b"", 2**32 - 1),
-    SendRequest(1, "sh", "t", 0, False, b"", 0, 0.125),
-    RecvRequest(3, "x", "bj", 0, None), RecvRequest(4, "x", None, 7, 0.25),
-])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        HelloRequest(0),
+        PingRequest(2**32 - 1),
+        SendRequest(1, "sh", "é" * 128, 2**63 - 1, True, b"", 2**32 - 1),
+        SendRequest(1, "sh", "t", 0, False, b"", 0, 0.125),
+        RecvRequest(3, "x", "bj", 0, None),
+        RecvRequest(4, "x", None, 7, 0.25),
+    ],
+)
 def test_requests_round_trip(request_: Any) -> None:
     frame = split_frame(encode_request(request_, 0), LIMIT)
     assert frame is not None
@@ -222,11 +236,19 @@ def test_header_over_limit_cannot_be_encoded() -> None:
 def test_reply_validation() -> None:
     assert decode_reply(pack(ok_reply(3, message_id=1))) == {"ok": True, "id": 3, "message_id": 1}
     assert decode_reply(pack(error_reply(None, "x", "y"))) == {
-        "ok": False, "id": None, "code": "x", "error": "y"
+        "ok": False,
+        "id": None,
+        "code": "x",
+        "error": "y",
     }
     error = error_reply(1, "x", "y")
-    for broken in ({"ok": 1, "id": 1}, {"ok": True, "id": "1"}, {"ok": False, "id": 1},
-                   {**error, "more": 1}, {**error, "code": 3}):
+    for broken in (
+        {"ok": 1, "id": 1},
+        {"ok": True, "id": "1"},
+        {"ok": False, "id": 1},
+        {**error, "more": 1},
+        {**error, "code": 3},
+    ):
         with pytest.raises(FrameError):
             decode_reply(pack(broken))
 
@@ -242,25 +264,45 @@ REQUEST_VECTORS = {
     "hello_request": (HelloRequest(1), b""),
     "send_request": (SendRequest(2, "sh", "layer3.grad", 12, False, META, CHECKSUM), PAYLOAD),
     "send_deadline_request": (
-        SendRequest(2, "sh", "layer3.grad", 12, True, META, CHECKSUM, 0.5), PAYLOAD
+        SendRequest(2, "sh", "layer3.grad", 12, True, META, CHECKSUM, 0.5),
+        PAYLOAD,
     ),
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
-    "hello_reply": ({
-        "ok": True, "id": 1, "protocol": 1, "site": "bj", "version": "0.1.0",
-        "client_settings": {
-            "compression": {"default": "none", "tags": [["layer0.*", "fp16"]],
-                            "min_lossy_bytes": 65536},
-            "max_message_bytes": 1 << 30,
+    "hello_reply": (
+        {
+            "ok": True,
+            "id": 1,
+            "protocol": 1,
+            "site": "bj",
+            "version": "0.1.0",
+            "client_settings": {
+                "compression": {
+                    "default": "none",
+                    "tags": [["layer0.*", "fp16"]],
+                    "min_lossy_bytes": 65536,
+                },
+                "max_message_bytes": 1 << 30,
+            },
         },
-    }, b""),
+        b"",
+    ),
     "send_reply": ({"ok": True, "id": 2, "message_id": 41}, b""),
-    "recv_reply": ({
-        "ok": True, "id": 3, "source": "bj", "tag": "layer3.grad", "step": 12,
-        "critical": True, "meta": META, "checksum": CHECKSUM,
-    }, PAYLOAD),
+    "recv_reply": (
+        {
+            "ok": True,
+            "id": 3,
+            "source": "bj",
+            "tag": "layer3.grad",
+            "step": 12,
+            "critical": True,
+            "meta": META,
+            "checksum": CHECKSUM,
+        },
+        PAYLOAD,
+    ),
     "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
 }
 
@@ -327,18 +369,26 @@ def test_random_headers_only_raise_frame_error(header: bytes) -> None:
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats()
-    | st.text(max_size=10) | st.binary(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                  max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats()
+    | st.text(max_size=10)
+    | st.binary(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=10,
 )
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(set(SEND) | set(RECV) | {"x"})), msgpack_values,
-                       max_size=9),
-       st.sampled_from(["send", "recv", "ping", "hello", "paths", "status", "nope"]))
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(set(SEND) | set(RECV) | {"x"})), msgpack_values, max_size=9
+    ),
+    st.sampled_from(["send", "recv", "ping", "hello", "paths", "status", "nope"]),
+)
 def test_structured_random_headers_only_raise_frame_error(header: dict[str, Any], op: str) -> None:
     try:
         raw = pack({**header, "op": op})

@@ -56,8 +56,10 @@ class GatewayThread:
             client_settings or default_client_settings(max_message_bytes),
         )
         self.server = LocalApiServer(
-            self.service, path,
-            max_message_bytes=max_message_bytes, client_budget_bytes=client_budget_bytes,
+            self.service,
+            path,
+            max_message_bytes=max_message_bytes,
+            client_budget_bytes=client_budget_bytes,
         )
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -181,8 +183,14 @@ def frame(header: bytes, payload: bytes = b"", payload_bytes: int | None = None)
 
 
 SEND = {
-    "op": "send", "id": 5, "peer": "bj", "tag": "t", "step": 0,
-    "critical": False, "meta": b"", "checksum": 0,
+    "op": "send",
+    "id": 5,
+    "peer": "bj",
+    "tag": "t",
+    "step": 0,
+    "critical": False,
+    "meta": b"",
+    "checksum": 0,
 }
 
 # (bytes, expected code or None for "closed without a reply", connection survives)
@@ -274,8 +282,14 @@ def test_pipelined_requests_reply_by_id_as_they_complete(sock_path: Path) -> Non
         assert replies[1][0]["message_id"] == 1
         recv_reply, recv_payload = replies[2]
         assert recv_reply == {
-            "ok": True, "id": 1, "source": "bj", "tag": "later", "step": 9,
-            "critical": True, "meta": b"m", "checksum": 1234,
+            "ok": True,
+            "id": 1,
+            "source": "bj",
+            "tag": "later",
+            "step": 9,
+            "critical": True,
+            "meta": b"m",
+            "checksum": 1234,
         }
         assert recv_payload == payload
         sock.close()

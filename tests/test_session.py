@@ -710,7 +710,10 @@ def test_a_message_past_its_deadline_fails_once_and_is_no_longer_sent() -> None:
 
 def test_a_deadline_also_ends_a_message_still_waiting_for_credit() -> None:
     pair = SimulatedPair(
-        {"a": LOSSY}, seed=13, max_message_bytes=64 << 10, inbox_window_bytes=64 << 10,
+        {"a": LOSSY},
+        seed=13,
+        max_message_bytes=64 << 10,
+        inbox_window_bytes=64 << 10,
         auto_consume=False,
     )
     first = send_many(pair, "bj", [60_000], seed=5, critical_every=100)
@@ -738,8 +741,9 @@ def test_a_message_confirmed_in_time_does_not_fail() -> None:
 
 def test_an_abandoned_message_expires_at_the_receiver_and_its_credit_comes_back() -> None:
     slow = LinkProfile(delay_s=0.010, rate_bps=200e3)  # 60 kB take 2.4 s on the wire
-    pair = SimulatedPair({"a": slow}, seed=15, max_message_bytes=64 << 10,
-                         inbox_window_bytes=64 << 10)
+    pair = SimulatedPair(
+        {"a": slow}, seed=15, max_message_bytes=64 << 10, inbox_window_bytes=64 << 10
+    )
     rng = random.Random(6)
     first, second = rng.randbytes(60_000), rng.randbytes(60_000)
     bj = pair.sessions["bj"]

@@ -95,7 +95,9 @@ class _Session:
         if reply.get("protocol") != VERSION:
             raise GatewayError(
                 f"wangate at {self.path} speaks protocol {reply.get('protocol')!r}, "
-                f"this client {VERSION}: upgrade the older side", code="bad_version")
+                f"this client {VERSION}: upgrade the older side",
+                code="bad_version",
+            )
         settings = _field(reply, "client_settings", dict)
         compression = settings.get("compression", {})
         self.site = _field(reply, "site", str)

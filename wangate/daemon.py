@@ -497,8 +497,9 @@ class Gateway(LinkHost):
     def reset_path(self, peer: str, path: str) -> None:
         state = self.peers.get(peer)
         if state is None or path not in {p.name for p in self.config.peer(peer).paths}:
-            raise GatewayError(f"no path {path!r} to peer {peer!r} in {self.config.path}",
-                               code="unknown_path")
+            raise GatewayError(
+                f"no path {path!r} to peer {peer!r} in {self.config.path}", code="unknown_path"
+            )
         link = state.links.get(path)
         if link is None:
             raise GatewayError(f"path {peer}/{path} is not connected", code="path_down")

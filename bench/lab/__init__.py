@@ -6,6 +6,15 @@ from bench.lab.link import LinkEmulator, LinkParams, LinkStats
 from bench.lab.scenario import Scenario, load_scenario, parse_scenario
 
 __all__ = [
-    "GilbertElliott", "GilbertElliottParams", "Lab", "LinkEmulator", "LinkParams", "LinkStats",
-    "PathAddress", "Scenario", "cleanup", "load_scenario", "parse_scenario",
+    "GilbertElliott",
+    "GilbertElliottParams",
+    "Lab",
+    "LinkEmulator",
+    "LinkParams",
+    "LinkStats",
+    "PathAddress",
+    "Scenario",
+    "cleanup",
+    "load_scenario",
+    "parse_scenario",
 ]

@@ -23,8 +23,10 @@ def _up(args: argparse.Namespace) -> int:
         for site in scenario.sites:
             print(f"  site {site}: ip netns exec {lab.namespace(site)} COMMAND")
             for address in lab.site_addresses(site):
-                print(f"    path {address.path} to {address.peer}: bind {address.local}, "
-                      f"reach {address.remote} (mtu {address.mtu})")
+                print(
+                    f"    path {address.path} to {address.peer}: bind {address.local}, "
+                    f"reach {address.remote} (mtu {address.mtu})"
+                )
         if args.gateway:
             lab.start_gateways(args.gateway)
             print(f"  gateways started; configs in {lab.state_dir / 'gateway'}")
@@ -54,15 +56,19 @@ def _baselines(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.lab",
-                                     description="Emulated WAN between sites in namespaces.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.lab", description="Emulated WAN between sites in namespaces."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check", help="refuse clearly unless root and /dev/net/tun")
     up = sub.add_parser("up", help="bring a scenario up and hold it until Ctrl-C")
     up.add_argument("scenario", help="file, or name in bench/scenarios/")
     up.add_argument("--run-id")
-    up.add_argument("--gateway", help="command run in every site, e.g. "
-                    "'.venv/bin/wangate run -c {config}' ({config} {site} {socket} {rundir})")
+    up.add_argument(
+        "--gateway",
+        help="command run in every site, e.g. "
+        "'.venv/bin/wangate run -c {config}' ({config} {site} {socket} {rundir})",
+    )
     base = sub.add_parser("baselines", help="TCP cubic, TCP BBR, aioquic stream, ideal bound")
     base.add_argument("scenario")
     base.add_argument("--run-id")

@@ -20,14 +20,20 @@ from bench.lab.lab import Lab
 from bench.lab.scenario import Flow, PathSpec, Scenario
 
 BASE_PORT = 9100
-BASELINES = (("tcp-cubic", "tcp", "cubic"), ("tcp-bbr", "tcp", "bbr"),
-             ("aioquic-stream", "quic", ""))
+BASELINES = (
+    ("tcp-cubic", "tcp", "cubic"),
+    ("tcp-bbr", "tcp", "bbr"),
+    ("aioquic-stream", "quic", ""),
+)
 
 
 def schedule(flow: Flow) -> list[tuple[float, int]]:
     """(send time after start, size) of every message of ``flow``, in order."""
-    return [(flow.start_s + step * flow.interval_s, message.size_bytes)
-            for step in range(flow.steps) for message in flow.messages]
+    return [
+        (flow.start_s + step * flow.interval_s, message.size_bytes)
+        for step in range(flow.steps)
+        for message in flow.messages
+    ]
 
 
 def best_path(scenario: Scenario, flow: Flow) -> PathSpec:
@@ -70,26 +76,49 @@ class BaselineResult:
     detail: dict[str, Any]
 
 
-def run_baseline(lab: Lab, name: str, proto: str, cc: str, port: int,
-                 timeout_s: float) -> BaselineResult:
+def run_baseline(
+    lab: Lab, name: str, proto: str, cc: str, port: int, timeout_s: float
+) -> BaselineResult:
     scenario = lab.scenario
     receivers, senders, flows = [], [], scenario.flows
     for flow in flows:
         path = best_path(scenario, flow)
-        receiver = lab.run_in(flow.dst, [
-            sys.executable, "-m", "bench.lab.transfer", "recv", "--proto", proto,
-            "--bind", f"{path.address_of(flow.dst)}:{port}",
-            "--messages", str(len(schedule(flow)))], stdout=subprocess.PIPE)
+        receiver = lab.run_in(
+            flow.dst,
+            [
+                sys.executable,
+                "-m",
+                "bench.lab.transfer",
+                "recv",
+                "--proto",
+                proto,
+                "--bind",
+                f"{path.address_of(flow.dst)}:{port}",
+                "--messages",
+                str(len(schedule(flow))),
+            ],
+            stdout=subprocess.PIPE,
+        )
         assert receiver.stdout is not None
         receiver.stdout.readline()  # ready
         receivers.append(receiver)
     lab.start_timeline()
     for flow in flows:
         path = best_path(scenario, flow)
-        argv = [sys.executable, "-m", "bench.lab.transfer", "send", "--proto", proto,
-                "--bind", path.address_of(flow.src),
-                "--to", f"{path.address_of(flow.dst)}:{port}",
-                "--schedule", json.dumps(schedule(flow))]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.lab.transfer",
+            "send",
+            "--proto",
+            proto,
+            "--bind",
+            path.address_of(flow.src),
+            "--to",
+            f"{path.address_of(flow.dst)}:{port}",
+            "--schedule",
+            json.dumps(schedule(flow)),
+        ]
         if cc:
             argv += ["--cc", cc]
         senders.append(lab.run_in(flow.src, argv, stdout=subprocess.PIPE))
@@ -121,20 +150,24 @@ def run_baseline(lab: Lab, name: str, proto: str, cc: str, port: int,
         start = float(sent["started"])
         finish_times.append(completed[-1] - start)
         latencies += [done - (start + at) for (at, _), done in zip(plan, completed, strict=True)]
-        detail[f"{flow.src}->{flow.dst}"] = {"path": best_path(scenario, flow).name,
-                                            "cc": sent.get("cc"),
-                                            "time_s": completed[-1] - start}
+        detail[f"{flow.src}->{flow.dst}"] = {
+            "path": best_path(scenario, flow).name,
+            "cc": sent.get("cc"),
+            "time_s": completed[-1] - start,
+        }
     latencies.sort()
     return BaselineResult(
-        name=name, time_s=max(finish_times) if complete and finish_times else None,
-        delivered_bytes=delivered, total_bytes=sum(f.total_bytes for f in flows),
+        name=name,
+        time_s=max(finish_times) if complete and finish_times else None,
+        delivered_bytes=delivered,
+        total_bytes=sum(f.total_bytes for f in flows),
         message_latency_p50_s=latencies[len(latencies) // 2] if latencies else None,
-        message_latency_max_s=latencies[-1] if latencies else None, detail=detail,
+        message_latency_max_s=latencies[-1] if latencies else None,
+        detail=detail,
     )
 
 
-def run_baselines(lab: Lab, timeout_s: float = 120.0,
-                  only: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_baselines(lab: Lab, timeout_s: float = 120.0, only: tuple[str, ...] = ()) -> dict[str, Any]:
     scenario = lab.scenario
     if not scenario.flows:
         raise ValueError(f"scenario {scenario.name!r} has no [workload] flows")
@@ -159,25 +192,31 @@ def run_baselines(lab: Lab, timeout_s: float = 120.0,
 def markdown_table(report: dict[str, Any]) -> str:
     bound = float(report["ideal_bound_s"])
     total_mb = report["total_bytes"] / 1e6
-    lines = [f"Scenario `{report['scenario']}`: {total_mb:.1f} MB of workload; ideal bound "
-             f"{bound:.2f} s ({'sum of path rates' if report['ideal_is_multipath'] else 'one path'}"
-             ")", "",
-             "| transfer | time for workload | goodput | ratio to bound | msg latency p50 / max |",
-             "|---|---|---|---|---|",
-             f"| ideal bound | {bound:.2f} s | {report['total_bytes'] * 8 / bound / 1e6:.1f} Mbit/s"
-             " | 1.00 | |"]
+    lines = [
+        f"Scenario `{report['scenario']}`: {total_mb:.1f} MB of workload; ideal bound "
+        f"{bound:.2f} s ({'sum of path rates' if report['ideal_is_multipath'] else 'one path'}"
+        ")",
+        "",
+        "| transfer | time for workload | goodput | ratio to bound | msg latency p50 / max |",
+        "|---|---|---|---|---|",
+        f"| ideal bound | {bound:.2f} s | {report['total_bytes'] * 8 / bound / 1e6:.1f} Mbit/s"
+        " | 1.00 | |",
+    ]
     for result in report["baselines"]:
         if result["time_s"] is None:
             delivered = result["delivered_bytes"] / 1e6
-            lines.append(f"| {result['name']} | not done in {report['timeout_s']:.0f} s "
-                         f"({delivered:.1f} MB delivered) | | > "
-                         f"{report['timeout_s'] / bound:.1f} | |")
+            lines.append(
+                f"| {result['name']} | not done in {report['timeout_s']:.0f} s "
+                f"({delivered:.1f} MB delivered) | | > "
+                f"{report['timeout_s'] / bound:.1f} | |"
+            )
             continue
         time_s = float(result["time_s"])
         lines.append(
             f"| {result['name']} | {time_s:.2f} s | "
             f"{result['total_bytes'] * 8 / time_s / 1e6:.1f} Mbit/s | {time_s / bound:.2f} | "
-            f"{result['message_latency_p50_s']:.3f} / {result['message_latency_max_s']:.3f} s |")
+            f"{result['message_latency_p50_s']:.3f} / {result['message_latency_max_s']:.3f} s |"
+        )
     return "\n".join(lines)
 
 

@@ -32,8 +32,9 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def send(bind: str, to: tuple[str, int], rate_mbps: float, size: int, count: int,
-         duration_s: float) -> dict[str, Any]:
+def send(
+    bind: str, to: tuple[str, int], rate_mbps: float, size: int, count: int, duration_s: float
+) -> dict[str, Any]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     sock.bind((bind, 0))
@@ -63,8 +64,13 @@ def send(bind: str, to: tuple[str, int], rate_mbps: float, size: int, count: int
                 errors += 1
             sent += 1
     elapsed = time.monotonic() - start
-    return {"sent": sent, "send_errors": errors, "elapsed_s": elapsed, "size": size,
-            "sent_mbps": sent * wire_bytes * 8 / elapsed / 1e6 if elapsed > 0 else 0.0}
+    return {
+        "sent": sent,
+        "send_errors": errors,
+        "elapsed_s": elapsed,
+        "size": size,
+        "sent_mbps": sent * wire_bytes * 8 / elapsed / 1e6 if elapsed > 0 else 0.0,
+    }
 
 
 def sink(bind: tuple[str, int], idle_s: float, max_s: float, first_s: float) -> dict[str, Any]:
@@ -94,15 +100,20 @@ def sink(bind: tuple[str, int], idle_s: float, max_s: float, first_s: float) -> 
     return summarise(sequences, delays_ns, arrivals_ns, size)
 
 
-def summarise(sequences: list[int], delays_ns: list[int], arrivals_ns: list[int],
-              size: int) -> dict[str, Any]:
+def summarise(
+    sequences: list[int], delays_ns: list[int], arrivals_ns: list[int], size: int
+) -> dict[str, Any]:
     received = len(sequences)
     unique = len(set(sequences))
-    reordered = sum(1 for before, after in itertools.pairwise(sequences)
-                    if after < before)
-    result: dict[str, Any] = {"received": received, "unique": unique,
-                              "duplicates": received - unique, "reordered": reordered,
-                              "max_sequence": max(sequences) if sequences else -1, "size": size}
+    reordered = sum(1 for before, after in itertools.pairwise(sequences) if after < before)
+    result: dict[str, Any] = {
+        "received": received,
+        "unique": unique,
+        "duplicates": received - unique,
+        "reordered": reordered,
+        "max_sequence": max(sequences) if sequences else -1,
+        "size": size,
+    }
     if received >= 2:
         delays_ms = sorted(d / 1e6 for d in delays_ns)
         span_s = (arrivals_ns[-1] - arrivals_ns[0]) / 1e9
@@ -113,7 +124,8 @@ def summarise(sequences: list[int], delays_ns: list[int], arrivals_ns: list[int]
             delay_stdev_ms=statistics.pstdev(delays_ms),
             span_s=span_s,
             received_mbps=(received - 1) * (size + IP_UDP_OVERHEAD) * 8 / span_s / 1e6
-            if span_s > 0 else 0.0,
+            if span_s > 0
+            else 0.0,
         )
     return result
 
@@ -132,8 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     receiver.add_argument("--bind", required=True, type=_address)
     receiver.add_argument("--idle-s", type=float, default=1.0)
     receiver.add_argument("--max-s", type=float, default=60.0)
-    receiver.add_argument("--first-s", type=float, default=3.0,
-                          help="give up when no packet arrives this long after start")
+    receiver.add_argument(
+        "--first-s",
+        type=float,
+        default=3.0,
+        help="give up when no packet arrives this long after start",
+    )
     args = parser.parse_args(argv)
     if args.mode == "send":
         if args.size < HEADER.size:

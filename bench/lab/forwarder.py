@@ -126,8 +126,15 @@ class Forwarder:
         pending_ctrl = b""
         next_change: float | None = None
         while True:
-            deadlines = [d for d in (outbound[0][0].next_deadline(),
-                                     outbound[1][0].next_deadline(), next_change) if d is not None]
+            deadlines = [
+                d
+                for d in (
+                    outbound[0][0].next_deadline(),
+                    outbound[1][0].next_deadline(),
+                    next_change,
+                )
+                if d is not None
+            ]
             timeout = max(0.0, min(deadlines) - monotonic()) if deadlines else -1.0
             events = poller.poll(timeout)
             now = monotonic()

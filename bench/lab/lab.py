@@ -46,8 +46,9 @@ class PathAddress:
 
 
 class Lab:
-    def __init__(self, scenario: Scenario, run_id: str | None = None,
-                 state_root: Path = STATE_ROOT) -> None:
+    def __init__(
+        self, scenario: Scenario, run_id: str | None = None, state_root: Path = STATE_ROOT
+    ) -> None:
         self.scenario = scenario
         self.run_id = run_id or secrets.token_hex(3)
         if not netns.RUN_ID_RE.match(self.run_id):
@@ -75,8 +76,11 @@ class Lab:
         for path in self.scenario.paths:
             if site in path.sites():
                 peer = path.site_b if site == path.site_a else path.site_a
-                result.append(PathAddress(path.name, peer, path.address_of(site),
-                                          path.address_of(peer), path.mtu))
+                result.append(
+                    PathAddress(
+                        path.name, peer, path.address_of(site), path.address_of(peer), path.mtu
+                    )
+                )
         return result
 
     # -- lifecycle ------------------------------------------------------------
@@ -84,18 +88,27 @@ class Lab:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def start(self) -> None:
         netns.check_environment()
-        taken = [n for n in netns.list_namespaces()
-                 if n.startswith(f"{netns.NAMESPACE_PREFIX}{self.run_id}-")]
+        taken = [
+            n
+            for n in netns.list_namespaces()
+            if n.startswith(f"{netns.NAMESPACE_PREFIX}{self.run_id}-")
+        ]
         if taken or self.state_dir.exists():
             what = ", ".join(taken) or str(self.state_dir)
-            raise WangateError(f"run id {self.run_id!r} is in use ({what}); pick another "
-                               "or run 'python -m bench.lab cleanup'")
+            raise WangateError(
+                f"run id {self.run_id!r} is in use ({what}); pick another "
+                "or run 'python -m bench.lab cleanup'"
+            )
         self._install_signal_handlers()
         atexit.register(self.close)
         try:
@@ -114,8 +127,9 @@ class Lab:
         self._namespaces.append(name)
         netns.ip("-n", name, "link", "set", "lo", "up")
         # No IPv6 chatter (router solicitations, MLD) on the emulated links.
-        netns.sysctl_in(name, {"net.ipv6.conf.all.disable_ipv6": "1",
-                               "net.ipv6.conf.default.disable_ipv6": "1"})
+        netns.sysctl_in(
+            name, {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
+        )
 
     def _add_path(self, path: PathSpec) -> None:
         fds = []
@@ -125,10 +139,10 @@ class Lab:
                 fds.append(netns.open_tun(device))
                 namespace = self.namespace(site)
                 netns.ip("link", "set", "dev", device, "netns", namespace)
-                netns.ip("-n", namespace, "addr", "add", f"{path.address_of(site)}/30",
-                         "dev", device)
-                netns.ip("-n", namespace, "link", "set", "dev", device, "mtu", str(path.mtu),
-                         "up")
+                netns.ip(
+                    "-n", namespace, "addr", "add", f"{path.address_of(site)}/30", "dev", device
+                )
+                netns.ip("-n", namespace, "link", "set", "dev", device, "mtu", str(path.mtu), "up")
             self._start_forwarder(path, fds[0], fds[1])
         finally:
             for fd in fds:
@@ -137,16 +151,26 @@ class Lab:
     def _start_forwarder(self, path: PathSpec, fd_a: int, fd_b: int) -> None:
         timeline = [
             (event.at_s, event.direction, event.changes)
-            for event in self.scenario.timeline if event.path == path.name
+            for event in self.scenario.timeline
+            if event.path == path.name
         ]
         spec = {
-            "path": path.name, "fd_a": fd_a, "fd_b": fd_b, "seed": self.scenario.seed,
-            "a_to_b": asdict(path.a_to_b), "b_to_a": asdict(path.b_to_a), "timeline": timeline,
+            "path": path.name,
+            "fd_a": fd_a,
+            "fd_b": fd_b,
+            "seed": self.scenario.seed,
+            "a_to_b": asdict(path.a_to_b),
+            "b_to_a": asdict(path.b_to_a),
+            "timeline": timeline,
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "bench.lab.forwarder", json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, pass_fds=(fd_a, fd_b),
-            preexec_fn=netns.die_with_parent, cwd=_repo_root(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=(fd_a, fd_b),
+            preexec_fn=netns.die_with_parent,
+            cwd=_repo_root(),
         )
         self._forwarders[path.name] = process
         self._record_pid(process.pid)
@@ -212,7 +236,8 @@ class Lab:
         popen_kwargs.setdefault("cwd", _repo_root())
         process: subprocess.Popen[bytes] = subprocess.Popen(
             ["ip", "netns", "exec", self.namespace(site), *argv],
-            preexec_fn=netns.die_with_parent, **popen_kwargs,
+            preexec_fn=netns.die_with_parent,
+            **popen_kwargs,
         )
         self._children.append(process)
         self._record_pid(process.pid)
@@ -252,10 +277,16 @@ class Lab:
         configs = {}
         for site in self.scenario.sites:
             lines = [
-                "[site]", f'name = "{site}"', f'socket = "{directory / (site + ".sock")}"',
-                f'listen = ["0.0.0.0:{port}"]', "",
-                "[tls]", f'ca = "{ca}"', f'cert = "{site_files[site][0]}"',
-                f'key = "{site_files[site][1]}"', "",
+                "[site]",
+                f'name = "{site}"',
+                f'socket = "{directory / (site + ".sock")}"',
+                f'listen = ["0.0.0.0:{port}"]',
+                "",
+                "[tls]",
+                f'ca = "{ca}"',
+                f'cert = "{site_files[site][0]}"',
+                f'key = "{site_files[site][1]}"',
+                "",
             ]
             by_peer: dict[str, list[PathAddress]] = {}
             for address in self.site_addresses(site):
@@ -263,9 +294,13 @@ class Lab:
             for peer, addresses in by_peer.items():
                 lines += ["[[peers]]", f'name = "{peer}"']
                 for address in addresses:
-                    lines += ["[[peers.paths]]", f'name = "{address.path}"',
-                              f'local = "{address.local}"',
-                              f'remote = "{address.remote}:{port}"', f"mtu = {address.mtu}"]
+                    lines += [
+                        "[[peers.paths]]",
+                        f'name = "{address.path}"',
+                        f'local = "{address.local}"',
+                        f'remote = "{address.remote}:{port}"',
+                        f"mtu = {address.mtu}",
+                    ]
                 lines.append("")
             lines.append(self.scenario.gateway_config)
             config = directory / f"{site}.toml"
@@ -273,8 +308,9 @@ class Lab:
             configs[site] = config
         return configs
 
-    def start_gateways(self, command: str, port: int = GATEWAY_PORT,
-                       **popen_kwargs: Any) -> dict[str, subprocess.Popen[bytes]]:
+    def start_gateways(
+        self, command: str, port: int = GATEWAY_PORT, **popen_kwargs: Any
+    ) -> dict[str, subprocess.Popen[bytes]]:
         """Run ``command`` in every site; ``{config}``, ``{site}``, ``{socket}`` and
         ``{rundir}`` are replaced (e.g. ``.venv/bin/wangate run -c {config}``)."""
         import shlex
@@ -282,8 +318,12 @@ class Lab:
         configs = self.write_gateway_configs(port)
         started = {}
         for site, config in configs.items():
-            values = {"config": str(config), "site": site, "rundir": str(self.state_dir),
-                      "socket": str(config.with_suffix(".sock"))}
+            values = {
+                "config": str(config),
+                "site": site,
+                "rundir": str(self.state_dir),
+                "socket": str(config.with_suffix(".sock")),
+            }
             argv = [word.format(**values) for word in shlex.split(command)]
             started[site] = self.run_in(site, argv, **popen_kwargs)
         return started

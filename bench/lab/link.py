@@ -54,8 +54,15 @@ class LinkParams:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0.0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        for name in ("loss", "ge_p", "ge_r", "ge_loss_in_good", "ge_loss_in_bad", "reorder",
-                     "duplicate"):
+        for name in (
+            "loss",
+            "ge_p",
+            "ge_r",
+            "ge_loss_in_good",
+            "ge_loss_in_bad",
+            "reorder",
+            "duplicate",
+        ):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
@@ -218,4 +225,3 @@ class LinkEmulator:
 
     def in_flight_packets(self) -> int:
         return len(self._in_flight)
-

@@ -109,8 +109,9 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def terminate(processes: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]],
-              grace_s: float = 2.0) -> None:
+def terminate(
+    processes: Sequence[subprocess.Popen[bytes] | subprocess.Popen[str]], grace_s: float = 2.0
+) -> None:
     """SIGTERM each still-running process, then SIGKILL whatever outlives the grace time."""
     for process in processes:
         if process.poll() is None:

@@ -179,7 +179,8 @@ def _param_changes(reader: _Reader, extra_keys: set[str]) -> dict[str, Any]:
             raise reader.fail("ge_mean_burst", "ge_mean_burst and ge_loss go together")
         try:
             ge = GilbertElliottParams.from_burst(
-                reader.number("ge_mean_burst"), reader.number("ge_loss"))
+                reader.number("ge_mean_burst"), reader.number("ge_loss")
+            )
         except ValueError as exc:
             raise reader.fail("ge_mean_burst", str(exc)) from None
         changes.update(ge_p=ge.p, ge_r=ge.r, ge_loss_in_good=0.0, ge_loss_in_bad=1.0)
@@ -210,8 +211,20 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def parse_scenario(data: dict[str, Any], source_name: str, source: Path | None = None) -> Scenario:
     top = _Reader(source_name, "", data)
-    top.only({"name", "description", "seed", "duration_s", "mtu", "sites", "links", "timeline",
-              "workload", "gateway_config"})
+    top.only(
+        {
+            "name",
+            "description",
+            "seed",
+            "duration_s",
+            "mtu",
+            "sites",
+            "links",
+            "timeline",
+            "workload",
+            "gateway_config",
+        }
+    )
     default_mtu = int(top.get("mtu", int, 1500))
     sites: list[str] = []
     for site in top.tables("sites"):
@@ -240,11 +253,21 @@ def parse_scenario(data: dict[str, Any], source_name: str, source: Path | None =
             base = _link_params(path_reader, LinkParams(), shared)
             per_direction = {}
             for direction in ("a_to_b", "b_to_a"):
-                sub = _Reader(source_name, path_reader.key(direction),
-                              path_reader.get(direction, dict, {}))
+                sub = _Reader(
+                    source_name, path_reader.key(direction), path_reader.get(direction, dict, {})
+                )
                 per_direction[direction] = _link_params(sub, base, _param_changes(sub, set()))
-            paths.append(PathSpec(name, len(paths) + 1, pair[0], pair[1],
-                                  per_direction["a_to_b"], per_direction["b_to_a"], mtu))
+            paths.append(
+                PathSpec(
+                    name,
+                    len(paths) + 1,
+                    pair[0],
+                    pair[1],
+                    per_direction["a_to_b"],
+                    per_direction["b_to_a"],
+                    mtu,
+                )
+            )
     if not paths:
         raise top.fail("links", "a scenario needs at least one path")
     if len(paths) > MAX_PATHS:
@@ -267,8 +290,9 @@ def parse_scenario(data: dict[str, Any], source_name: str, source: Path | None =
     )
 
 
-def _parse_timeline(top: _Reader, paths: list[PathSpec],
-                    duration_s: float) -> tuple[TimelineEvent, ...]:
+def _parse_timeline(
+    top: _Reader, paths: list[PathSpec], duration_s: float
+) -> tuple[TimelineEvent, ...]:
     names = {p.name for p in paths}
     events: list[TimelineEvent] = []
     for entry in top.tables("timeline"):
@@ -316,10 +340,21 @@ def _parse_workload(top: _Reader, sites: list[str]) -> tuple[Flow, ...]:
             size = int(message.get("size_bytes", int))
             if size < 1:
                 raise message.fail("size_bytes", "must be >= 1")
-            messages.append(MessageSpec(message.get("name", str), size,
-                                        bool(message.get("critical", bool, False))))
+            messages.append(
+                MessageSpec(
+                    message.get("name", str), size, bool(message.get("critical", bool, False))
+                )
+            )
         if not messages:
             raise flow.fail("messages", "a flow needs at least one message")
-        flows.append(Flow(src, dst, steps, flow.number("interval_s", 0.0),
-                          flow.number("start_s", 0.0), tuple(messages)))
+        flows.append(
+            Flow(
+                src,
+                dst,
+                steps,
+                flow.number("interval_s", 0.0),
+                flow.number("start_s", 0.0),
+                tuple(messages),
+            )
+        )
     return tuple(flows)

@@ -89,8 +89,9 @@ def _tcp_read_messages(reader: Any, messages: int, done: list[float]) -> None:
         done.append(time.monotonic())
 
 
-def tcp_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
-             cc: str) -> dict[str, Any]:
+def tcp_send(
+    bind: str, to: tuple[str, int], schedule: list[tuple[float, int]], cc: str
+) -> dict[str, Any]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
     sock.bind((bind, 0))
@@ -128,12 +129,17 @@ def _enlarge_buffers(sock: socket.socket | None, size_bytes: int) -> None:
             sock.setsockopt(socket.SOL_SOCKET, plain, size_bytes)
 
 
-def _quic_configuration(is_client: bool, max_datagram_size: int | None = None,
-                        window_bytes: int = QUIC_WINDOW) -> Any:
+def _quic_configuration(
+    is_client: bool, max_datagram_size: int | None = None, window_bytes: int = QUIC_WINDOW
+) -> Any:
     from aioquic.quic.configuration import QuicConfiguration
 
-    configuration = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN],
-                                      max_data=window_bytes, max_stream_data=window_bytes)
+    configuration = QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=[ALPN],
+        max_data=window_bytes,
+        max_stream_data=window_bytes,
+    )
     if max_datagram_size:
         configuration.max_datagram_size = max_datagram_size
     if is_client:
@@ -149,9 +155,13 @@ def _quic_configuration(is_client: bool, max_datagram_size: int | None = None,
     return configuration
 
 
-async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: int | None = None,
-                     socket_buffer_bytes: int = 0,
-                     window_bytes: int = QUIC_WINDOW) -> dict[str, Any]:
+async def _quic_recv(
+    bind: tuple[str, int],
+    messages: int,
+    max_datagram_size: int | None = None,
+    socket_buffer_bytes: int = 0,
+    window_bytes: int = QUIC_WINDOW,
+) -> dict[str, Any]:
     from aioquic.asyncio.server import serve
 
     done: list[float] = []
@@ -186,10 +196,12 @@ async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: in
 
         tasks.append(asyncio.ensure_future(consume()))
 
-    server = await serve(bind[0], bind[1],
-                         configuration=_quic_configuration(False, max_datagram_size,
-                                                           window_bytes),
-                         stream_handler=on_stream)
+    server = await serve(
+        bind[0],
+        bind[1],
+        configuration=_quic_configuration(False, max_datagram_size, window_bytes),
+        stream_handler=on_stream,
+    )
     if server._transport is not None:
         _enlarge_buffers(server._transport.get_extra_info("socket"), socket_buffer_bytes)
     print(json.dumps({"ready": True}), flush=True)
@@ -199,10 +211,15 @@ async def _quic_recv(bind: tuple[str, int], messages: int, max_datagram_size: in
     return {"completed": done, "cpu_s": _cpu_seconds(), "cpu_at_ready_s": cpu_at_ready}
 
 
-async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float, int]],
-                     max_datagram_size: int | None = None, socket_buffer_bytes: int = 0,
-                     window_bytes: int = QUIC_WINDOW,
-                     max_buffered_bytes: int = 0) -> dict[str, Any]:
+async def _quic_send(
+    bind: str,
+    to: tuple[str, int],
+    schedule: list[tuple[float, int]],
+    max_datagram_size: int | None = None,
+    socket_buffer_bytes: int = 0,
+    window_bytes: int = QUIC_WINDOW,
+    max_buffered_bytes: int = 0,
+) -> dict[str, Any]:
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.quic.connection import QuicConnection
 
@@ -211,7 +228,8 @@ async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float,
     connection = QuicConnection(configuration=configuration)
     # aioquic's connect() cannot bind a local address, so make the endpoint ourselves.
     transport, protocol = await loop.create_datagram_endpoint(
-        lambda: QuicConnectionProtocol(connection), local_addr=(bind, 0))
+        lambda: QuicConnectionProtocol(connection), local_addr=(bind, 0)
+    )
     _enlarge_buffers(transport.get_extra_info("socket"), socket_buffer_bytes)
     assert isinstance(protocol, QuicConnectionProtocol)
     started = time.monotonic()
@@ -226,6 +244,7 @@ async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float,
     def buffered_bytes() -> int:
         stream = protocol._quic._streams.get(stream_id)
         return 0 if stream is None else len(stream.sender._buffer)
+
     for at_s, size in schedule:
         delay = started + at_s - time.monotonic()
         if delay > 0:
@@ -245,8 +264,12 @@ async def _quic_send(bind: str, to: tuple[str, int], schedule: list[tuple[float,
     protocol.close()
     await protocol.wait_closed()
     transport.close()
-    return {"started": started, "cc": configuration.congestion_control_algorithm,
-            "cpu_s": _cpu_seconds(), "cpu_at_start_s": cpu_at_start}
+    return {
+        "started": started,
+        "cc": configuration.congestion_control_algorithm,
+        "cpu_s": _cpu_seconds(),
+        "cpu_at_start_s": cpu_at_start,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -262,24 +285,41 @@ def main(argv: list[str] | None = None) -> int:
     sender.add_argument("--to", required=True, type=_address)
     sender.add_argument("--schedule", required=True, help="JSON list of [at_s, size_bytes]")
     sender.add_argument("--cc", default="cubic", help="TCP_CONGESTION (tcp only)")
-    sender.add_argument("--max-buffered-bytes", type=int, default=0,
-                        help="QUIC: wait while the stream holds more unacknowledged bytes")
+    sender.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=0,
+        help="QUIC: wait while the stream holds more unacknowledged bytes",
+    )
     for sub_parser in (receiver, sender):
-        sub_parser.add_argument("--max-datagram-size", type=int,
-                                help="QUIC: largest UDP payload (aioquic's default: 1200)")
-        sub_parser.add_argument("--socket-buffer-bytes", type=int, default=0,
-                                help="QUIC: enlarge the UDP socket buffers to this")
+        sub_parser.add_argument(
+            "--max-datagram-size",
+            type=int,
+            help="QUIC: largest UDP payload (aioquic's default: 1200)",
+        )
+        sub_parser.add_argument(
+            "--socket-buffer-bytes",
+            type=int,
+            default=0,
+            help="QUIC: enlarge the UDP socket buffers to this",
+        )
         sub_parser.add_argument("--uvloop", action="store_true", help="QUIC: run on uvloop")
-        sub_parser.add_argument("--window-bytes", type=int, default=QUIC_WINDOW,
-                                help="QUIC: flow-control windows (max_data, max_stream_data)")
+        sub_parser.add_argument(
+            "--window-bytes",
+            type=int,
+            default=QUIC_WINDOW,
+            help="QUIC: flow-control windows (max_data, max_stream_data)",
+        )
     args = parser.parse_args(argv)
     if args.proto == "quic" and args.uvloop:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    quic_options = {"max_datagram_size": args.max_datagram_size,
-                    "socket_buffer_bytes": args.socket_buffer_bytes,
-                    "window_bytes": args.window_bytes}
+    quic_options = {
+        "max_datagram_size": args.max_datagram_size,
+        "socket_buffer_bytes": args.socket_buffer_bytes,
+        "window_bytes": args.window_bytes,
+    }
     if args.mode == "recv":
         if args.proto == "tcp":
             result = tcp_recv(args.bind, args.messages)
@@ -290,8 +330,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.proto == "tcp":
             result = tcp_send(args.bind, args.to, schedule, args.cc)
         else:
-            result = asyncio.run(_quic_send(args.bind, args.to, schedule, **quic_options,
-                                            max_buffered_bytes=args.max_buffered_bytes))
+            result = asyncio.run(
+                _quic_send(
+                    args.bind,
+                    args.to,
+                    schedule,
+                    **quic_options,
+                    max_buffered_bytes=args.max_buffered_bytes,
+                )
+            )
     print(json.dumps(result), flush=True)
     return 0
 

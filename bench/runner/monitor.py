@@ -20,9 +20,24 @@ import wangate
 from wangate.errors import WangateError
 
 SAMPLE_INTERVAL_S = 0.1
-KEPT_KEYS = ("peer", "path", "state", "srtt_ms", "min_rtt_ms", "jitter_ms", "loss",
-             "loss_samples", "rate_mbps", "sent_bytes", "acked_bytes", "lost_bytes",
-             "recv_bytes", "inflight_bytes", "role", "peer_role")
+KEPT_KEYS = (
+    "peer",
+    "path",
+    "state",
+    "srtt_ms",
+    "min_rtt_ms",
+    "jitter_ms",
+    "loss",
+    "loss_samples",
+    "rate_mbps",
+    "sent_bytes",
+    "acked_bytes",
+    "lost_bytes",
+    "recv_bytes",
+    "inflight_bytes",
+    "role",
+    "peer_role",
+)
 
 # "2025-11-30 04:58:07,123 WARNING wangate.daemon: critical route to sh: a -> b (why)"
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) (\w+) [\w.]+: (.*)$")
@@ -60,10 +75,13 @@ class PathMonitor:
                     except WangateError as exc:
                         self.errors.append(f"{site}: {exc}")
                         continue
-                    self.samples.append({
-                        "t_ns": time.monotonic_ns(), "site": site,
-                        "rows": [{k: row.get(k) for k in KEPT_KEYS} for row in rows],
-                    })
+                    self.samples.append(
+                        {
+                            "t_ns": time.monotonic_ns(),
+                            "site": site,
+                            "rows": [{k: row.get(k) for k in KEPT_KEYS} for row in rows],
+                        }
+                    )
                 next_at += self.interval_s
                 self._stop.wait(max(0.0, next_at - time.monotonic()))
         except WangateError as exc:
@@ -100,10 +118,19 @@ def read_log_events(log_file: Path, site: str, offset_ns: int) -> list[dict[str,
         text = match.group(4)
         route = _ROUTE.match(text)
         if route:
-            events.append({"t_ns": t_ns, "site": site, "kind": "route", "peer": route.group(1),
-                           "previous": route.group(2), "current": route.group(3),
-                           "reason": route.group(4)})
+            events.append(
+                {
+                    "t_ns": t_ns,
+                    "site": site,
+                    "kind": "route",
+                    "peer": route.group(1),
+                    "previous": route.group(2),
+                    "current": route.group(3),
+                    "reason": route.group(4),
+                }
+            )
         else:
-            events.append({"t_ns": t_ns, "site": site, "kind": "log",
-                           "level": match.group(3), "text": text})
+            events.append(
+                {"t_ns": t_ns, "site": site, "kind": "log", "level": match.group(3), "text": text}
+            )
     return events

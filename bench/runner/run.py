@@ -56,17 +56,27 @@ def machine_description() -> str:
         pass
     import aioquic
 
-    return (f"{model}, {os.cpu_count()} cores, Linux {platform.release()}, "
-            f"Python {platform.python_version()}, aioquic {aioquic.__version__}")
+    return (
+        f"{model}, {os.cpu_count()} cores, Linux {platform.release()}, "
+        f"Python {platform.python_version()}, aioquic {aioquic.__version__}"
+    )
 
 
 def gateway_version(root: Path) -> str:
     """The commit of the gateway's source, and whether its wangate/ differs from it."""
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "wangate"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "wangate"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return f"{root} (not a git checkout)"
     return f"{head}{' with uncommitted changes to wangate/' if dirty else ''} ({root})"
@@ -86,9 +96,11 @@ def check_scenario(scenario: Scenario) -> None:
         raise ConfigError(f"scenario {scenario.name!r} has no [workload] flows to run")
     for path in scenario.paths:
         if path.mtu < MIN_MTU:
-            raise ConfigError(f"scenario {scenario.name!r}: path {path.name!r} has mtu "
-                              f"{path.mtu}; wangate needs at least {MIN_MTU} (QUIC's 1200-byte "
-                              "datagrams): raise it in the scenario file")
+            raise ConfigError(
+                f"scenario {scenario.name!r}: path {path.name!r} has mtu "
+                f"{path.mtu}; wangate needs at least {MIN_MTU} (QUIC's 1200-byte "
+                "datagrams): raise it in the scenario file"
+            )
 
 
 class _Progress:
@@ -101,8 +113,9 @@ class _Progress:
             print(f"[{time.monotonic() - self.started:6.1f} s] {text}", flush=True)
 
 
-def _wait_paths_up(lab: Lab, gateways: dict[str, subprocess.Popen[bytes]],
-                   logs: dict[str, Path]) -> None:
+def _wait_paths_up(
+    lab: Lab, gateways: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path]
+) -> None:
     expected = {site: len(lab.site_addresses(site)) for site in gateways}
     deadline = time.monotonic() + PATHS_UP_TIMEOUT_S
     for site, process in gateways.items():
@@ -116,11 +129,14 @@ def _wait_paths_up(lab: Lab, gateways: dict[str, subprocess.Popen[bytes]],
             if up == expected[site]:
                 break
             if process.poll() is not None:
-                raise WangateError(f"gateway {site} exited ({process.returncode}): "
-                                   f"{_tail(logs[site])}")
+                raise WangateError(
+                    f"gateway {site} exited ({process.returncode}): {_tail(logs[site])}"
+                )
             if time.monotonic() > deadline:
-                raise WangateError(f"gateway {site}: {up} of {expected[site]} paths up after "
-                                   f"{PATHS_UP_TIMEOUT_S:.0f} s: {_tail(logs[site])}")
+                raise WangateError(
+                    f"gateway {site}: {up} of {expected[site]} paths up after "
+                    f"{PATHS_UP_TIMEOUT_S:.0f} s: {_tail(logs[site])}"
+                )
             time.sleep(0.1)
 
 
@@ -140,8 +156,9 @@ def _read_json_line(process: subprocess.Popen[bytes], what: str) -> dict[str, An
     return result
 
 
-def _finish(process: subprocess.Popen[bytes], deadline: float, stop: bytes | None,
-            what: str) -> dict[str, Any]:
+def _finish(
+    process: subprocess.Popen[bytes], deadline: float, stop: bytes | None, what: str
+) -> dict[str, Any]:
     """The trainer's final JSON line; after ``deadline`` it is told to stop (or killed)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -152,8 +169,7 @@ def _finish(process: subprocess.Popen[bytes], deadline: float, stop: bytes | Non
         out, _ = process.communicate()
     lines = out.decode(errors="replace").strip().splitlines()
     if not lines:
-        return {"records": [], "error": f"{what} produced no result (status "
-                                        f"{process.returncode})"}
+        return {"records": [], "error": f"{what} produced no result (status {process.returncode})"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -170,11 +186,19 @@ def _stats_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
     return diff
 
 
-def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
-                 baselines: tuple[str, ...] = BASELINE_NAMES, timeout_s: float | None = None,
-                 baseline_timeout_s: float | None = None, run_id: str | None = None,
-                 plots: bool = True, quiet: bool = False, command: str | None = None,
-                 gateway_src: Path | None = None) -> dict[str, Any]:
+def run_scenario(
+    scenario: Scenario,
+    results_root: Path = RESULTS_ROOT,
+    *,
+    baselines: tuple[str, ...] = BASELINE_NAMES,
+    timeout_s: float | None = None,
+    baseline_timeout_s: float | None = None,
+    run_id: str | None = None,
+    plots: bool = True,
+    quiet: bool = False,
+    command: str | None = None,
+    gateway_src: Path | None = None,
+) -> dict[str, Any]:
     """Run ``scenario``; write ``results_root/<name>/`` and return the record.
 
     ``gateway_src``: a folder holding another ``wangate`` package for the gateway
@@ -204,9 +228,13 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
             logs[site] = logs_dir / f"gateway-{site}.log"
             with logs[site].open("wb") as log:
                 gateways[site] = lab.run_in(
-                    site, [sys.executable, "-m", "wangate", "run", "-c", str(config)],
-                    stdout=log, stderr=subprocess.STDOUT, cwd=str(gateway_root),
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                    site,
+                    [sys.executable, "-m", "wangate", "run", "-c", str(config)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=str(gateway_root),
+                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                )
         _wait_paths_up(lab, gateways, logs)
         say("gateways up, every path connected")
 
@@ -215,14 +243,24 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
             for flow_index, flow in enumerate(scenario.flows):
                 schedule = rec.flow_messages(flow)
                 for role, site in (("recv", flow.dst), ("send", flow.src)):
-                    spec = {"role": role, "socket": str(lab.gateway_socket(site)),
-                            "src": flow.src, "dst": flow.dst, "flow": flow_index,
-                            "seed": scenario.seed, "timeout_s": timeout_s,
-                            "messages": schedule}
+                    spec = {
+                        "role": role,
+                        "socket": str(lab.gateway_socket(site)),
+                        "src": flow.src,
+                        "dst": flow.dst,
+                        "flow": flow_index,
+                        "seed": scenario.seed,
+                        "timeout_s": timeout_s,
+                        "messages": schedule,
+                    }
                     err: IO[bytes] = (logs_dir / f"trainer-{flow_index}-{role}.log").open("wb")
                     process = lab.run_in(
-                        site, [sys.executable, "-m", "bench.runner.trainer", json.dumps(spec)],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+                        site,
+                        [sys.executable, "-m", "bench.runner.trainer", json.dumps(spec)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=err,
+                    )
                     trainers.append((str(flow_index), role, process, err))
             for number, role, process, _ in trainers:
                 _read_json_line(process, f"trainer {number} ({role})")  # ready
@@ -277,8 +315,9 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
         baseline_report: dict[str, Any] | None = None
         if baselines:
             say(f"baselines {', '.join(baselines)} (timeout {baseline_timeout_s:.0f} s each)")
-            baseline_report = run_baselines(lab, timeout_s=baseline_timeout_s,
-                                            only=tuple(baselines))
+            baseline_report = run_baselines(
+                lab, timeout_s=baseline_timeout_s, only=tuple(baselines)
+            )
     say("lab down")
 
     log_events = []
@@ -288,19 +327,25 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
     messages = rec.message_records(scenario, t0_ns, sent, received, monitor.samples)
     summary = rec.wangate_summary(scenario, messages)
     summary["timeout_s"] = timeout_s
-    summary["trainer_errors"] = {f"{kind} {n}": r["error"] for kind, results in
-                                 (("sender", sent), ("receiver", received))
-                                 for n, r in results.items() if r.get("error")}
-    summary["trainer_cpu_s"] = {f"{kind} {n}": r.get("cpu_s") for kind, results in
-                                (("sender", sent), ("receiver", received))
-                                for n, r in results.items()}
+    summary["trainer_errors"] = {
+        f"{kind} {n}": r["error"]
+        for kind, results in (("sender", sent), ("receiver", received))
+        for n, r in results.items()
+        if r.get("error")
+    }
+    summary["trainer_cpu_s"] = {
+        f"{kind} {n}": r.get("cpu_s")
+        for kind, results in (("sender", sent), ("receiver", received))
+        for n, r in results.items()
+    }
     summary["gateway_status"] = gateway_status
     # CPU the daemons used from t0 until the trainers finished, as a share of one core
     wall_s = (finished_ns - t0_ns) / 1e9
     summary["gateway_cpu"] = {
         site: {"cpu_s": round(after - before, 2), "core_share": round((after - before) / wall_s, 3)}
         for site in gateways
-        if (before := cpu_before[site]) is not None and (after := cpu_after[site]) is not None}
+        if (before := cpu_before[site]) is not None and (after := cpu_after[site]) is not None
+    }
     summary["monitor_errors"] = monitor.errors[:10]
     end_s = max([m["delivered_s"] or 0.0 for m in messages] + [0.0]) + 1.0
     if not summary["complete"]:
@@ -314,25 +359,39 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
         "gateway_version": gateway_version(gateway_root),
         "started_at": started_at,
         "bound_s": bound_s,
-        "bound_is_multipath": any(len(scenario.paths_between(f.src, f.dst)) > 1
-                                  for f in scenario.flows),
+        "bound_is_multipath": any(
+            len(scenario.paths_between(f.src, f.dst)) > 1 for f in scenario.flows
+        ),
         "total_bytes": sum(f.total_bytes for f in scenario.flows),
         "wangate": summary,
         "messages": messages,
         "paths": rec.path_series(scenario, monitor.samples, t0_ns, end_s),
-        "route_changes": sorted(rec.log_route_changes(log_events, t0_ns)
-                                + rec.role_changes(scenario, monitor.samples, t0_ns),
-                                key=lambda c: c["t_s"]),
-        "timeline": [{"at_s": e.at_s, "path": e.path, "direction": e.direction,
-                      "set": e.changes} for e in scenario.timeline],
+        "route_changes": sorted(
+            rec.log_route_changes(log_events, t0_ns)
+            + rec.role_changes(scenario, monitor.samples, t0_ns),
+            key=lambda c: c["t_s"],
+        ),
+        "timeline": [
+            {"at_s": e.at_s, "path": e.path, "direction": e.direction, "set": e.changes}
+            for e in scenario.timeline
+        ],
         "baselines": baseline_report,
         "baselines_order": "after the wangate run, in the same lab, one at a time",
-        "link_stats": {"wangate_run": _stats_diff(links_before, links_after),
-                       "forwarders_final": lab.final_stats},
-        "gateway_logs": [{"t_s": round((e["t_ns"] - t0_ns) / 1e9, 3),
-                          **{k: v for k, v in e.items() if k != "t_ns"}} for e in log_events],
-        "samples": [{"t_s": round((s["t_ns"] - t0_ns) / 1e9, 3), "site": s["site"],
-                     "rows": s["rows"]} for s in monitor.samples],
+        "link_stats": {
+            "wangate_run": _stats_diff(links_before, links_after),
+            "forwarders_final": lab.final_stats,
+        },
+        "gateway_logs": [
+            {
+                "t_s": round((e["t_ns"] - t0_ns) / 1e9, 3),
+                **{k: v for k, v in e.items() if k != "t_ns"},
+            }
+            for e in log_events
+        ],
+        "samples": [
+            {"t_s": round((s["t_ns"] - t0_ns) / 1e9, 3), "site": s["site"], "rows": s["rows"]}
+            for s in monitor.samples
+        ],
     }
     (out_dir / "run.json").write_text(json.dumps(record, indent=1))
     (out_dir / "summary.md").write_text(rec.markdown_summary(record))
@@ -341,8 +400,10 @@ def run_scenario(scenario: Scenario, results_root: Path = RESULTS_ROOT, *,
 
         written = write_plots(record, out_dir)
         if not written:
-            say("plots skipped: matplotlib is not installed "
-                "(.venv/bin/pip install matplotlib, or pip install -e '.[bench]')")
+            say(
+                "plots skipped: matplotlib is not installed "
+                "(.venv/bin/pip install matplotlib, or pip install -e '.[bench]')"
+            )
     say(f"written {out_dir}/run.json, summary.md")
     return record
 

@@ -38,8 +38,9 @@ RECV_WINDOW = 48  # outstanding recv calls; the gateway allows 64 requests per c
 def payload(seed: int, flow: int, step: int, index: int, size_bytes: int) -> np.ndarray:
     """The message's bytes as a uint8 array; the same on every process and run."""
     rng = np.random.Generator(np.random.PCG64([seed, flow, step, index]))
-    words = rng.integers(0, np.iinfo(np.uint64).max, (size_bytes + 7) // 8,
-                         dtype=np.uint64, endpoint=True)
+    words = rng.integers(
+        0, np.iinfo(np.uint64).max, (size_bytes + 7) // 8, dtype=np.uint64, endpoint=True
+    )
     return words.view(np.uint8)[:size_bytes]
 
 
@@ -55,8 +56,10 @@ def _emit(obj: dict[str, Any]) -> None:
 # -- sender -------------------------------------------------------------------------------
 def run_sender(spec: dict[str, Any]) -> dict[str, Any]:
     messages = spec["messages"]
-    arrays = [payload(spec["seed"], spec["flow"], step, index, size)
-              for step, index, _, size, _, _ in messages]
+    arrays = [
+        payload(spec["seed"], spec["flow"], step, index, size)
+        for step, index, _, size, _, _ in messages
+    ]
     records: list[dict[str, Any]] = []
     error = None
     with wangate.Client(spec["socket"]) as gw:
@@ -80,8 +83,15 @@ def run_sender(spec: dict[str, Any]) -> dict[str, Any]:
             except WangateError as exc:
                 error = f"send {name} step {step}: {exc}"
                 break
-            records.append({"step": step, "index": index, "call_ns": call_ns,
-                            "accepted_ns": time.monotonic_ns(), "message_id": message_id})
+            records.append(
+                {
+                    "step": step,
+                    "index": index,
+                    "call_ns": call_ns,
+                    "accepted_ns": time.monotonic_ns(),
+                    "message_id": message_id,
+                }
+            )
     return {"records": records, "error": error}
 
 
@@ -114,10 +124,20 @@ async def _receive(spec: dict[str, Any], expected: list[str]) -> dict[str, Any]:
                 delivered_ns = time.monotonic_ns()
             finally:
                 window.release()
-            intact = (array.dtype == np.uint8 and array.shape == (size,)
-                      and await asyncio.to_thread(digest, array) == expected[position])
-            records.append({"step": step, "index": index, "delivered_ns": delivered_ns,
-                            "intact": bool(intact), "received_bytes": int(array.nbytes)})
+            intact = (
+                array.dtype == np.uint8
+                and array.shape == (size,)
+                and await asyncio.to_thread(digest, array) == expected[position]
+            )
+            records.append(
+                {
+                    "step": step,
+                    "index": index,
+                    "delivered_ns": delivered_ns,
+                    "intact": bool(intact),
+                    "received_bytes": int(array.nbytes),
+                }
+            )
 
         async def all_of_them() -> None:
             tasks = []
@@ -130,8 +150,9 @@ async def _receive(spec: dict[str, Any], expected: list[str]) -> dict[str, Any]:
         threading.Thread(target=watch_stdin, daemon=True).start()
         work = asyncio.ensure_future(all_of_them())
         stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([work, stopper], timeout=spec["timeout_s"] + 30,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [work, stopper], timeout=spec["timeout_s"] + 30, return_when=asyncio.FIRST_COMPLETED
+        )
         for task in (work, stopper):
             task.cancel()
         await asyncio.gather(work, stopper, return_exceptions=True)
@@ -141,8 +162,10 @@ async def _receive(spec: dict[str, Any], expected: list[str]) -> dict[str, Any]:
 
 
 def run_receiver(spec: dict[str, Any]) -> dict[str, Any]:
-    expected = [digest(payload(spec["seed"], spec["flow"], step, index, size))
-                for step, index, _, size, _, _ in spec["messages"]]
+    expected = [
+        digest(payload(spec["seed"], spec["flow"], step, index, size))
+        for step, index, _, size, _, _ in spec["messages"]
+    ]
     return asyncio.run(_receive(spec, expected))
 
 

@@ -107,8 +107,7 @@ class Reassembly:
             self.held_bytes += msg_len
         elif msg_len != len(message.body):
             raise RemoteProtocolError(
-                f"message {msg_id}: datagram says {msg_len} bytes, earlier ones "
-                f"{len(message.body)}"
+                f"message {msg_id}: datagram says {msg_len} bytes, earlier ones {len(message.body)}"
             )
         return message
 

@@ -36,9 +36,7 @@ class RangeSet:
             starts.insert(lo, start)
             ends.insert(lo, end)
             return end - start
-        covered = sum(
-            max(0, min(ends[i], end) - max(starts[i], start)) for i in range(lo, hi)
-        )
+        covered = sum(max(0, min(ends[i], end) - max(starts[i], start)) for i in range(lo, hi))
         new_start = min(start, starts[lo])
         new_end = max(end, ends[hi - 1])
         starts[lo:hi] = [new_start]

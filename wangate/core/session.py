@@ -200,9 +200,7 @@ class PeerSession:
         self._events.extend(failed)
 
     def pending_bytes(self) -> int:
-        return self._outbox.waiting_bytes() + sum(
-            m.body_len for m in self._queue.messages.values()
-        )
+        return self._outbox.waiting_bytes() + sum(m.body_len for m in self._queue.messages.values())
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
         sender = self._senders.get(path)

@@ -104,9 +104,9 @@ class Mailbox:
         if handed is not None:
             return handed
         self._queue = {next(self._seq): delivery, **self._queue}
-        self._queued_bytes[delivery.source] = (
-            self._queued_bytes.get(delivery.source, 0) + payload_size(delivery)
-        )
+        self._queued_bytes[delivery.source] = self._queued_bytes.get(
+            delivery.source, 0
+        ) + payload_size(delivery)
         return Queued()
 
     def _hand_to_waiter(self, delivery: Delivery) -> HandedToWaiter | None:

@@ -217,8 +217,10 @@ def _name(header: dict[str, Any], key: str, rid: int, *, optional: bool = False)
         return None
     if type(value) is not str or not value or len(value.encode()) > MAX_NAME_BYTES:
         raise FrameError(
-            "bad_request", f"{key!r} must be a non-empty string of at most "
-            f"{MAX_NAME_BYTES} UTF-8 bytes", rid)
+            "bad_request",
+            f"{key!r} must be a non-empty string of at most {MAX_NAME_BYTES} UTF-8 bytes",
+            rid,
+        )
     return value
 
 
@@ -301,18 +303,31 @@ def request_header(request: Request) -> dict[str, Any]:
     """The msgpack map for ``request`` (key order fixed, so encodings are byte-exact)."""
     if isinstance(request, SendRequest):
         return {
-            "op": "send", "id": request.request_id, "peer": request.peer, "tag": request.tag,
-            "step": request.step, "critical": request.critical, "meta": request.meta,
+            "op": "send",
+            "id": request.request_id,
+            "peer": request.peer,
+            "tag": request.tag,
+            "step": request.step,
+            "critical": request.critical,
+            "meta": request.meta,
             "checksum": request.checksum,
         } | ({} if request.deadline_s is None else {"deadline_s": request.deadline_s})
     if isinstance(request, RecvRequest):
         return {
-            "op": "recv", "id": request.request_id, "tag": request.tag,
-            "source": request.source, "step": request.step, "timeout_s": request.timeout_s,
+            "op": "recv",
+            "id": request.request_id,
+            "tag": request.tag,
+            "source": request.source,
+            "step": request.step,
+            "timeout_s": request.timeout_s,
         }
     if isinstance(request, ResetPathRequest):
-        return {"op": "reset_path", "id": request.request_id, "peer": request.peer,
-                "path": request.path}
+        return {
+            "op": "reset_path",
+            "id": request.request_id,
+            "peer": request.peer,
+            "path": request.path,
+        }
     op = {HelloRequest: "hello", PathsRequest: "paths", StatusRequest: "status"}.get(
         type(request), "ping"
     )

@@ -273,8 +273,9 @@ def bind_unix_socket(path: Path, mode: int) -> socket.socket:
     """
     if os.path.lexists(path):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise GatewayError(f"{path} exists and is not a socket; not replacing it",
-                               code="socket_in_use")
+            raise GatewayError(
+                f"{path} exists and is not a socket; not replacing it", code="socket_in_use"
+            )
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(os.fspath(path))
@@ -305,8 +306,10 @@ def bind_unix_socket(path: Path, mode: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.ENAMETOOLONG or "too long" in str(exc):
-            raise GatewayError(f"socket path too long (max 107 bytes): {path}",
-                               code="bad_socket_path") from None
-        raise GatewayError(f"cannot listen on {path}: {exc.strerror or exc}",
-                           code="socket_error") from None
+            raise GatewayError(
+                f"socket path too long (max 107 bytes): {path}", code="bad_socket_path"
+            ) from None
+        raise GatewayError(
+            f"cannot listen on {path}: {exc.strerror or exc}", code="socket_error"
+        ) from None
     return sock
