@@ -498,7 +498,7 @@ class PeerSession:
 
     def get_timer(self) -> float | None:
         deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
-        if self._hearing_peer():
+        if self._inbound.inbound and self._hearing_peer():  # get_timer runs per datagram
             expiry = self._inbound.next_expiry()
             if expiry is not None:
                 deadlines.append(expiry)
@@ -528,16 +528,21 @@ class PeerSession:
     def _hearing_peer(self) -> bool:
         return any(self._usable().values())
 
-    def handle_timer(self, now: float) -> None:
-        self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
+    def _expire_inbound(self, now: float) -> None:
         inbound = self._inbound
+        if not inbound.inbound:
+            return
         if not self._hearing_peer():
             inbound.restart_clocks(now)  # an outage does not make the peer's messages idle
-        elif inbound.inbound:
-            dropped = len(inbound.rejections)
-            inbound.expire(now)
-            if len(inbound.rejections) > dropped:
-                self._credit_dirty.update(self._senders)  # their bytes count as consumed
+            return
+        dropped = len(inbound.rejections)
+        inbound.expire(now)
+        if len(inbound.rejections) > dropped:
+            self._credit_dirty.update(self._senders)  # their bytes count as consumed
+
+    def handle_timer(self, now: float) -> None:
+        self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
+        self._expire_inbound(now)
         if now >= self._credit_refresh_at:
             self._credit_refresh_at = now + CREDIT_REFRESH_S
             self._credit_dirty.update(self._senders)
