@@ -22,6 +22,10 @@ from wangate.core.rangeset import RangeSet
 PACKET_THRESHOLD = 3  # RFC 9002 §6.1.1
 TIME_THRESHOLD = 9 / 8  # RFC 9002 §6.1.2
 MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
+# Critical data is acked within this: soon enough for loss detection to matter to a
+# message that lasts a few ms, late enough that one ack covers several datagrams (an
+# ack per datagram was half of a receiving gateway's work).
+CRITICAL_ACK_DELAY_S = 0.001
 ACK_EVERY_DATAGRAMS = 32
 MIN_RTO_S = 0.02
 RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
@@ -163,10 +167,11 @@ class PathReceiver:
     newest_sent_ns: int = 0
     newest_received_at: float = 0.0
     first_pending_at: float = 0.0
-    urgent: bool = False  # ack at the next chance (critical data, probes)
+    ack_due_at: float | None = None  # the earliest any pending datagram wants its ack
     received_bytes: int = 0
 
-    def on_datagram(self, seq: int, sent_ns: int, now: float, urgent: bool) -> None:
+    def on_datagram(self, seq: int, sent_ns: int, now: float, ack_within_s: float) -> None:
+        """Owe an ack for ``seq`` within ``ack_within_s``."""
         if self.pending_count == 0:
             self.first_pending_at = now
         self.pending.add(seq, seq + 1)
@@ -175,14 +180,16 @@ class PathReceiver:
             self.newest_seq = seq
             self.newest_sent_ns = sent_ns
             self.newest_received_at = now
-        self.urgent = self.urgent or urgent
+        due_at = now + ack_within_s
+        if self.ack_due_at is None or due_at < self.ack_due_at:
+            self.ack_due_at = due_at
 
     def ack_deadline(self) -> float | None:
         if self.pending_count == 0:
             return None
-        if self.urgent or self.pending_count >= ACK_EVERY_DATAGRAMS:
+        if self.pending_count >= ACK_EVERY_DATAGRAMS:
             return self.first_pending_at
-        return self.first_pending_at + MAX_ACK_DELAY_S
+        return self.ack_due_at
 
     def take_ack(self, now: float) -> Ack | None:
         deadline = self.ack_deadline()
@@ -200,6 +207,7 @@ class PathReceiver:
         else:
             self.pending.clear()
             self.pending_count = 0
-        self.urgent = False
+        if self.pending_count == 0:
+            self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
         return Ack(self.newest_sent_ns, delay_us, tuple(ranges))

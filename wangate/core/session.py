@@ -48,7 +48,13 @@ from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, Reassembly
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.outbox import Outbox
-from wangate.core.paths import PathReceiver, PathSender, SentDatagram
+from wangate.core.paths import (
+    CRITICAL_ACK_DELAY_S,
+    MAX_ACK_DELAY_S,
+    PathReceiver,
+    PathSender,
+    SentDatagram,
+)
 from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
@@ -392,7 +398,7 @@ class PeerSession:
         datagram = decode_datagram(data)
         sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
         if isinstance(datagram, ProbeDatagram):
-            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, urgent=True)
+            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, ack_within_s=0.0)
             return
         if isinstance(datagram, RepairDatagram):
             accepted = self._inbound.accept_repair(datagram, now)
@@ -400,7 +406,8 @@ class PeerSession:
             accepted = self._inbound.accept_shard(datagram, now)
         if accepted:
             receiver.received_bytes += len(data)
-            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, datagram.critical)
+            ack_within_s = CRITICAL_ACK_DELAY_S if datagram.critical else MAX_ACK_DELAY_S
+            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, ack_within_s)
 
     def consumed(self, body_bytes: int) -> None:
         """A trainer took a received message: its bytes no longer count against the window."""

@@ -8,10 +8,11 @@ own datagram queue stays a few entries long, so nothing waits behind a full wind
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
@@ -87,6 +88,8 @@ class PathLink(QuicConnectionProtocol):
         self._protocol_errors = 0
         self._closed_reported = False
         self._pacer = install_burstable_pacer(quic._loss)
+        self._after_receive: asyncio.Handle | None = None
+        self._datagrams_handled = False
 
     @property
     def dialer_site(self) -> str:
@@ -109,6 +112,22 @@ class PathLink(QuicConnectionProtocol):
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
     # ------------------------------------------------------------- events
+
+    def datagram_received(self, data: bytes | str, addr: Any) -> None:
+        # aioquic transmits after every datagram; one turn of the loop may read dozens,
+        # and one answer after all of them costs one pass instead of one each.
+        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+        self._process_events()
+        if self._after_receive is None:
+            self._after_receive = self._loop.call_soon(self._answer_received)
+
+    def _answer_received(self) -> None:
+        self._after_receive = None
+        if self._datagrams_handled and self.session is not None:
+            self._datagrams_handled = False
+            # deliver what completed, re-arm the timer; then acks and whatever else is due
+            self.host.datagram_handled(self.session)
+        self.transmit()
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.HandshakeCompleted):
@@ -186,7 +205,7 @@ class PathLink(QuicConnectionProtocol):
             self.session.handle_datagram(self.path, data, time.monotonic())
             # a message may be complete, and an ack deadline may be new: without this
             # both would wait for whatever timer happened to be armed
-            self.host.datagram_handled(self.session)
+            self._datagrams_handled = True
         except RemoteProtocolError as exc:
             self._protocol_errors += 1
             log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)

@@ -1,0 +1,68 @@
+"""PathReceiver: when each kind of datagram is acked, and what the ack says."""
+
+from __future__ import annotations
+
+from wangate.core.frames import MAX_ACK_RANGES, Ack
+from wangate.core.paths import (
+    ACK_EVERY_DATAGRAMS,
+    CRITICAL_ACK_DELAY_S,
+    MAX_ACK_DELAY_S,
+    PathReceiver,
+)
+
+
+def test_bulk_is_acked_within_the_max_ack_delay_of_the_first_pending() -> None:
+    receiver = PathReceiver()
+    receiver.on_datagram(1, 1_000, now=10.0, ack_within_s=MAX_ACK_DELAY_S)
+    receiver.on_datagram(2, 2_000, now=10.002, ack_within_s=MAX_ACK_DELAY_S)
+    assert receiver.ack_deadline() == 10.0 + MAX_ACK_DELAY_S
+    assert receiver.take_ack(10.004) is None
+    assert receiver.take_ack(10.0 + MAX_ACK_DELAY_S) == Ack(2_000, 3_000, ((1, 2),))
+    assert receiver.ack_deadline() is None
+    assert receiver.take_ack(11.0) is None
+
+
+def test_critical_data_brings_the_ack_forward_to_its_own_short_delay() -> None:
+    receiver = PathReceiver()
+    receiver.on_datagram(1, 1_000, now=10.0, ack_within_s=MAX_ACK_DELAY_S)
+    receiver.on_datagram(2, 2_000, now=10.001, ack_within_s=CRITICAL_ACK_DELAY_S)
+    receiver.on_datagram(3, 3_000, now=10.0015, ack_within_s=CRITICAL_ACK_DELAY_S)
+    assert receiver.ack_deadline() == 10.001 + CRITICAL_ACK_DELAY_S
+    # one ack covers every critical datagram of the last millisecond
+    assert receiver.take_ack(10.002) == Ack(3_000, 500, ((1, 3),))
+    receiver.on_datagram(4, 4_000, now=10.003, ack_within_s=MAX_ACK_DELAY_S)
+    assert receiver.ack_deadline() == 10.003 + MAX_ACK_DELAY_S
+
+
+def test_a_probe_is_acked_at_once() -> None:
+    receiver = PathReceiver()
+    receiver.on_datagram(7, 7_000, now=3.0, ack_within_s=MAX_ACK_DELAY_S)
+    receiver.on_datagram(9, 9_000, now=3.001, ack_within_s=0.0)
+    assert receiver.ack_deadline() == 3.001
+    assert receiver.take_ack(3.001) == Ack(9_000, 0, ((7, 7), (9, 9)))
+
+
+def test_a_full_batch_is_acked_without_waiting() -> None:
+    receiver = PathReceiver()
+    for seq in range(ACK_EVERY_DATAGRAMS):
+        receiver.on_datagram(seq, seq, now=1.0 + seq * 1e-5, ack_within_s=MAX_ACK_DELAY_S)
+    assert receiver.ack_deadline() == 1.0
+    ack = receiver.take_ack(1.0004)
+    assert ack is not None
+    assert ack.ranges == ((0, ACK_EVERY_DATAGRAMS - 1),)
+
+
+def test_ranges_beyond_one_ack_stay_pending_and_are_due_at_once() -> None:
+    receiver = PathReceiver()
+    count = MAX_ACK_RANGES + 3
+    for i in range(count):  # every other sequence number: one range each
+        receiver.on_datagram(2 * i, i, now=5.0, ack_within_s=MAX_ACK_DELAY_S)
+    first = receiver.take_ack(5.0 + MAX_ACK_DELAY_S)
+    assert first is not None
+    assert first.ranges == tuple((2 * i, 2 * i) for i in range(3, count))
+    assert receiver.pending_count == 3
+    assert receiver.ack_deadline() == 5.0 + MAX_ACK_DELAY_S  # still overdue
+    second = receiver.take_ack(5.0 + MAX_ACK_DELAY_S)
+    assert second is not None
+    assert second.ranges == ((0, 0), (2, 2), (4, 4))
+    assert receiver.ack_deadline() is None
