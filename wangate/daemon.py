@@ -426,7 +426,12 @@ class Gateway(LinkHost):
             )
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="too_large") from exc
-        self._touch(state)
+        if submission.critical:
+            # leaves now: on a busy loop, the next turn can be milliseconds away
+            self._touch(state, pump=False)
+            self._pump(state)
+        else:
+            self._touch(state)
         return msg_id
 
     async def receive(

@@ -20,6 +20,7 @@ from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
 
 STAGING_BYTES = 256 * 1024
 SKIP_CHUNK_BYTES = 1024 * 1024
+EAGER_READ_BYTES = 1024 * 1024
 
 
 class ConnectionClosed(EOFError):
@@ -115,16 +116,32 @@ class AsyncFrameReader:
         self._loop = asyncio.get_running_loop()
         self._buffer = ReadBuffer()
         self.max_payload_bytes = max_payload_bytes
+        self._eager_bytes = 0  # read without waiting for the loop since the last wait
 
     async def _read_exact(self, size_bytes: int, *, eof_ok: bool = False) -> bytes | None:
         while (data := self._buffer.take(size_bytes)) is None:
-            received = await self._loop.sock_recv_into(self._sock, self._buffer.writable())
+            received = await self._recv_into(self._buffer.writable())
             if received == 0:
                 if eof_ok and len(self._buffer) == 0:
                     return None
                 raise ConnectionClosed("connection closed in the middle of a frame")
             self._buffer.wrote(received)
         return data
+
+    async def _recv_into(self, target: memoryview) -> int:
+        # What is already there is read at once: the loop's sock_recv_into always waits
+        # for a readiness callback first, a whole turn of a busy loop per read. Every
+        # EAGER_READ_BYTES the reader waits anyway, so one client cannot hold the loop.
+        if self._eager_bytes < EAGER_READ_BYTES:
+            try:
+                received: int = self._sock.recv_into(target)
+            except (BlockingIOError, InterruptedError):
+                pass
+            else:
+                self._eager_bytes += received
+                return received
+        self._eager_bytes = 0
+        return await self._loop.sock_recv_into(self._sock, target)
 
     async def read_head(self) -> tuple[FramePrefix, bytes] | None:
         """Prefix and header of the next frame; None on a clean close between frames."""
@@ -152,7 +169,7 @@ class AsyncFrameReader:
     async def _fill(self, target: memoryview) -> None:
         filled = self._buffer.drain_into(target)
         while filled < len(target):
-            received = await self._loop.sock_recv_into(self._sock, target[filled:])
+            received = await self._recv_into(target[filled:])
             if received == 0:
                 raise ConnectionClosed("connection closed in the middle of a payload")
             filled += received
