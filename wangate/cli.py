@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Any
 from wangate.errors import WangateError
 
 log = logging.getLogger("wangate")
+FULL_COLLECTION_EVERY = 1000  # middle-generation collections between full ones (default 10)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -51,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         try:
             await gateway.start()
+            _quiet_garbage_collector()
             sd_notify("READY=1")
             log.warning("wangate %s up (site %s)", config.site.name, config.site.socket)
             await stop.wait()
@@ -61,6 +64,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def _quiet_garbage_collector() -> None:
+    # A full collection walks every tracked object: 15-20 ms with a few thousand
+    # datagrams in flight, and it finds nothing (the data path makes no cycles). What
+    # exists at start-up is frozen out of it, and it runs a hundred times less often;
+    # young collections, well under a millisecond, are left as they are.
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 # --------------------------------------------------------------- paths/status
