@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from wangate.localapi.framing import EAGER_READ_BYTES, AsyncFrameReader
-from wangate.localapi.protocol import SendRequest, decode_request, encode_request
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wangate.localapi.framing import EAGER_READ_BYTES, AsyncFrameReader, FrameAssembler
+from wangate.localapi.protocol import FrameError, SendRequest, decode_request, encode_request
 
 
 class CountingLoop:
@@ -84,3 +88,90 @@ def test_a_client_that_never_stops_sending_still_lets_the_loop_turn() -> None:
     assert payload == b"".join(bytes([i % 256]) * EndlessSocket.CHUNK for i in range(chunks))
     # 16 chunks make one allowance: after each, one read waits for the loop (48 = 16+1+16+1+14)
     assert waits == 2
+
+
+def _feed(assembler: FrameAssembler, data: bytes, sizes: list[int]) -> None:
+    """Push ``data`` in pieces of at most each of ``sizes`` (then the rest)."""
+    view = memoryview(data)
+    for size in [*sizes, len(data)]:
+        while view and size:
+            target = assembler.writable()
+            n = min(size, len(target), len(view))
+            if n == 0:
+                return  # the assembler waits for a decision on the payload
+            target[:n] = view[:n]
+            assembler.wrote(n)
+            view, size = view[n:], size - n
+
+
+def _frames(count: int) -> list[tuple[SendRequest, bytes]]:
+    return [
+        (SendRequest(i + 1, "sh", f"t{i}", i, i % 2 == 0, b"m" * i, i, None), bytes([i]) * (i * 37))
+        for i in range(count)
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=300), max_size=40))
+def test_assembler_gives_the_same_frames_however_the_bytes_are_split(sizes: list[int]) -> None:
+    frames = _frames(6)
+    stream = b"".join(encode_request(r, len(p)) + p for r, p in frames)
+    assembler = FrameAssembler(1 << 20)
+    out: list[tuple[object, bytes]] = []
+    view = memoryview(stream)
+    pieces = iter([*sizes, len(stream)] * 2)
+    while len(out) < len(frames):
+        head = assembler.next_head()
+        if head is not None:
+            prefix, header = head
+            request = decode_request(header, prefix.payload_bytes)
+            if prefix.payload_bytes:
+                assembler.expect_payload(prefix.payload_bytes)
+                pending: object = request
+            else:
+                out.append((request, b""))
+            continue
+        payload = assembler.take_payload()
+        if payload is not None:
+            out.append((pending, bytes(payload)))
+            continue
+        target = assembler.writable()
+        n = min(next(pieces, len(view)), len(target), len(view))
+        assert n > 0, "the assembler asked for nothing while a frame was incomplete"
+        target[:n] = view[:n]
+        assembler.wrote(n)
+        view = view[n:]
+    assert out == frames
+    assert assembler.between_frames
+
+
+def test_assembler_skips_a_refused_payload_and_reads_the_next_frame() -> None:
+    (first, first_payload), (second, second_payload) = _frames(3)[1:]
+    stream = encode_request(first, len(first_payload)) + first_payload
+    stream += encode_request(second, len(second_payload)) + second_payload
+    assembler = FrameAssembler(1 << 20)
+    _feed(assembler, stream, [10])  # all of it waits in the staging area
+    head = assembler.next_head()
+    assert head is not None
+    assert decode_request(head[1], head[0].payload_bytes) == first
+    assembler.skip_payload(head[0].payload_bytes)
+    head = assembler.next_head()
+    assert head is not None
+    assert decode_request(head[1], head[0].payload_bytes) == second
+    assembler.expect_payload(head[0].payload_bytes)
+    payload = assembler.take_payload()
+    assert payload is not None and bytes(payload) == second_payload
+    assert assembler.between_frames
+
+
+def test_assembler_refuses_a_bad_prefix_and_an_oversized_payload() -> None:
+    assembler = FrameAssembler(1000)
+    _feed(assembler, b"GET / HTTP/1.1\r\n\r\n", [])
+    with pytest.raises(FrameError) as bad:
+        assembler.next_head()
+    assert bad.value.code == "bad_magic"
+    assembler = FrameAssembler(1000)
+    _feed(assembler, encode_request(SendRequest(1, "sh", "t", 0, False, b"", 0, None), 1001), [])
+    with pytest.raises(FrameError) as large:
+        assembler.next_head()
+    assert large.value.code == "too_large"

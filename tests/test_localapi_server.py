@@ -30,6 +30,7 @@ from wangate.localapi.protocol import (
 )
 from wangate.localapi.selfsite import SelfSiteService, default_client_settings
 from wangate.localapi.server import LocalApiServer
+from wangate.service import Submission
 
 MAX_MESSAGE = 64 << 20
 
@@ -274,13 +275,16 @@ def test_pipelined_requests_reply_by_id_as_they_complete(sock_path: Path) -> Non
         sock.sendall(
             encode_request(RecvRequest(1, "later", None, None, 5.0))
             + encode_request(PingRequest(2))
-            + encode_request(SendRequest(3, "bj", "later", 9, True, b"m", 1234), len(payload))
+        )
+        ping_reply, _ = read_reply(sock)  # the waiting recv holds nothing up
+        assert ping_reply == {"ok": True, "id": 2}
+        sock.sendall(
+            encode_request(SendRequest(3, "bj", "later", 9, True, b"m", 1234), len(payload))
             + payload
         )
-        replies = read_replies(sock, 3)
-        assert [reply["id"] for reply, _ in replies[:2]] == [2, 3]
-        assert replies[1][0]["message_id"] == 1
-        recv_reply, recv_payload = replies[2]
+        replies = sorted(read_replies(sock, 2), key=lambda r: int(r[0]["id"]))
+        assert replies[1][0] == {"ok": True, "id": 3, "message_id": 1}
+        recv_reply, recv_payload = replies[0]
         assert recv_reply == {
             "ok": True,
             "id": 1,
@@ -351,6 +355,29 @@ def test_reply_frames_are_well_formed_for_service_errors(sock_path: Path) -> Non
         sock.sendall(encode_request(RecvRequest(6, "none", None, None, 0.0)))
         reply, _ = read_reply(sock)
         assert (reply["id"], reply["code"]) == (6, "timeout")
+        sock.close()
+
+
+def test_a_failing_service_gets_an_internal_error_and_the_connection_goes_on(
+    sock_path: Path,
+) -> None:
+    class Failing(SelfSiteService):
+        def submit_now(self, submission: Submission) -> int | None:
+            if submission.tag == "boom":
+                raise RuntimeError("service bug")
+            return super().submit_now(submission)
+
+    with GatewayThread(sock_path) as gateway:
+        gateway.server.service = Failing("bj", Inbox(MAX_MESSAGE), default_client_settings(99))
+        sock = raw_connect(sock_path)
+        sock.sendall(frame(pack({**SEND, "tag": "boom"}), b"abc"))
+        reply, _ = read_reply(sock)
+        assert (reply["ok"], reply["id"], reply["code"]) == (False, 5, "internal")
+        assert reply["error"] == "gateway error: service bug"
+        sock.sendall(frame(pack({**SEND, "id": 6}), b"abc"))
+        reply, _ = read_reply(sock)
+        assert reply == {"ok": True, "id": 6, "message_id": 1}
+        assert ping_works(sock)
         sock.close()
 
 

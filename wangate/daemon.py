@@ -389,12 +389,31 @@ class Gateway(LinkHost):
 
     # ------------------------------------------------------ GatewayService
 
+    def submit_now(self, submission: Submission) -> int | None:
+        arrived_at = time.monotonic()
+        if submission.peer == self.site_name:
+            if not self.inbox.try_deliver(local_delivery(self.site_name, submission)):
+                return None
+            self.local_messages += 1
+            return 0
+        state = self._peer_for(submission)
+        if self._backlogged(state, submission):
+            return None
+        return self._submit(state, submission, arrived_at)
+
     async def submit(self, submission: Submission) -> int:
         arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
         if submission.peer == self.site_name:
             await self.inbox.deliver(local_delivery(self.site_name, submission))
             self.local_messages += 1
             return 0
+        state = self._peer_for(submission)
+        while self._backlogged(state, submission):
+            state.backlog_freed.clear()
+            await state.backlog_freed.wait()
+        return self._submit(state, submission, arrived_at)
+
+    def _peer_for(self, submission: Submission) -> PeerState:
         state = self.peers.get(submission.peer)
         if state is None:
             known = ", ".join(sorted(self.peers)) or "none"
@@ -403,6 +422,15 @@ class Gateway(LinkHost):
                 f"{known}; check [[peers]] in {self.config.path}",
                 code="unknown_peer",
             )
+        return state
+
+    def _backlogged(self, state: PeerState, submission: Submission) -> bool:
+        """At most one inbox window of unsent bytes waits per peer."""
+        pending = state.session.pending_bytes()
+        size = len(memoryview(submission.payload).cast("B"))
+        return pending > 0 and pending + size > self.config.limits.peer_inbox_bytes
+
+    def _submit(self, state: PeerState, submission: Submission, arrived_at: float) -> int:
         header = MessageHeader(
             submission.tag,
             submission.step,
@@ -410,14 +438,8 @@ class Gateway(LinkHost):
             submission.checksum,
             submission.meta,
         )
-        size = len(memoryview(submission.payload).cast("B"))
-        # backpressure: at most one inbox window of unsent bytes waits per peer
-        limit = self.config.limits.peer_inbox_bytes
-        while state.session.pending_bytes() and state.session.pending_bytes() + size > limit:
-            state.backlog_freed.clear()
-            await state.backlog_freed.wait()
+        deadline_s = submission.deadline_s
         try:
-            deadline_s = submission.deadline_s
             msg_id = state.session.submit(
                 header,
                 submission.payload,

@@ -67,6 +67,10 @@ class GatewayService(Protocol):
         """
         ...
 
+    def submit_now(self, submission: Submission) -> int | None:
+        """``submit`` when it need not wait: the message id, or None to ``submit`` later."""
+        ...
+
     async def receive(
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
     ) -> Delivery:

@@ -5,7 +5,8 @@ payload goes straight from the socket into one buffer of exactly the declared si
 (``numpy.empty``: no zero-fill), after the prefix was checked against the limit;
 only the few bytes that arrived together with the header are copied across.
 Two thin drivers move the bytes: ``SyncFrameReader`` (blocking socket) and
-``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``).
+``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``). ``FrameAssembler``
+is the same logic without any I/O, for a reader driven by readiness callbacks.
 """
 
 from __future__ import annotations
@@ -71,6 +72,88 @@ class ReadBuffer:
         target[:size] = self._view[self._start : self._start + size]
         self._start += size
         return size
+
+    def discard(self, size_bytes: int) -> int:
+        """Drop up to ``size_bytes`` buffered bytes; returns how many."""
+        size = min(size_bytes, self._end - self._start)
+        self._start += size
+        return size
+
+
+class FrameAssembler:
+    """Bytes in, frames out, no I/O: receive into ``writable()``, report with ``wrote()``.
+
+    ``next_head()`` gives each frame's prefix and header; the caller then says what
+    to do with its payload: ``expect_payload`` (it lands in its own buffer, taken with
+    ``take_payload`` once full) or ``skip_payload``. Until it says, no more bytes are
+    asked for beyond the staging area. A bad prefix raises ``FrameError`` (fatal).
+    """
+
+    def __init__(self, max_payload_bytes: int) -> None:
+        self.max_payload_bytes = max_payload_bytes
+        self._staging = ReadBuffer()
+        self._prefix: FramePrefix | None = None  # decoded, its header not yet complete
+        self._payload: memoryview | None = None
+        self._filled = 0
+        self._skip_bytes = 0
+        self._scratch: memoryview | None = None
+
+    @property
+    def between_frames(self) -> bool:
+        """Nothing of a frame has arrived beyond what was handed out."""
+        return (
+            self._prefix is None
+            and self._payload is None
+            and self._skip_bytes == 0
+            and len(self._staging) == 0
+        )
+
+    def writable(self) -> memoryview:
+        if self._payload is not None:
+            return self._payload[self._filled :]
+        if self._skip_bytes:
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(SKIP_CHUNK_BYTES))
+            return self._scratch[: self._skip_bytes]
+        return self._staging.writable()
+
+    def wrote(self, size_bytes: int) -> None:
+        if self._payload is not None:
+            self._filled += size_bytes
+        elif self._skip_bytes:
+            self._skip_bytes -= size_bytes
+        else:
+            self._staging.wrote(size_bytes)
+
+    def next_head(self) -> tuple[FramePrefix, bytes] | None:
+        """The next frame's prefix and header, once both are here."""
+        if self._payload is not None or self._skip_bytes:
+            return None
+        if self._prefix is None:
+            raw = self._staging.take(PREFIX_BYTES)
+            if raw is None:
+                return None
+            self._prefix = decode_prefix(raw, self.max_payload_bytes)
+        header = self._staging.take(self._prefix.header_bytes)
+        if header is None:
+            return None
+        prefix, self._prefix = self._prefix, None
+        return prefix, header
+
+    def expect_payload(self, size_bytes: int) -> None:
+        self._payload = new_payload_buffer(size_bytes)
+        self._filled = self._staging.drain_into(self._payload)
+
+    def take_payload(self) -> memoryview | None:
+        """The payload expected, once all of it arrived."""
+        payload = self._payload
+        if payload is None or self._filled < len(payload):
+            return None
+        self._payload = None
+        return payload
+
+    def skip_payload(self, size_bytes: int) -> None:
+        self._skip_bytes = size_bytes - self._staging.discard(size_bytes)
 
 
 class SyncFrameReader:

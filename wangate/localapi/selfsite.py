@@ -46,13 +46,23 @@ class SelfSiteService:
     def site_name(self) -> str:
         return self._site_name
 
-    async def submit(self, submission: Submission) -> int:
+    def _check_peer(self, submission: Submission) -> None:
         if submission.peer != self._site_name:
             raise GatewayError(
                 f"unknown peer {submission.peer!r}: this gateway ({self._site_name!r}) "
                 "has no path to it; check [[peers]] in the config",
                 code="unknown_peer",
             )
+
+    def submit_now(self, submission: Submission) -> int | None:
+        self._check_peer(submission)
+        if not self.inbox.try_deliver(local_delivery(self._site_name, submission)):
+            return None
+        self.submitted += 1
+        return next(self._message_ids)
+
+    async def submit(self, submission: Submission) -> int:
+        self._check_peer(submission)
         message_id = next(self._message_ids)
         await self.inbox.deliver(local_delivery(self._site_name, submission))
         self.submitted += 1

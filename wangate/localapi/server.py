@@ -1,9 +1,10 @@
 """The Unix socket server trainers talk to: frames in, ``GatewayService`` calls, frames out.
 
-One task per connection reads frames in order; each request then runs in its own
-task, so one connection may pipeline (a waiting ``recv`` does not hold up a ``send``).
-Replies carry the request's id and go out as their requests complete, one whole
-frame at a time.
+Each connection's frames are read in order by the loop's readiness callback. A send
+the service can take without waiting is submitted there and then; every other request
+runs in its own task, so one connection may pipeline (a waiting ``recv`` does not hold
+up a ``send``). Replies carry the request's id and go out as their requests complete,
+one whole frame at a time.
 
 Limits, checked before anything is allocated: a payload larger than
 ``max_message_bytes`` closes the connection (after an error reply: skipping that many
@@ -23,15 +24,17 @@ import logging
 import os
 import socket
 import stat
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from wangate import __version__
 from wangate.errors import GatewayError
-from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed
+from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler
 from wangate.localapi.protocol import (
     VERSION,
     FrameError,
+    FramePrefix,
     HelloRequest,
     PathsRequest,
     RecvRequest,
@@ -122,40 +125,93 @@ class LocalApiServer:
 
 
 class _Connection:
+    """One trainer's connection. Frames are read in the loop's readiness callback, and a
+    send that needs no waiting is submitted right there: on a busy loop each extra
+    turn (a task waking up, a task starting) can cost milliseconds."""
+
     def __init__(self, server: LocalApiServer, sock: socket.socket) -> None:
         self.server = server
         self.service = server.service
         self.sock = sock
         self.loop = asyncio.get_running_loop()
-        self.reader = AsyncFrameReader(sock, server.max_message_bytes)
+        self.assembler = FrameAssembler(server.max_message_bytes)
         self.write_lock = asyncio.Lock()
-        self.slots = asyncio.Semaphore(MAX_REQUESTS_IN_FLIGHT)
-        self.held_bytes = 0
-        self.budget_freed = asyncio.Event()
+        self.in_flight = 0  # requests read and not yet answered
+        self.held_bytes = 0  # their payloads, until the service owns them
+        self.reading: tuple[Request, int] | None = None  # its payload is arriving
+        self.waiting: tuple[Request, int] | None = None  # read, waits for a slot or budget
+        self.listening = False
         self.tasks: set[asyncio.Task[None]] = set()
+        self.finished: asyncio.Future[None] = self.loop.create_future()
 
     async def run(self) -> None:
+        self._listen(True)
         try:
-            while await self._next_request():
-                pass
-        except (ConnectionClosed, OSError):
-            pass
+            await self.finished
         finally:
+            self._listen(False)
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
             self.sock.close()
 
-    async def _next_request(self) -> bool:
-        """Read one frame and start its handler; False when the connection should end."""
-        try:
-            head = await self.reader.read_head()
-        except FrameError as exc:  # prefix-level: the stream cannot be resynchronised
-            await self._write(error_reply(None, exc.code, str(exc)))
-            return False
-        if head is None:
-            return False
-        prefix, header = head
+    def _listen(self, on: bool) -> None:
+        if on != self.listening and not (on and self.finished.done()):
+            self.listening = on
+            if on:
+                self.loop.add_reader(self.sock.fileno(), self._on_readable)
+            else:
+                self.loop.remove_reader(self.sock.fileno())
+
+    def _finish(self) -> None:
+        self._listen(False)
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def _on_readable(self) -> None:
+        budget = EAGER_READ_BYTES  # then the loop turns: one client cannot hold it
+        while self.listening and budget > 0:
+            try:
+                received = self.sock.recv_into(self.assembler.writable())
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._finish()
+                return
+            if received == 0:  # the client closed, between frames or in one
+                self._finish()
+                return
+            self.assembler.wrote(received)
+            budget -= received
+            try:
+                self._advance()
+            except Exception:  # a bug here must not leave the client waiting forever
+                log.exception("local API connection failed; closing it")
+                self._finish()
+                return
+
+    def _advance(self) -> None:
+        """Act on every complete frame; stops while a request waits for room."""
+        while self.waiting is None and not self.finished.done():
+            if self.reading is not None:
+                payload = self.assembler.take_payload()
+                if payload is None:
+                    return
+                request, payload_bytes = self.reading
+                self.reading = None
+                self._start(request, payload, payload_bytes)
+                continue
+            try:
+                head = self.assembler.next_head()
+            except FrameError as exc:  # prefix-level: the stream cannot be resynchronised
+                self._listen(False)
+                self._spawn(self._reply_and_finish(error_reply(None, exc.code, str(exc))))
+                return
+            if head is None:
+                return
+            self._on_head(*head)
+
+    def _on_head(self, prefix: FramePrefix, header: bytes) -> None:
         payload_bytes = prefix.payload_bytes
         try:
             request = decode_request(header, payload_bytes)
@@ -167,19 +223,69 @@ class _Connection:
                     request.request_id,
                 )
         except FrameError as exc:
-            await self.reader.skip_payload(payload_bytes)
-            await self._write(error_reply(exc.request_id, exc.code, str(exc)))
-            return True
-        await self.slots.acquire()
-        while self.held_bytes and self.held_bytes + payload_bytes > self.server.client_budget_bytes:
-            self.budget_freed.clear()
-            await self.budget_freed.wait()
+            self.assembler.skip_payload(payload_bytes)
+            self.in_flight += 1
+            self._spawn(self._reply(error_reply(exc.request_id, exc.code, str(exc))))
+            return
+        self._admit(request, payload_bytes)
+
+    def _admit(self, request: Request, payload_bytes: int) -> None:
+        """Read the payload now if a slot and the budget allow; else pause reading."""
+        over_budget = (
+            self.held_bytes > 0
+            and self.held_bytes + payload_bytes > self.server.client_budget_bytes
+        )
+        if self.in_flight >= MAX_REQUESTS_IN_FLIGHT or over_budget:
+            self.waiting = (request, payload_bytes)
+            self._listen(False)  # backpressure, not an error
+            return
+        self.in_flight += 1
         self.held_bytes += payload_bytes
-        payload = await self.reader.read_payload(payload_bytes) if payload_bytes else b""
-        task = asyncio.create_task(self._handle(request, payload, payload_bytes))
+        if payload_bytes:
+            self.assembler.expect_payload(payload_bytes)
+            self.reading = (request, payload_bytes)
+        else:
+            self._start(request, b"", 0)
+
+    def _start(self, request: Request, payload: Buffer, payload_bytes: int) -> None:
+        if isinstance(request, SendRequest):
+            try:
+                message_id = self.service.submit_now(_submission(request, payload))
+            except GatewayError as exc:
+                self._release(payload_bytes)
+                self._spawn(self._reply(error_reply(request.request_id, exc.code, str(exc))))
+                return
+            except Exception as exc:
+                log.exception("local API request %r failed", request)
+                self._release(payload_bytes)
+                reply = error_reply(request.request_id, "internal", f"gateway error: {exc}")
+                self._spawn(self._reply(reply))
+                return
+            if message_id is not None:
+                self._release(payload_bytes)
+                self._spawn(self._reply(ok_reply(request.request_id, message_id=message_id)))
+                return
+        self._spawn(self._handle(request, payload, payload_bytes))
+
+    def _release(self, payload_bytes: int) -> None:
+        """A payload is the service's now: its bytes leave this client's budget."""
+        self.held_bytes -= payload_bytes
+        self._resume()
+
+    def _resume(self) -> None:
+        if self.waiting is None or self.finished.done():
+            return
+        request, payload_bytes = self.waiting
+        self.waiting = None
+        self._admit(request, payload_bytes)
+        if self.waiting is None:
+            self._listen(True)
+            self._advance()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        return True
 
     async def _handle(self, request: Request, payload: Buffer, payload_bytes: int) -> None:
         rid = request.request_id
@@ -188,36 +294,33 @@ class _Connection:
             try:
                 reply, reply_payload = await self._dispatch(request, payload)
             finally:
-                self.held_bytes -= payload_bytes  # the service owns the payload now
-                self.budget_freed.set()
+                self._release(payload_bytes)  # the service owns the payload now
         except GatewayError as exc:
             reply = error_reply(rid, exc.code, str(exc))
         except Exception as exc:
             log.exception("local API request %r failed", request)
             reply = error_reply(rid, "internal", f"gateway error: {exc}")
+        await self._reply(reply, reply_payload)
+
+    async def _reply(self, reply: dict[str, Any], payload: Buffer = b"") -> None:
         try:
-            await self._write(reply, reply_payload)
+            await self._write(reply, payload)
         except OSError:
-            pass  # the client went away; its reader notices
+            pass  # the client went away; reading notices
         finally:
-            self.slots.release()
+            self.in_flight -= 1
+            self._resume()
+
+    async def _reply_and_finish(self, reply: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            await self._write(reply)
+        self._finish()
 
     async def _dispatch(self, request: Request, payload: Buffer) -> tuple[dict[str, Any], Buffer]:
         rid = request.request_id
         service = self.service
         if isinstance(request, SendRequest):
-            message_id = await service.submit(
-                Submission(
-                    peer=request.peer,
-                    tag=request.tag,
-                    step=request.step,
-                    critical=request.critical,
-                    meta=request.meta,
-                    payload=payload,
-                    checksum=request.checksum,
-                    deadline_s=request.deadline_s,
-                )
-            )
+            message_id = await service.submit(_submission(request, payload))
             return ok_reply(rid, message_id=message_id), b""
         if isinstance(request, RecvRequest):
             delivery = await service.receive(
@@ -262,6 +365,19 @@ class _Connection:
             await self.loop.sock_sendall(self.sock, head)
             if body.nbytes:
                 await self.loop.sock_sendall(self.sock, body)
+
+
+def _submission(request: SendRequest, payload: Buffer) -> Submission:
+    return Submission(
+        peer=request.peer,
+        tag=request.tag,
+        step=request.step,
+        critical=request.critical,
+        meta=request.meta,
+        payload=payload,
+        checksum=request.checksum,
+        deadline_s=request.deadline_s,
+    )
 
 
 def bind_unix_socket(path: Path, mode: int) -> socket.socket:
