@@ -3,8 +3,9 @@
     python -m bench.issues 4|5|6|all [--report-only]
 
 Scenario runs go through the runner (``python -m bench run ...``, one at a time) and
-their metrics are read back from ``results/<scenario>/run.json``. Two measurements the
-runner cannot make are driven here with the Lab API:
+their metrics are read back from ``results/<scenario>/run.json``. Measurements the
+runner cannot make are driven here with the Lab API (and issue 5's lab floor by
+``bench.critical_floor``):
 
 - ``i4_fair``: one TCP cubic flow and a wangate bulk transfer share one clean path for
   30 s; each flow's goodput over the same window;
@@ -45,7 +46,7 @@ COOLDOWN_S = 2.0  # the critical selector's cooldown after a switch (README)
 
 ISSUE4_RUNS = ("i4_loss01", "i4_loss1", "i4_loss5", "i4_burst1")
 ISSUE4_MULTI = ("i4_three",)
-ISSUE5_RUNS = ("i5_critical", "i5_degrade", "i5_jitter", "i5_blackhole")
+ISSUE5_RUNS = ("i5_critical", "i5_degrade", "i5_jitter", "i5_blackhole", "i5_nobulk")
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk:0.01", "split:0.01/int8", "int8+zstd")
 LOSS_AIMS = {
     "i4_loss01": 0.85,
@@ -561,6 +562,18 @@ def _route_text(change: dict[str, Any] | None) -> str:
 
 def issue5_rows() -> list[str]:
     lines = ["| scenario | metric | measured | aim | met? |", "|---|---|---|---|---|"]
+    floor = _load("critical_floor")
+    floor_p50 = floor_p99 = None
+    if floor is not None and floor["times_s"]:
+        times = floor["times_s"]
+        floor_p50, floor_p99 = _p(times, 0.5), _p(times, 0.99)
+        lines.append(
+            f"| lab floor ({floor['scenario']}, no gateway) | {floor['size_bytes']} B as "
+            f"{floor['datagrams']} raw UDP datagrams of {floor['datagram_bytes']} B on path "
+            f"{floor['path']}, first send -> last arrival p50 / p99 / max (ms), "
+            f"{floor['complete']} of {floor['messages']} | {_fmt(_ms(floor_p50), '.1f')} / "
+            f"**{_fmt(_ms(floor_p99), '.1f')}** / {_fmt(_ms(max(times)), '.1f')} | | |"
+        )
     for name in ISSUE5_RUNS:
         record = _load(name)
         if record is None:
@@ -580,6 +593,11 @@ def issue5_rows() -> list[str]:
             f"{_fmt(_ms(worst), '.0f')} | p99 <= {aim:.0f} ({aim_text}) | "
             f"{_met(p99 is not None and p99 * 1e3 <= aim)} |"
         )
+        if floor_p50 and floor_p99 and p50 is not None and p99 is not None:
+            lines.append(
+                f"| {name} | critical p50 / p99 over the lab floor's | "
+                f"{p50 / floor_p50:.2f} / {p99 / floor_p99:.2f} | | |"
+            )
         lines.append(
             f"| {name} | messages lost or corrupt (of {wg['messages']}); bulk delivered "
             f"by | {len(lost)}; workload done at {_fmt(wg['time_s'], '.1f', ' s')} | 0 | "
@@ -721,6 +739,9 @@ def main(argv: list[str] | None = None) -> int:
         elif issue == "5":
             if not args.report_only:
                 _run_runner(ISSUE5_RUNS, ["--no-baselines"])
+                from bench.critical_floor import measure
+
+                measure("i5_nobulk")
             lines = issue5_rows()
         else:
             codecs = None if args.report_only else run_codecs()
