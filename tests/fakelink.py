@@ -93,6 +93,7 @@ class FakeLink:
         self.pull_scheduled = False
         self.control_arrives_at = 0.0  # keeps the control stream in order
         self.held_control: list[bytes] = []  # written while silent
+        self.held_in_transit: list[bytes] = []  # written before, due while silent
         self.in_burst = False
 
     def transmit(self, size_bytes: int, now: float) -> list[float]:
@@ -236,6 +237,7 @@ class SimulatedPair:
         path.generation += 1
         for link in path.links.values():
             link.held_control.clear()
+            link.held_in_transit.clear()
             link.silent = False
         for site in SITES:
             self.sessions[site].path_down(name, self.now, reason)
@@ -246,8 +248,9 @@ class SimulatedPair:
         path = self.paths[name]
         for site, link in path.links.items():
             link.silent = silent
-            if not silent and link.held_control:
-                data = b"".join(link.held_control)
+            if not silent and (link.held_in_transit or link.held_control):
+                data = b"".join(link.held_in_transit + link.held_control)
+                link.held_in_transit.clear()
                 link.held_control.clear()
                 self._send_control(path, site, data)
         self._service_all()
@@ -436,6 +439,9 @@ class SimulatedPair:
 
         def deliver() -> None:
             if path.generation != generation:
+                return
+            if link.silent:  # lost in the blackhole: the stream sends it again after
+                link.held_in_transit.append(data)
                 return
             session = self.sessions[receiver]
             for piece in (data[:cut], data[cut:]):

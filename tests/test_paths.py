@@ -1,13 +1,18 @@
-"""PathReceiver: when each kind of datagram is acked, and what the ack says."""
+"""PathReceiver: when each kind of datagram is acked, and what the ack says; PathSender:
+what a late ack means."""
 
 from __future__ import annotations
 
+from wangate.core.estimator import PathEstimator
 from wangate.core.frames import MAX_ACK_RANGES, Ack
 from wangate.core.paths import (
     ACK_EVERY_DATAGRAMS,
     CRITICAL_ACK_DELAY_S,
     MAX_ACK_DELAY_S,
+    MIN_RTO_S,
     PathReceiver,
+    PathSender,
+    SentDatagram,
 )
 
 
@@ -66,3 +71,27 @@ def test_ranges_beyond_one_ack_stay_pending_and_are_due_at_once() -> None:
     assert second is not None
     assert second.ranges == ((0, 0), (2, 2), (4, 4))
     assert receiver.ack_deadline() is None
+
+
+def _lost_datagram() -> tuple[PathSender, int]:
+    sender = PathSender("a", 1200, PathEstimator())
+    seq = sender.record(SentDatagram(1, 0, 100, sent_at=1.0, size_bytes=100))
+    assert [d.msg_id for d in sender.detect_lost(now=1.9)] == [1]  # its timer ran out
+    return sender, seq
+
+
+def test_a_late_ack_is_a_spurious_loss_that_raises_the_loss_timer_floor() -> None:
+    sender, seq = _lost_datagram()
+    acked, late = sender.acknowledge(Ack(0, 0, ((seq, seq),)), now=2.0)
+    assert (acked, [d.msg_id for d in late]) == ([], [1])
+    assert sender.spurious_losses == 1
+    assert sender.rto_floor_s == 1.0  # 1.25 x its 1 s lateness, at most RTO_FLOOR_MAX_S
+
+
+def test_an_ack_that_waited_out_an_outage_is_not_taken_for_reordering() -> None:
+    sender, seq = _lost_datagram()
+    sender.back_at = 1.95  # the path was declared down, then heard again
+    acked, late = sender.acknowledge(Ack(0, 0, ((seq, seq),)), now=2.0)
+    assert (acked, [d.msg_id for d in late]) == ([], [1])
+    assert sender.spurious_losses == 0
+    assert sender.rto_floor_s == MIN_RTO_S

@@ -86,17 +86,23 @@ class PathSender:
             last = min(last, self.next_seq - 1)
             if last < first:
                 continue
-            if last - first + 1 <= len(inflight):
+            # walk the range, or what we remember if that is less (a range may be huge)
+            remembered = len(inflight) + len(self.recently_lost)
+            if last - first + 1 <= remembered:
                 seqs: list[int] | range = range(first, last + 1)
             else:
                 seqs = [s for s in inflight if first <= s <= last]
+                seqs += [s for s in self.recently_lost if first <= s <= last]
             for seq in seqs:
                 sent = inflight.pop(seq, None)
                 if sent is not None:
                     acked.append(sent)
                 elif self.recently_lost:
                     late = self.recently_lost.pop(seq, None)
-                    if late is not None:
+                    if late is not None and late.sent_at < self.back_at:
+                        # swallowed by an outage; its ack waited behind it: no reordering
+                        late_acked.append(late)
+                    elif late is not None:
                         spurious += 1
                         late_acked.append(late)
                         self.estimator.on_spurious_loss(late.size_bytes, now)

@@ -371,11 +371,14 @@ class PeerSession:
         if sender is None:
             return
         est = sender.estimator
-        rtt_s = now - ack.echo_sent_ns / 1e9
-        if 0.0 < rtt_s < 60.0:
-            est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
         acked, late_acked = sender.acknowledge(ack, now)
         if acked:
+            # Only an ack of something still in flight times the path (RFC 9002 §5.1):
+            # one of datagrams given up long ago may have waited out an outage behind
+            # lost stream data, and a sample of seconds would hold the path back.
+            rtt_s = now - ack.echo_sent_ns / 1e9
+            if 0.0 < rtt_s < 60.0:
+                est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
             self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
             est.on_acked(sent.size_bytes, now)
