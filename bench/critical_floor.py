@@ -7,9 +7,10 @@ scenario's first flow as a burst of full-size UDP datagrams (path MTU less the I
 UDP headers) on the path with the least one-way delay, at the flow's times; a receiver
 in the other site notes when each datagram arrives. A message's time is its first
 datagram's send to its last datagram's arrival (one monotonic clock for every
-namespace). No transport can deliver those bytes sooner through this emulator, so this
-is what a gateway's critical latency is measured against. Results go to
-``results/critical_floor/run.json``.
+namespace). The scenario's timeline plays as it would for the gateways. No transport
+can deliver those bytes sooner on that path of this emulator, so this is what a
+gateway's critical latency is measured against. Results go to
+``results/critical_floor/<scenario>.json``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def measure(scenario_name: str = "i5_nobulk") -> dict[str, Any]:
         "times_s": times_s,
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "run.json").write_text(json.dumps(record, indent=1))
+    (OUT / f"{scenario_name}.json").write_text(json.dumps(record, indent=1))
     return record
 
 
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
         spec = json.loads(argv[2])
         return _sender(spec) if argv[1] == "sender" else _receiver(spec)
     record = measure(*argv[:1])
-    times = record["times_s"]
+    times: list[float] = record["times_s"]
 
     def q(p: float) -> float:
         return times[min(len(times) - 1, int(p * len(times)))] * 1e3
