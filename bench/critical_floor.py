@@ -29,6 +29,7 @@ PORT = 9411
 IP_UDP_HEADER_BYTES = 28
 HEAD = struct.Struct("!IQH")  # message index, first send time (ns), datagram index
 DRAIN_S = 2.0  # the receiver stops this long after the last datagram
+START_S = 0.5  # the first burst leaves this long after the receiver is ready
 
 
 def _sender(spec: dict[str, Any]) -> int:
@@ -58,10 +59,14 @@ def _receiver(spec: dict[str, Any]) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind((spec["local"], PORT))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.settimeout(spec["timeout_s"])
     messages: dict[int, list[int]] = {}  # index -> [first send ns, datagrams, last arrival ns]
     print(json.dumps({"ready": True}), flush=True)
+    # until the bursts are over (a blackhole may silence the path for seconds), then
+    # until the path has been quiet for DRAIN_S
+    end_ns = time.monotonic_ns() + int((spec["start_s"] + spec["duration_s"]) * 1e9)
     while True:
+        remaining_s = (end_ns - time.monotonic_ns()) / 1e9
+        sock.settimeout(max(remaining_s, DRAIN_S))
         try:
             data = sock.recv(65536)
         except TimeoutError:
@@ -71,7 +76,6 @@ def _receiver(spec: dict[str, Any]) -> int:
         entry = messages.setdefault(index, [first_ns, 0, 0])
         entry[1] += 1
         entry[2] = now_ns
-        sock.settimeout(DRAIN_S)
     print(json.dumps({str(k): v for k, v in messages.items()}), flush=True)
     return 0
 
@@ -89,15 +93,20 @@ def measure(scenario_name: str = "i5_nobulk") -> dict[str, Any]:
         there = next(a for a in lab.site_addresses(dst) if a.path == best.name)
         datagram_bytes = here.mtu - IP_UDP_HEADER_BYTES
         worker = [sys.executable, "-m", "bench.critical_floor", "worker"]
+        duration_s = flow.steps * flow.interval_s
         receiver = lab.run_in(
             dst,
-            [*worker, "receiver", json.dumps({"local": there.local, "timeout_s": 10.0})],
+            [
+                *worker,
+                "receiver",
+                json.dumps({"local": there.local, "start_s": START_S, "duration_s": duration_s}),
+            ],
             stdout=subprocess.PIPE,
         )
         assert receiver.stdout is not None
         receiver.stdout.readline()  # ready
-        t0_ns = time.monotonic_ns() + 500_000_000
-        lab.start_timeline()
+        t0_ns = time.monotonic_ns() + int(START_S * 1e9)
+        lab.start_timeline(t0_ns / 1e9)  # the timeline starts with the first burst
         spec = {
             "local": here.local,
             "remote": here.remote,
