@@ -29,7 +29,7 @@ from wangate.localapi.protocol import (
     encode_request,
 )
 from wangate.localapi.selfsite import SelfSiteService, default_client_settings
-from wangate.localapi.server import LocalApiServer
+from wangate.localapi.server import MAX_REQUESTS_IN_FLIGHT, LocalApiServer
 from wangate.service import Submission
 
 MAX_MESSAGE = 64 << 20
@@ -355,6 +355,29 @@ def test_reply_frames_are_well_formed_for_service_errors(sock_path: Path) -> Non
         sock.sendall(encode_request(RecvRequest(6, "none", None, None, 0.0)))
         reply, _ = read_reply(sock)
         assert (reply["id"], reply["code"]) == (6, "timeout")
+        sock.close()
+
+
+def test_requests_beyond_the_in_flight_limit_wait_for_a_reply_to_go_out(
+    sock_path: Path,
+) -> None:
+    with GatewayThread(sock_path):
+        sock = raw_connect(sock_path)
+        waiting = b"".join(
+            encode_request(RecvRequest(i, "never", None, None, 0.5))
+            for i in range(1, MAX_REQUESTS_IN_FLIGHT + 1)
+        )
+        sock.sendall(waiting + frame(pack({"op": "allreduce", "id": 900})))
+        sock.sendall(encode_request(PingRequest(901)))
+        replies = read_replies(sock, MAX_REQUESTS_IN_FLIGHT + 2)
+        ids = [reply["id"] for reply, _ in replies]
+        # neither the bad frame nor the ping was read before a recv timed out
+        assert replies[0][0]["code"] == "timeout" and ids[0] <= MAX_REQUESTS_IN_FLIGHT
+        assert sorted(ids) == [*range(1, MAX_REQUESTS_IN_FLIGHT + 1), 900, 901]
+        bad = replies[ids.index(900)][0]
+        assert (bad["ok"], bad["code"]) == (False, "unknown_op")
+        assert replies[ids.index(901)][0] == {"ok": True, "id": 901}
+        assert ping_works(sock)
         sock.close()
 
 

@@ -141,6 +141,7 @@ class _Connection:
         self.reading: tuple[Request, int] | None = None  # its payload is arriving
         self.waiting: tuple[Request, int] | None = None  # read, waits for a slot or budget
         self.listening = False
+        self.closing = False  # no more frames are read
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] = self.loop.create_future()
 
@@ -156,7 +157,7 @@ class _Connection:
             self.sock.close()
 
     def _listen(self, on: bool) -> None:
-        if on != self.listening and not (on and self.finished.done()):
+        if on != self.listening and not (on and self.closing):
             self.listening = on
             if on:
                 self.loop.add_reader(self.sock.fileno(), self._on_readable)
@@ -164,6 +165,7 @@ class _Connection:
                 self.loop.remove_reader(self.sock.fileno())
 
     def _finish(self) -> None:
+        self.closing = True
         self._listen(False)
         if not self.finished.done():
             self.finished.set_result(None)
@@ -192,7 +194,7 @@ class _Connection:
 
     def _advance(self) -> None:
         """Act on every complete frame; stops while a request waits for room."""
-        while self.waiting is None and not self.finished.done():
+        while self.waiting is None and not self.closing:
             if self.reading is not None:
                 payload = self.assembler.take_payload()
                 if payload is None:
@@ -201,9 +203,13 @@ class _Connection:
                 self.reading = None
                 self._start(request, payload, payload_bytes)
                 continue
+            if self.in_flight >= MAX_REQUESTS_IN_FLIGHT:
+                self._listen(False)  # until a reply goes out: replies nobody reads pile up
+                return
             try:
                 head = self.assembler.next_head()
             except FrameError as exc:  # prefix-level: the stream cannot be resynchronised
+                self.closing = True
                 self._listen(False)
                 self._spawn(self._reply_and_finish(error_reply(None, exc.code, str(exc))))
                 return
@@ -273,12 +279,14 @@ class _Connection:
         self._resume()
 
     def _resume(self) -> None:
-        if self.waiting is None or self.finished.done():
+        """Room was freed: admit the request that waited for it, then read on."""
+        if self.closing:
             return
-        request, payload_bytes = self.waiting
-        self.waiting = None
-        self._admit(request, payload_bytes)
-        if self.waiting is None:
+        if self.waiting is not None:
+            request, payload_bytes = self.waiting
+            self.waiting = None
+            self._admit(request, payload_bytes)
+        if self.waiting is None and not self.listening and self.in_flight < MAX_REQUESTS_IN_FLIGHT:
             self._listen(True)
             self._advance()
 
