@@ -63,3 +63,20 @@ def test_a_slow_path_steps_aside_at_the_end_of_a_message() -> None:
     assert scheduler.bulk_helps("slow", paths, usable, 50_000_000, 1400, 10.0) is True
     assert scheduler.bulk_helps("slow", paths, usable, 1400, 1400, 10.0) is False
     assert scheduler.bulk_helps("fast", paths, usable, 1400, 1400, 10.0) is True
+
+
+def test_a_slow_path_does_not_step_aside_for_a_critical_route_that_keeps_bulk_off() -> None:
+    paths = {"fast": estimator(0.010, 50e6, queue_s=0.010), "slow": estimator(0.060, 50e6)}
+    scheduler = scheduler_on(paths)
+    assert scheduler.selector.current == "fast"
+    usable = {"fast": True, "slow": True}
+    # the end of a message: fast would finish it first, but takes no bulk while critical
+    # traffic flows, so slow carries it rather than leaving it waiting
+    assert (
+        scheduler.bulk_helps("fast", paths, usable, 1400, 1400, 10.0, critical_active=True) is False
+    )
+    assert (
+        scheduler.bulk_helps("slow", paths, usable, 1400, 1400, 10.0, critical_active=True) is True
+    )
+    # with no critical traffic, slow steps aside as usual
+    assert scheduler.bulk_helps("slow", paths, usable, 1400, 1400, 10.0) is False

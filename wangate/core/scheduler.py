@@ -91,6 +91,18 @@ class PathScheduler:
 
     # ----------------------------------------------------------------- bulk
 
+    def _keeps_bulk_off(
+        self, path: str, estimators: Mapping[str, PathEstimator], usable: Mapping[str, bool]
+    ) -> bool:
+        """While critical traffic flows: ``path`` is the critical route, its RTT shows a
+        queue, and another path can take the bulk."""
+        if path != self.selector.current:
+            return False
+        mine = estimators[path]
+        queue_s = mine.srtt_s - mine.min_rtt_s
+        others_usable = any(ok for n, ok in usable.items() if n != path)
+        return others_usable and queue_s > max(CRITICAL_QUEUE_S, mine.min_rtt_s / 4)
+
     def bulk_helps(
         self,
         path: str,
@@ -101,12 +113,8 @@ class PathScheduler:
         now: float,
         critical_active: bool = False,
     ) -> bool:
-        if critical_active and path == self.selector.current:
-            mine = estimators[path]
-            queue_s = mine.srtt_s - mine.min_rtt_s
-            others_usable = any(ok for n, ok in usable.items() if n != path)
-            if others_usable and queue_s > max(CRITICAL_QUEUE_S, mine.min_rtt_s / 4):
-                return False
+        if critical_active and self._keeps_bulk_off(path, estimators, usable):
+            return False
         piece_bytes = max(1, min(piece_bytes, backlog_bytes))  # the piece it would really get
 
         def alone_s(name: str) -> float:
@@ -114,7 +122,15 @@ class PathScheduler:
             return est.srtt_s / 2 + (est.bytes_in_flight + piece_bytes) * 8 / est.planning_rate_bps
 
         mine_s = alone_s(path)
-        others = [name for name in estimators if name != path and usable.get(name, False)]
+        # A critical route that keeps bulk off is no alternative: deferring to it would
+        # hold the end of a message until critical traffic stops.
+        others = [
+            name
+            for name in estimators
+            if name != path
+            and usable.get(name, False)
+            and not (critical_active and self._keeps_bulk_off(name, estimators, usable))
+        ]
         # No other path would deliver this piece sooner: take it. Without this, with a
         # backlog under one piece every path defers to "the others together" and the
         # work is never sent.
