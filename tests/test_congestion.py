@@ -413,3 +413,40 @@ def test_real_aioquic_transfer_with_wangate_controller(tmp_path: Path) -> None:
             server.close()
 
     assert asyncio.run(main()) == payload
+
+
+def _startup_round_with_losses(rtt_s: float) -> WangateCongestionControl:
+    """Startup, mid-round: 43 packets acked, then 9 of the round declared lost at once
+    (17 %: what 5 % random loss can show this early in a round)."""
+    cc = _wangate()
+    packets = []
+    for pn in range(60):
+        packet = QuicSentPacket(
+            epoch=Epoch.ONE_RTT,
+            in_flight=True,
+            is_ack_eliciting=True,
+            is_crypto_packet=False,
+            packet_number=pn,
+            packet_type=QuicPacketType.ONE_RTT,
+            sent_time=0.001 * pn,
+            sent_bytes=MSS,
+        )
+        cc.on_packet_sent(packet=packet)
+        packets.append(packet)
+    cc.on_rtt_measurement(now=0.080, rtt=0.080)  # the path's min RTT
+    for packet in packets[:44]:
+        assert packet.sent_time is not None
+        cc.on_rtt_measurement(now=packet.sent_time + rtt_s, rtt=rtt_s)
+        cc.on_packet_acked(now=packet.sent_time + rtt_s, packet=packet)
+    cc.on_packets_lost(now=0.060 + rtt_s, packets=packets[44:53])
+    return cc
+
+
+def test_random_loss_early_in_a_round_does_not_end_startup() -> None:
+    cc = _startup_round_with_losses(rtt_s=0.080)
+    assert (cc.state, cc.congestion_events) == (STARTUP, 0)
+
+
+def test_loss_with_a_queue_ends_startup_without_waiting_for_the_round() -> None:
+    cc = _startup_round_with_losses(rtt_s=0.120)  # 40 ms above the min: a queue
+    assert (cc.state, cc.congestion_events) == (DRAIN, 1)
