@@ -29,8 +29,9 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
   few percent leaves the model alone. In Startup, 8 lost packets at a congestion rate
-  end it at once rather than at the round's end. Persistent congestion (RFC 9002 §7.6)
-  drops the window to the minimum; it regrows by the bytes acked, the model is kept.
+  with a queue showing end it at once rather than at the round's end. Persistent
+  congestion (RFC 9002 §7.6) drops the window to the minimum; it regrows by the bytes
+  acked, the model is kept.
 
 Pure: aioquic passes ``now``; nothing here reads a clock or does I/O. Importing the
 module registers it under ``CONGESTION_CONTROL_NAME``.
