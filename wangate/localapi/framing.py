@@ -1,12 +1,12 @@
 """Reading frames from a stream socket with one copy of the payload at most.
 
-``ReadBuffer`` is the pure part: a small staging buffer for prefixes and headers. The
+``ReadBuffer`` is a small staging area for prefixes and headers. The
 payload goes straight from the socket into one buffer of exactly the declared size
 (``numpy.empty``: no zero-fill), after the prefix was checked against the limit;
 only the few bytes that arrived together with the header are copied across.
-Two thin drivers move the bytes: ``SyncFrameReader`` (blocking socket) and
-``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``). ``FrameAssembler``
-is the same logic without any I/O, for a reader driven by readiness callbacks.
+``FrameAssembler`` holds that logic without any I/O; ``SyncFrameReader`` (blocking
+socket) and ``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``) are thin
+drivers of it, and the gateway's local API server drives it from readiness callbacks.
 """
 
 from __future__ import annotations
@@ -157,102 +157,89 @@ class FrameAssembler:
 
 
 class SyncFrameReader:
+    """``FrameAssembler`` over a blocking socket."""
+
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
-        self._buffer = ReadBuffer()
-        self.max_payload_bytes = max_payload_bytes
+        self._frames = FrameAssembler(max_payload_bytes)
 
-    def _read_exact(self, size_bytes: int, *, eof_ok: bool = False) -> bytes | None:
-        while (data := self._buffer.take(size_bytes)) is None:
-            received = self._sock.recv_into(self._buffer.writable())
-            if received == 0:
-                if eof_ok and len(self._buffer) == 0:
-                    return None
-                raise ConnectionClosed("connection closed in the middle of a frame")
-            self._buffer.wrote(received)
-        return data
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._frames.max_payload_bytes
+
+    @max_payload_bytes.setter
+    def max_payload_bytes(self, value: int) -> None:
+        self._frames.max_payload_bytes = value
+
+    def _receive(self) -> int:
+        received = self._sock.recv_into(self._frames.writable())
+        self._frames.wrote(received)
+        return received
 
     def read_head(self) -> tuple[FramePrefix, bytes] | None:
         """Prefix and header of the next frame; None on a clean close between frames."""
-        raw = self._read_exact(PREFIX_BYTES, eof_ok=True)
-        if raw is None:
-            return None
-        prefix = decode_prefix(raw, self.max_payload_bytes)
-        header = self._read_exact(prefix.header_bytes)
-        assert header is not None
-        return prefix, header
+        while (head := self._frames.next_head()) is None:
+            if self._receive() == 0:
+                if self._frames.between_frames:
+                    return None
+                raise ConnectionClosed("connection closed in the middle of a frame")
+        return head
 
     def read_payload(self, size_bytes: int) -> memoryview:
-        target = new_payload_buffer(size_bytes)
-        filled = self._buffer.drain_into(target)
-        while filled < size_bytes:
-            received = self._sock.recv_into(target[filled:])
-            if received == 0:
+        self._frames.expect_payload(size_bytes)
+        while (payload := self._frames.take_payload()) is None:
+            if self._receive() == 0:
                 raise ConnectionClosed("connection closed in the middle of a payload")
-            filled += received
-        return target
+        return payload
 
 
 class AsyncFrameReader:
+    """``FrameAssembler`` over a non-blocking socket and the event loop."""
+
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
         self._loop = asyncio.get_running_loop()
-        self._buffer = ReadBuffer()
-        self.max_payload_bytes = max_payload_bytes
+        self._frames = FrameAssembler(max_payload_bytes)
         self._eager_bytes = 0  # read without waiting for the loop since the last wait
 
-    async def _read_exact(self, size_bytes: int, *, eof_ok: bool = False) -> bytes | None:
-        while (data := self._buffer.take(size_bytes)) is None:
-            received = await self._recv_into(self._buffer.writable())
-            if received == 0:
-                if eof_ok and len(self._buffer) == 0:
-                    return None
-                raise ConnectionClosed("connection closed in the middle of a frame")
-            self._buffer.wrote(received)
-        return data
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._frames.max_payload_bytes
 
-    async def _recv_into(self, target: memoryview) -> int:
+    @max_payload_bytes.setter
+    def max_payload_bytes(self, value: int) -> None:
+        self._frames.max_payload_bytes = value
+
+    async def _receive(self) -> int:
         # What is already there is read at once: the loop's sock_recv_into always waits
         # for a readiness callback first, a whole turn of a busy loop per read. Every
         # EAGER_READ_BYTES the reader waits anyway, so one client cannot hold the loop.
+        target = self._frames.writable()
+        received: int | None = None
         if self._eager_bytes < EAGER_READ_BYTES:
             try:
-                received: int = self._sock.recv_into(target)
+                received = self._sock.recv_into(target)
+                self._eager_bytes += received
             except (BlockingIOError, InterruptedError):
                 pass
-            else:
-                self._eager_bytes += received
-                return received
-        self._eager_bytes = 0
-        return await self._loop.sock_recv_into(self._sock, target)
+        if received is None:
+            self._eager_bytes = 0
+            received = await self._loop.sock_recv_into(self._sock, target)
+        self._frames.wrote(received)
+        return received
 
     async def read_head(self) -> tuple[FramePrefix, bytes] | None:
         """Prefix and header of the next frame; None on a clean close between frames."""
-        raw = await self._read_exact(PREFIX_BYTES, eof_ok=True)
-        if raw is None:
-            return None
-        prefix = decode_prefix(raw, self.max_payload_bytes)
-        header = await self._read_exact(prefix.header_bytes)
-        assert header is not None
-        return prefix, header
+        while (head := self._frames.next_head()) is None:
+            if await self._receive() == 0:
+                if self._frames.between_frames:
+                    return None
+                raise ConnectionClosed("connection closed in the middle of a frame")
+        return head
 
     async def read_payload(self, size_bytes: int) -> memoryview:
-        target = new_payload_buffer(size_bytes)
-        await self._fill(target)
-        return target
-
-    async def skip_payload(self, size_bytes: int) -> None:
-        """Read and drop a payload we refused, to reach the next frame."""
-        scratch = memoryview(bytearray(min(size_bytes, SKIP_CHUNK_BYTES)))
-        while size_bytes > 0:
-            chunk = scratch[: min(size_bytes, len(scratch))]
-            await self._fill(chunk)
-            size_bytes -= len(chunk)
-
-    async def _fill(self, target: memoryview) -> None:
-        filled = self._buffer.drain_into(target)
-        while filled < len(target):
-            received = await self._recv_into(target[filled:])
-            if received == 0:
+        self._frames.expect_payload(size_bytes)
+        while (payload := self._frames.take_payload()) is None:
+            if await self._receive() == 0:
                 raise ConnectionClosed("connection closed in the middle of a payload")
-            filled += received
+        return payload

@@ -139,7 +139,7 @@ class _Connection:
         self.in_flight = 0  # requests read and not yet answered
         self.held_bytes = 0  # their payloads, until the service owns them
         self.reading: tuple[Request, int] | None = None  # its payload is arriving
-        self.waiting: tuple[Request, int] | None = None  # read, waits for a slot or budget
+        self.waiting: tuple[Request, int] | None = None  # read, waits for budget
         self.listening = False
         self.closing = False  # no more frames are read
         self.tasks: set[asyncio.Task[None]] = set()
@@ -236,12 +236,12 @@ class _Connection:
         self._admit(request, payload_bytes)
 
     def _admit(self, request: Request, payload_bytes: int) -> None:
-        """Read the payload now if a slot and the budget allow; else pause reading."""
-        over_budget = (
+        """Read the payload now if the budget allows; else pause reading (``_advance``
+        reads no frame while MAX_REQUESTS_IN_FLIGHT wait for replies)."""
+        if (
             self.held_bytes > 0
             and self.held_bytes + payload_bytes > self.server.client_budget_bytes
-        )
-        if self.in_flight >= MAX_REQUESTS_IN_FLIGHT or over_budget:
+        ):
             self.waiting = (request, payload_bytes)
             self._listen(False)  # backpressure, not an error
             return
