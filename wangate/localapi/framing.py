@@ -156,9 +156,7 @@ class FrameAssembler:
         self._skip_bytes = size_bytes - self._staging.discard(size_bytes)
 
 
-class SyncFrameReader:
-    """``FrameAssembler`` over a blocking socket."""
-
+class _FrameReader:
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
         self._frames = FrameAssembler(max_payload_bytes)
@@ -170,6 +168,10 @@ class SyncFrameReader:
     @max_payload_bytes.setter
     def max_payload_bytes(self, value: int) -> None:
         self._frames.max_payload_bytes = value
+
+
+class SyncFrameReader(_FrameReader):
+    """``FrameAssembler`` over a blocking socket."""
 
     def _receive(self) -> int:
         received = self._sock.recv_into(self._frames.writable())
@@ -193,22 +195,13 @@ class SyncFrameReader:
         return payload
 
 
-class AsyncFrameReader:
+class AsyncFrameReader(_FrameReader):
     """``FrameAssembler`` over a non-blocking socket and the event loop."""
 
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
-        self._sock = sock
+        super().__init__(sock, max_payload_bytes)
         self._loop = asyncio.get_running_loop()
-        self._frames = FrameAssembler(max_payload_bytes)
         self._eager_bytes = 0  # read without waiting for the loop since the last wait
-
-    @property
-    def max_payload_bytes(self) -> int:
-        return self._frames.max_payload_bytes
-
-    @max_payload_bytes.setter
-    def max_payload_bytes(self, value: int) -> None:
-        self._frames.max_payload_bytes = value
 
     async def _receive(self) -> int:
         # What is already there is read at once: the loop's sock_recv_into always waits
