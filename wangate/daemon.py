@@ -214,6 +214,16 @@ class Gateway(LinkHost):
             backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
 
     async def _dial(self, peer: str, path: PathConfig) -> PathLink:
+        link = await self._open_link(peer, path)
+        try:
+            await link.wait_handshake(DIAL_TIMEOUT_S)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    async def _open_link(self, peer: str, path: PathConfig) -> PathLink:
+        """A connection on ``path`` with its handshake started (not awaited)."""
         assert path.remote is not None
         loop = asyncio.get_running_loop()
         remote_host, remote_port = path.remote
@@ -237,11 +247,6 @@ class Gateway(LinkHost):
         if link._transport is not None:
             enlarge_socket_buffers(link._transport.get_extra_info("socket"))
         link.connect((remote_host, remote_port))
-        try:
-            await asyncio.wait_for(link.wait_connected(), DIAL_TIMEOUT_S)
-        except BaseException:
-            link.close()
-            raise
         return link
 
     # ------------------------------------------------------------ LinkHost
