@@ -243,7 +243,8 @@ class PeerSession:
         if silent_s > PEER_QUIET_S:
             return f"silent for {silent_s:.1f} s"
         up, total = self._paths_up(now)
-        return f"{up} of {total} paths up"
+        others = "" if up >= total else ", the others degraded or down"
+        return f"{up} of {total} paths up{others}"
 
     def _paths_up(self, now: float) -> tuple[int, int]:
         up = sum(
