@@ -771,7 +771,7 @@ class PeerSession:
         if now >= self._done_check_at:
             self._done_check_at = now + DONE_CHECK_S
             timeout_s = max(
-                DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())
+                [DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())]
             )
             for message in list(self._queue.messages.values()):
                 if message.acked_at is not None and now - message.acked_at > timeout_s:
