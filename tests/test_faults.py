@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from wangate import DeadlineExceeded, MessageFailed, PeerUnreachable, RecvTimeout, WangateError
+from wangate.core.session import PEER_QUIET_S
 from wangate.loopback import LoopbackSites
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,6 +146,9 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
         assert after and all(isinstance(c[2], PeerUnreachable) for c in after)
         assert max(c[1] - c[0] for c in after) < 0.5
         assert max(c[1] - c[0] for c in calls if c[0] >= killed_at) <= PEER_DEAD_S + 1
+        # and nothing piles up behind it: once it is quiet for a second, sends wait
+        accepted = [c[1] for c in calls if not isinstance(c[2], WangateError)]
+        assert max(accepted) < killed_at + PEER_QUIET_S + 1
 
         status = peer_status(lab, "bj", "sh")
         assert status["state"] == "unreachable"

@@ -38,7 +38,7 @@ from wangate.core.governor import BulkGovernor
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
-from wangate.core.session import PeerSession
+from wangate.core.session import PEER_QUIET_S, PeerSession
 from wangate.errors import (
     DeadlineExceeded,
     GatewayError,
@@ -498,10 +498,16 @@ class Gateway(LinkHost):
         return state
 
     def _backlogged(self, state: PeerState, submission: Submission) -> bool:
-        """At most one inbox window of unsent bytes waits per peer."""
-        pending = state.session.pending_bytes()
+        """At most one inbox window of unsent bytes waits per peer; nothing more waits
+        behind a peer gone quiet (until it is heard again or declared unreachable)."""
+        session = state.session
+        pending = session.pending_bytes()
+        if pending == 0:
+            return False
+        if session.silent_s(time.monotonic()) > PEER_QUIET_S:
+            return True
         size = len(memoryview(submission.payload).cast("B"))
-        return pending > 0 and pending + size > self.config.limits.peer_inbox_bytes
+        return pending + size > self.config.limits.peer_inbox_bytes
 
     def _submit(self, state: PeerState, submission: Submission, arrived_at: float) -> int:
         header = MessageHeader(
