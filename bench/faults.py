@@ -12,6 +12,8 @@ Scenarios (two sites, ``peer_dead_s`` at its default unless said):
 - ``kill``: sh's daemon is SIGKILLed while bj sends it 1 MB messages and a bj trainer
   waits in ``recv(source="sh")``: when the recv and the sends fail, how long any send
   blocks, when ``status`` says so and when no path row says "up".
+- ``kill_listener``: the same with the roles swapped: bj, the site that only listens,
+  is killed while sh sends.
 - ``held``: 10 messages confirmed to bj but not taken at sh; sh is SIGKILLed and
   restarted: how many bj learns failed (``wait``, ``status``), and when.
 - ``deadline``: a send with ``deadline_s=0.5`` while the peer's window is full.
@@ -78,15 +80,15 @@ def _what(outcome: object) -> str:
     return type(outcome).__name__ if isinstance(outcome, BaseException) else "ok"
 
 
-def kill_scenario(directory: Path) -> dict[str, Any]:
+def kill_scenario(directory: Path, sender_site: str = "bj", victim: str = "sh") -> dict[str, Any]:
     result: dict[str, Any] = {}
     with LoopbackSites(2, 2, directory=directory, mtu=1500, verbose=False) as lab:
         recv_outcome: list[tuple[float, object]] = []
 
         def recv() -> None:
-            with lab["bj"].client() as gw:
+            with lab[sender_site].client() as gw:
                 try:
-                    gw.recv("from-sh", source="sh", timeout=OBSERVE_S)
+                    gw.recv("from-victim", source=victim, timeout=OBSERVE_S)
                     recv_outcome.append((time.monotonic(), "ok"))
                 except WangateError as exc:
                     recv_outcome.append((time.monotonic(), exc))
@@ -94,7 +96,7 @@ def kill_scenario(directory: Path) -> dict[str, Any]:
         threading.Thread(target=recv, daemon=True).start()
 
         def take() -> None:
-            with contextlib.suppress(WangateError), lab["sh"].client() as gw:
+            with contextlib.suppress(WangateError), lab[victim].client() as gw:
                 while True:
                     gw.recv("grad", timeout=OBSERVE_S)
 
@@ -104,13 +106,13 @@ def kill_scenario(directory: Path) -> dict[str, Any]:
 
         def send() -> None:
             array = np.arange(250_000, dtype=np.float32)
-            with lab["bj"].client() as gw:
+            with lab[sender_site].client() as gw:
                 step = 0
                 while not stop.is_set():
                     started = time.monotonic()
                     outcome: object
                     try:
-                        outcome = gw.send("sh", "grad", array, step=step)
+                        outcome = gw.send(victim, "grad", array, step=step)
                     except WangateError as exc:
                         outcome = exc
                     calls.append((started, time.monotonic(), outcome))
@@ -119,13 +121,16 @@ def kill_scenario(directory: Path) -> dict[str, Any]:
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
         _poll(lambda: len(calls) >= 5, 20)
-        killed_at = _kill(lab, "sh")
+        killed_at = _kill(lab, victim)
         seen_state: float | None = None
         paths_not_up: float | None = None
-        with lab["bj"].client() as gw:
+        with lab[sender_site].client() as gw:
             while time.monotonic() < killed_at + OBSERVE_S:
                 now = time.monotonic()
-                if seen_state is None and gw.status()["peers"]["sh"].get("state") == "unreachable":
+                if (
+                    seen_state is None
+                    and gw.status()["peers"][victim].get("state") == "unreachable"
+                ):
                     seen_state = now - killed_at
                 if paths_not_up is None and all(r["state"] != "up" for r in gw.paths()):
                     paths_not_up = now - killed_at
@@ -227,7 +232,8 @@ def cold_scenario(directory: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
-    "kill": kill_scenario,
+    "kill": kill_scenario,  # the dialing site dies
+    "kill_listener": lambda directory: kill_scenario(directory, "sh", "bj"),
     "held": held_scenario,
     "deadline": deadline_scenario,
     "cold": cold_scenario,
