@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from wangate import DeadlineExceeded, MessageFailed, PeerUnreachable, RecvTimeout, WangateError
-from wangate.core.session import PEER_QUIET_S
+from wangate.core.liveness import PEER_QUIET_S
 from wangate.loopback import LoopbackSites
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,7 +13,8 @@ from wangate.core.events import (
     PeerStateChanged,
 )
 from wangate.core.frames import MessagesTaken
-from wangate.core.session import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerSession
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S
+from wangate.core.session import PeerSession
 from wangate.errors import PeerUnreachable
 
 PATHS = {"a": LinkProfile(delay_s=0.01), "b": LinkProfile(delay_s=0.02)}

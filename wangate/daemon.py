@@ -35,10 +35,11 @@ from wangate.core.events import (
 )
 from wangate.core.frames import Hello
 from wangate.core.governor import BulkGovernor
+from wangate.core.liveness import PEER_QUIET_S
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
-from wangate.core.session import PEER_QUIET_S, PeerSession
+from wangate.core.session import PeerSession
 from wangate.errors import (
     DeadlineExceeded,
     GatewayError,

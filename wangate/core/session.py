@@ -56,6 +56,7 @@ from wangate.core.frames import (
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, MAX_DONE_PENDING, Reassembly
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.outbox import Outbox
@@ -74,8 +75,6 @@ CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
-DEFAULT_PEER_DEAD_S = 5.0  # [limits] peer_dead_s
-PEER_QUIET_S = 1.0  # ten probe intervals without a word: the peer counts as degraded
 MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
 
 Buffer = bytes | bytearray | memoryview
@@ -118,14 +117,8 @@ class PeerSession:
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
-        # liveness: silence is counted from start-up until the peer is first heard
-        self.peer_dead_s = peer_dead_s
+        self._liveness = PeerLiveness(peer_dead_s, now)
         self.configured_paths = configured_paths
-        self._quiet_since = now
-        self._last_heard_at: float | None = None
-        self._restarted_at: float | None = None
-        self._peer_state = "unreachable" if peer_dead_s <= 0 else "degraded"
-        self._unreachable = False  # declared: its messages failed, submit refuses
         # done (the peer holds it) but not taken by a trainer there: id -> (tag, step)
         self._held: dict[int, tuple[str, int]] = {}
 
@@ -208,8 +201,8 @@ class PeerSession:
                 )
             )
         self._held.clear()
-        self._restarted_at = now
-        self._heard_peer(now)
+        self._liveness.restarted(now)
+        self._update_liveness(now)
         for sender in self._senders.values():
             sender.take_all_inflight()
         self._outbox.reset()
@@ -220,33 +213,14 @@ class PeerSession:
 
     def silent_s(self, now: float) -> float:
         """How long nothing has been heard from the peer (since start if never)."""
-        heard_at = self._last_heard_at
-        return now - (self._quiet_since if heard_at is None else heard_at)
+        return self._liveness.silent_s(now)
 
     def peer_state(self, now: float) -> tuple[str, str]:
         """(state, reason): the state is up, degraded, unreachable or restarted."""
         self._update_liveness(now)
-        return self._peer_state, self._state_reason(now)
+        return self._liveness.state, self._liveness.reason(now, *self._paths_up())
 
-    def _state_reason(self, now: float) -> str:
-        silent_s = self.silent_s(now)
-        state = self._peer_state
-        if state == "unreachable":
-            if self._last_heard_at is None:
-                return f"not heard from in {silent_s:.1f} s since start"
-            return f"silent for {silent_s:.1f} s"
-        if state == "restarted":
-            assert self._restarted_at is not None
-            return f"a new instance of the peer since {now - self._restarted_at:.1f} s"
-        if self._last_heard_at is None:
-            return "not connected yet"
-        if silent_s > PEER_QUIET_S:
-            return f"silent for {silent_s:.1f} s"
-        up, total = self._paths_up(now)
-        others = "" if up >= total else ", the others degraded or down"
-        return f"{up} of {total} paths up{others}"
-
-    def _paths_up(self, now: float) -> tuple[int, int]:
+    def _paths_up(self) -> tuple[int, int]:
         up = sum(
             1
             for name, ok in self._usable().items()
@@ -254,60 +228,41 @@ class PeerSession:
         )
         return up, max(self.configured_paths, len(self._senders))
 
-    def _compute_state(self, now: float) -> str:
-        silent_s = self.silent_s(now)
-        if silent_s >= self.peer_dead_s:
-            return "unreachable"
-        if self._last_heard_at is None:
-            return "degraded"
-        if self._restarted_at is not None and now - self._restarted_at < self.peer_dead_s:
-            return "restarted"
-        if silent_s > PEER_QUIET_S:
-            return "degraded"
-        up, total = self._paths_up(now)
-        return "up" if up >= total else "degraded"
-
     def _update_liveness(self, now: float) -> None:
-        state = self._compute_state(now)
-        if state == "unreachable" and not self._unreachable:
-            self._unreachable = True
-            reason = self._state_reason_for_unreachable(now)
-            why = f"peer {self.peer} unreachable: {reason}"
+        liveness = self._liveness
+        paths = self._paths_up()
+        state = liveness.classify(now, *paths)
+        if state == "unreachable" and not liveness.unreachable:
+            liveness.unreachable = True
+            why = f"peer {self.peer} unreachable: {liveness.silence_reason(now)}"
             for message in self._queue.clear():
                 self._events.append(MessageFailed(message.msg_id, why, message.tag, message.step))
             self._events.extend(self._outbox.fail_all(why))
-        if state != self._peer_state:
-            self._peer_state = state
-            self._events.append(PeerStateChanged(state, self._state_reason(now)))
-
-    def _state_reason_for_unreachable(self, now: float) -> str:
-        silent_s = self.silent_s(now)
-        if self._last_heard_at is None:
-            return f"not heard from in {silent_s:.1f} s since start"
-        return f"silent for {silent_s:.1f} s"
+        if state != liveness.state:
+            liveness.state = state
+            self._events.append(PeerStateChanged(state, liveness.reason(now, *paths)))
 
     def _heard_peer(self, now: float) -> None:
-        self._last_heard_at = now
-        if self._unreachable:
-            self._unreachable = False  # back: traffic resumes by itself
-            self._update_liveness(now)
+        if self._liveness.heard(now):
+            self._update_liveness(now)  # back: traffic resumes by itself
 
     def check_reachable(self, now: float) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
         self._update_liveness(now)
-        if self._unreachable:
+        liveness = self._liveness
+        if liveness.unreachable:
             raise PeerUnreachable(
-                f"peer {self.peer} is unreachable: {self._state_reason_for_unreachable(now)} "
-                f"(limits.peer_dead_s = {self.peer_dead_s:g}); it fails until heard again"
+                f"peer {self.peer} is unreachable: {liveness.silence_reason(now)} "
+                f"(limits.peer_dead_s = {liveness.peer_dead_s:g}); it fails until heard again"
             )
+
+    @property
+    def unreachable(self) -> bool:
+        return self._liveness.unreachable
 
     @property
     def last_msg_id(self) -> int:
         return self._next_msg_id - 1
-
-    @property
-    def unreachable(self) -> bool:
-        return self._unreachable
 
     def message_state(self, msg_id: int) -> str | None:
         """``sending``, ``held`` (the peer holds it, no trainer took it yet), or None
@@ -315,17 +270,6 @@ class PeerSession:
         if msg_id in self._queue.messages or any(m.msg_id == msg_id for m in self._outbox.waiting):
             return "sending"
         return "held" if msg_id in self._held else None
-
-    def _liveness_deadline(self) -> float:
-        heard_at = self._last_heard_at
-        base = self._quiet_since if heard_at is None else heard_at
-        if self._unreachable:
-            return math.inf
-        if self._restarted_at is not None and self._peer_state == "restarted":
-            return min(self._restarted_at + self.peer_dead_s, base + self.peer_dead_s)
-        if heard_at is not None and self._peer_state == "up":
-            return heard_at + PEER_QUIET_S
-        return base + self.peer_dead_s
 
     # ----------------------------------------------------------------- sending
 
@@ -703,7 +647,7 @@ class PeerSession:
         deadlines: list[float] = [
             self._credit_refresh_at,
             self._scheduler.next_select_at,
-            self._liveness_deadline(),
+            self._liveness.next_change_at(),
         ]
         if self._inbound.inbound and self._hearing_peer():  # get_timer runs per datagram
             expiry = self._inbound.next_expiry()
@@ -799,13 +743,13 @@ class PeerSession:
         self._update_liveness(now)
         heard_at = sender.estimator.last_heard_at
         silent_s = math.inf if heard_at is None else now - heard_at
-        if self._unreachable:
+        if self._liveness.unreachable:
             row["state"] = "down"
-            row["state_reason"] = f"peer unreachable: {self._state_reason_for_unreachable(now)}"
+            row["state_reason"] = f"peer unreachable: {self._liveness.silence_reason(now)}"
         elif silent_s > PEER_QUIET_S and row.get("state") == "up":
             row["state"] = "degraded"
             row["state_reason"] = f"silent for {silent_s:.1f} s"
-        row["peer_state"] = self._peer_state
+        row["peer_state"] = self._liveness.state
         return row
 
     @property
