@@ -13,7 +13,7 @@ from wangate.core.events import (
     PeerStateChanged,
 )
 from wangate.core.frames import MessagesTaken
-from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.session import PeerSession
 from wangate.errors import PeerUnreachable
 
@@ -158,3 +158,31 @@ def test_taken_reports_are_sent_once_in_order_after_done() -> None:
     assert [e.msg_id for e in pair.events_of("bj", MessageTaken)] == list(reversed(ids))
     pair.run_for(2.0)
     assert len(pair.events_of("bj", MessageTaken)) == 5
+
+
+def test_the_state_machine_alone() -> None:
+    live = PeerLiveness(peer_dead_s=5.0, now=100.0)
+    assert live.classify(101.0, 0, 2) == "degraded"
+    assert live.reason(101.0, 0, 2) == "not connected yet"
+    assert live.next_change_at() == 105.0
+    assert live.heard(102.0) is False
+    live.state = live.classify(102.5, 2, 2)
+    assert (live.state, live.reason(102.5, 2, 2)) == ("up", "2 of 2 paths up")
+    assert live.next_change_at() == 102.0 + PEER_QUIET_S
+    assert live.classify(102.5, 1, 2) == "degraded"
+    assert live.reason(102.5, 1, 2) == "1 of 2 paths up, the others degraded or down"
+    live.state = live.classify(103.5, 2, 2)
+    assert (live.state, live.reason(103.5, 2, 2)) == ("degraded", "silent for 1.5 s")
+    assert live.next_change_at() == 107.0
+    assert live.classify(107.0, 2, 2) == "unreachable"
+    live.state, live.unreachable = "unreachable", True
+    assert live.next_change_at() == float("inf")
+    assert live.silence_reason(107.25) == "silent for 5.2 s"
+    assert live.heard(108.0) is True and not live.unreachable
+    live.restarted(109.0)
+    assert live.classify(109.5, 2, 2) == "restarted"
+    live.state = "restarted"
+    assert live.reason(109.5, 2, 2) == "a new instance of the peer since 0.5 s"
+    assert live.next_change_at() == 114.0
+    assert live.classify(114.0, 2, 2) == "unreachable"  # nothing heard since the restart
+    assert live.heard(113.5) is False and live.classify(114.0, 2, 2) == "up"
