@@ -144,11 +144,12 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
         # no call blocks behind the dead peer: every one after the first failure is quick
         after = [c for c in calls if c[0] >= first_failure[1]]
         assert after and all(isinstance(c[2], PeerUnreachable) for c in after)
-        assert max(c[1] - c[0] for c in after) < 0.5
+        assert max(c[1] - c[0] for c in after) <= 1.0  # answered at once (a loaded host: 1 s)
         assert max(c[1] - c[0] for c in calls if c[0] >= killed_at) <= PEER_DEAD_S + 1
-        # and nothing piles up behind it: once it is quiet for a second, sends wait
+        # and nothing piles up behind it: once it is quiet for a second, sends wait, and
+        # none is accepted after it was declared unreachable
         accepted = [c[1] for c in calls if not isinstance(c[2], WangateError)]
-        assert max(accepted) < killed_at + PEER_QUIET_S + 1
+        assert max(accepted) < min(killed_at + PEER_QUIET_S + PEER_DEAD_S, first_failure[1])
 
         status = peer_status(lab, "bj", "sh")
         assert status["state"] == "unreachable"
