@@ -3,6 +3,7 @@ deadline passes while it waits for room (proto/delivery.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -17,7 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wangate import DeadlineExceeded, MessageFailed, PeerUnreachable, RecvTimeout, WangateError
+from wangate import (
+    AsyncClient,
+    DeadlineExceeded,
+    MessageFailed,
+    PeerUnreachable,
+    RecvTimeout,
+    WangateError,
+)
 from wangate.core.liveness import PEER_QUIET_S
 from wangate.loopback import LoopbackSites
 
@@ -200,6 +208,14 @@ def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path
                     f"message {msg_id} (tag 'held', step {step}) to sh failed: {RESTART_REASON}"
                 )
             gw.wait("sh", taken_id, timeout=0)  # its outcome is still known
+
+            async def wait_async() -> None:
+                async with AsyncClient(lab["bj"].socket_path) as client:
+                    await client.wait("sh", taken_id, timeout=0)
+                    with pytest.raises(MessageFailed, match=f"^message {ids[4]} .*step 4"):
+                        await client.wait("sh", ids[4], timeout=5)
+
+            asyncio.run(wait_async())
             status = gw.status()["peers"]["sh"]
             assert status["messages_held"] == 0
             assert status["recent_failures"] == [
