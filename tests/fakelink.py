@@ -292,7 +292,7 @@ class SimulatedPair:
         """A trainer at ``site`` took a received message."""
         body_bytes = self.unconsumed[site].pop(msg_id)
         self.held_bytes[site] -= body_bytes
-        self.sessions[site].consumed(body_bytes)
+        self.sessions[site].consumed(body_bytes, msg_id)
         self._service(site)
 
     def inject_datagram(self, site: str, path: str, data: bytes) -> None:

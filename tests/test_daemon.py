@@ -175,13 +175,17 @@ def test_a_send_deadline_fails_the_message_when_the_peer_is_gone(tmp_path: Path)
             array = np.arange(10_000, dtype=np.float32)
             sent_at = time.monotonic()
             msg_id = gw.send("sh", "grad", array, deadline_s=0.5)
-            failures: list[str] = []
+            failures: list[dict[str, object]] = []
             while time.monotonic() < sent_at + 10 and not failures:
                 time.sleep(0.05)
                 failures = gw.status()["peers"]["sh"]["recent_failures"]
             assert time.monotonic() - sent_at >= 0.5
             assert msg_id >= 1
             assert len(failures) == 1
-            assert failures[0].startswith("deadline of 0.5 s passed before sh confirmed it (0 of ")
+            assert failures[0]["msg_id"] == msg_id
+            assert (failures[0]["tag"], failures[0]["step"]) == ("grad", 0)
+            reason = failures[0]["reason"]
+            assert isinstance(reason, str)
+            assert reason.startswith("deadline of 0.5 s passed before sh confirmed it (0 of ")
             gw.send("bj", "self", array)  # the gateway goes on serving
             assert np.array_equal(gw.recv("self", source="bj", timeout=5), array)

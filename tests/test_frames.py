@@ -32,6 +32,7 @@ from wangate.core.frames import (
     Hello,
     MessageRejected,
     MessagesDone,
+    MessagesTaken,
     ProbeDatagram,
     RepairDatagram,
     RepairRequested,
@@ -132,6 +133,8 @@ def frame_from_fields(f: dict[str, Any]) -> object:
         return RouteChosen(f["path"])
     if kind == "done":
         return MessagesDone(tuple(f["msg_ids"]))
+    if kind == "taken":
+        return MessagesTaken(tuple(f["msg_ids"]))
     if kind == "repair_request":
         return RepairRequested(f["msg_id"], tuple(f["blocks"]))
     raise AssertionError(f"vector of unknown type {kind}")
@@ -146,6 +149,7 @@ CONTROL_TYPES = (
     RouteChosen,
     MessagesDone,
     RepairRequested,
+    MessagesTaken,
 )
 
 
@@ -160,6 +164,7 @@ def test_vectors_cover_every_frame_type() -> None:
         "rejected",
         "route",
         "done",
+        "taken",
         "repair_request",
         "repair",
         "message_body",
@@ -586,7 +591,7 @@ HELLO_BODY = b"\x01" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
     ("kind", "body", "message"),
     [
         (0x00, b"", "unknown control frame type 0x00"),
-        (0x08, b"", "unknown control frame type 0x08"),
+        (0x09, b"", "unknown control frame type 0x09"),
         (0xFF, b"", "unknown control frame type 0xff"),
         (0x01, HELLO_BODY[:16], "hello truncated"),
         (0x01, b"\x02" + HELLO_BODY[1:], "peer speaks wire version 2, this gateway speaks 1"),
@@ -617,6 +622,8 @@ HELLO_BODY = b"\x01" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
         (0x06, b"", "done frame of 0 bytes"),
         (0x06, u64(1)[:7], "done frame of 7 bytes"),
         (0x06, u64(1) + b"\x00", "done frame of 9 bytes"),
+        (0x08, b"", "taken frame of 0 bytes"),
+        (0x08, u64(1)[:7], "taken frame of 7 bytes"),
         pytest.param(
             0x06, u64(1) * (MAX_DONE_IDS + 1), "done frame of 8200 bytes", id="done-1025-ids"
         ),
@@ -696,6 +703,7 @@ def test_oversized_control_frame_is_refused_from_its_header() -> None:
         (lambda: encode_repair(1, 2, 3, 100, 0, 65536, 4, bytes(16)), "cannot be encoded"),
         (lambda: encode_repair(1, 2, 3, 100, 0, 4, 65536, bytes(16)), "cannot be encoded"),
         (lambda: encode_control(MessagesDone(())), "1..1024 message ids"),
+        (lambda: encode_control(MessagesTaken(())), "a taken frame carries 1..1024"),
         (lambda: encode_control(MessagesDone((1,) * 1025)), "1..1024 message ids"),
         (lambda: encode_control(MessagesDone((2**64,))), "cannot be encoded"),
         (lambda: encode_control(MessagesDone((1, -1))), "cannot be encoded"),

@@ -21,6 +21,7 @@ from wangate.localapi.protocol import (
     PingRequest,
     RecvRequest,
     SendRequest,
+    WaitRequest,
     decode_prefix,
     decode_reply,
     decode_request,
@@ -268,6 +269,7 @@ REQUEST_VECTORS = {
         PAYLOAD,
     ),
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
+    "wait_request": (WaitRequest(9, "sh", 41, 30.0), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
@@ -304,6 +306,25 @@ REPLY_VECTORS = {
         PAYLOAD,
     ),
     "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
+    "wait_reply": ({"ok": True, "id": 9, "outcome": "taken"}, b""),
+    "wait_failed_reply": (
+        error_reply(
+            9,
+            "message_failed",
+            "message 41 (tag 'layer3.grad', step 12) to sh failed: peer sh restarted with it "
+            "in its inbox, before a trainer took it",
+        ),
+        b"",
+    ),
+    "peer_unreachable_reply": (
+        error_reply(
+            2,
+            "peer_unreachable",
+            "peer sh is unreachable: silent for 5.2 s (limits.peer_dead_s = 5); it fails "
+            "until heard again",
+        ),
+        b"",
+    ),
 }
 
 
@@ -396,3 +417,23 @@ def test_structured_random_headers_only_raise_frame_error(header: dict[str, Any]
         return
     with contextlib.suppress(FrameError):
         decode_request(raw, 0)
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"op": "wait", "id": 4, "peer": "sh", "message_id": 1, "timeout_s": -1}, "timeout_s"),
+        ({"op": "wait", "id": 4, "peer": "sh", "message_id": -1, "timeout_s": None}, "message_id"),
+        ({"op": "wait", "id": 4, "peer": "", "message_id": 1, "timeout_s": None}, "peer"),
+        ({"op": "wait", "id": 4, "peer": "sh", "message_id": 1}, r"missing keys \['timeout_s'\]"),
+    ],
+)
+def test_wait_requests_are_validated(header: dict[str, object], message: str) -> None:
+    with pytest.raises(FrameError, match=message) as refused:
+        decode_request(pack(header), 0)
+    assert (refused.value.code, refused.value.request_id) == ("bad_request", 4)
+
+
+def test_wait_request_without_timeout() -> None:
+    header = {"op": "wait", "id": 5, "peer": "sh", "message_id": 2**63 - 1, "timeout_s": None}
+    assert decode_request(pack(header), 0) == WaitRequest(5, "sh", 2**63 - 1, None)

@@ -145,6 +145,7 @@ ROW_DOWN: dict[str, Any] = {
 STATUS: dict[str, Any] = {
     "site": "bj", "version": "0.1.0", "uptime_s": 3.5, "local_messages": 4,
     "peers": {"sh": {
+        "state": "degraded", "silent_s": 0.25, "messages_held": 3,
         "paths_up": ["fiber-a"], "messages_sent": 5, "messages_received": 6,
         "bytes_sent": 7000, "bytes_received": 8000, "messages_waiting": 1,
         "messages_in_flight": 2, "repair_datagrams": 3, "repair_bytes": 3600,
@@ -232,6 +233,15 @@ wangate_path_spurious_losses_total{peer="sh",path="fiber-a"} 2
 # HELP wangate_peer_paths_up Paths to the peer now connected.
 # TYPE wangate_peer_paths_up gauge
 wangate_peer_paths_up{peer="sh"} 1
+# HELP wangate_peer_state 1 for the peer's current state (up, degraded, unreachable, restarted).
+# TYPE wangate_peer_state gauge
+wangate_peer_state{peer="sh",state="up"} 0
+wangate_peer_state{peer="sh",state="degraded"} 1
+wangate_peer_state{peer="sh",state="unreachable"} 0
+wangate_peer_state{peer="sh",state="restarted"} 0
+# HELP wangate_peer_silent_seconds Seconds since anything was heard from the peer.
+# TYPE wangate_peer_silent_seconds gauge
+wangate_peer_silent_seconds{peer="sh"} 0.25
 # HELP wangate_peer_messages_sent_total Messages the peer acknowledged in full.
 # TYPE wangate_peer_messages_sent_total counter
 wangate_peer_messages_sent_total{peer="sh"} 5
@@ -268,6 +278,9 @@ wangate_peer_messages_waiting{peer="sh"} 1
 # HELP wangate_peer_messages_in_flight Messages being sent.
 # TYPE wangate_peer_messages_in_flight gauge
 wangate_peer_messages_in_flight{peer="sh"} 2
+# HELP wangate_peer_messages_held Messages the peer holds that no trainer there has taken yet.
+# TYPE wangate_peer_messages_held gauge
+wangate_peer_messages_held{peer="sh"} 3
 # HELP wangate_peer_bulk_limit_bits_per_second Bulk rate allowed while critical traffic flows \
 and the gateways are busy (0: no limit).
 # TYPE wangate_peer_bulk_limit_bits_per_second gauge

@@ -172,12 +172,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     for name, peer in status.get("peers", {}).items():
         up = ", ".join(peer.get("paths_up", [])) or "none"
         print(
-            f"  peer {name}: paths up: {up}; sent {peer.get('messages_sent', 0)} messages "
+            f"  peer {name}: {peer.get('state', '?')} ({peer.get('state_reason', '')}); "
+            f"paths up: {up}; sent {peer.get('messages_sent', 0)} messages "
             f"({_fmt_bytes(peer.get('bytes_sent', 0))}), received "
             f"{peer.get('messages_received', 0)} ({_fmt_bytes(peer.get('bytes_received', 0))})"
         )
         for failure in peer.get("recent_failures", []):
-            print(f"    failed: {failure}")
+            print(
+                f"    failed: message {failure['msg_id']} (tag {failure['tag']!r}, "
+                f"step {failure['step']}): {failure['reason']}"
+            )
     return 0
 
 

@@ -23,9 +23,12 @@ import numpy as np
 
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
 from wangate.errors import (
+    DeadlineExceeded,
     GatewayError,
     GatewayUnavailable,
     LocalProtocolError,
+    MessageFailed,
+    PeerUnreachable,
     RecvTimeout,
 )
 from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, SyncFrameReader
@@ -41,6 +44,7 @@ from wangate.localapi.protocol import (
     ResetPathRequest,
     SendRequest,
     StatusRequest,
+    WaitRequest,
     decode_reply,
     encode_request,
 )
@@ -147,7 +151,17 @@ def _raise_for(reply: dict[str, Any]) -> None:
     code, message = reply["code"], reply["error"]
     if code == "timeout":
         raise RecvTimeout(message, code=code)
+    kind = _ERRORS.get(code)
+    if kind is not None:
+        raise kind(message)
     raise GatewayError(f"{message} [{code}]", code=code)
+
+
+_ERRORS: dict[str, type[GatewayError]] = {
+    "peer_unreachable": PeerUnreachable,
+    "deadline": DeadlineExceeded,
+    "message_failed": MessageFailed,
+}
 
 
 def _recv_request(
@@ -236,6 +250,12 @@ class Client:
         """The oldest message with ``tag`` (and source/step if given) as an array."""
         reply, payload = self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
+        """Return once a trainer at ``peer`` took message ``message_id`` (the id ``send``
+        returned). Raises ``MessageFailed`` (its id, tag, step and why) if it never will
+        be, ``PeerUnreachable`` while the peer is, ``RecvTimeout`` after ``timeout``."""
+        self._call(lambda rid: WaitRequest(rid, peer, message_id, timeout))
 
     def paths(self) -> list[dict[str, Any]]:
         return _field(self._call(PathsRequest)[0], "paths", list)
@@ -371,6 +391,10 @@ class AsyncClient:
     ) -> np.ndarray:
         reply, payload = await self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    async def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
+        """As ``Client.wait``."""
+        await self._call(lambda rid: WaitRequest(rid, peer, message_id, timeout))
 
     async def paths(self) -> list[dict[str, Any]]:
         return _field((await self._call(PathsRequest))[0], "paths", list)

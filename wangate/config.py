@@ -85,6 +85,9 @@ class LimitsConfig:
     peer_inbox_bytes: int = 8 << 30  # delivered-but-unclaimed bytes per source peer
     # a partial message from a peer that sends nothing more for it this long is dropped
     partial_message_idle_s: int = 60
+    # silent this long, a peer is unreachable: sends to it and recvs only it could
+    # satisfy fail at once (proto/delivery.md)
+    peer_dead_s: int = 5
 
 
 @dataclass(frozen=True)
@@ -452,6 +455,7 @@ class _Parser:
             "client_budget_bytes",
             "peer_inbox_bytes",
             "partial_message_idle_s",
+            "peer_dead_s",
         }
         table = self.table(value, "limits", set(), names)
         limits = LimitsConfig(

@@ -16,6 +16,7 @@ import os
 import random
 import socket
 import time
+from collections import OrderedDict, deque
 from typing import Any
 
 from aioquic.asyncio.server import QuicServer, serve
@@ -28,15 +29,25 @@ from wangate.core.events import (
     MessageDropped,
     MessageFailed,
     MessageReceived,
+    MessageTaken,
     PathStateChanged,
+    PeerStateChanged,
 )
 from wangate.core.frames import Hello
 from wangate.core.governor import BulkGovernor
+from wangate.core.liveness import PEER_QUIET_S
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
-from wangate.errors import GatewayError, LocalProtocolError
+from wangate.errors import (
+    DeadlineExceeded,
+    GatewayError,
+    LocalProtocolError,
+    PeerUnreachable,
+    RecvTimeout,
+)
+from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayMetrics
@@ -64,6 +75,8 @@ DIAL_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
 SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
+MAX_OUTCOMES = 65536  # finished messages per peer whose outcome Client.wait can still tell
+RECENT_FAILURES = 10
 
 
 class PeerState:
@@ -77,7 +90,17 @@ class PeerState:
         self.timer_at: float | None = None
         self.pump_scheduled = False
         self.backlog_freed = asyncio.Event()
-        self.failures: list[str] = []
+        # the last failures, for status(): msg_id, tag, step, reason
+        self.failures: deque[dict[str, Any]] = deque(maxlen=RECENT_FAILURES)
+        # finished messages: None once a trainer took it, else why it failed
+        self.outcomes: OrderedDict[int, str | None] = OrderedDict()
+        self.outcome_changed = asyncio.Event()  # an outcome or the peer's state changed
+
+    def finish(self, msg_id: int, failure: str | None) -> None:
+        self.outcomes[msg_id] = failure
+        while len(self.outcomes) > MAX_OUTCOMES:
+            self.outcomes.popitem(last=False)
+        self.outcome_changed.set()
 
 
 class Gateway(LinkHost):
@@ -109,6 +132,8 @@ class Gateway(LinkHost):
                     ),
                     governor=BulkGovernor(target_delay_s=host_delay_target_s),
                     partial_idle_s=config.limits.partial_message_idle_s,
+                    peer_dead_s=config.limits.peer_dead_s,
+                    configured_paths=len(peer.paths),
                 )
             )
             for peer in config.peers
@@ -214,6 +239,16 @@ class Gateway(LinkHost):
             backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
 
     async def _dial(self, peer: str, path: PathConfig) -> PathLink:
+        link = await self._open_link(peer, path)
+        try:
+            await link.wait_handshake(DIAL_TIMEOUT_S)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    async def _open_link(self, peer: str, path: PathConfig) -> PathLink:
+        """A connection on ``path`` with its handshake started (not awaited)."""
         assert path.remote is not None
         loop = asyncio.get_running_loop()
         remote_host, remote_port = path.remote
@@ -237,11 +272,6 @@ class Gateway(LinkHost):
         if link._transport is not None:
             enlarge_socket_buffers(link._transport.get_extra_info("socket"))
         link.connect((remote_host, remote_port))
-        try:
-            await asyncio.wait_for(link.wait_connected(), DIAL_TIMEOUT_S)
-        except BaseException:
-            link.close()
-            raise
         return link
 
     # ------------------------------------------------------------ LinkHost
@@ -345,6 +375,7 @@ class Gateway(LinkHost):
 
     def _drain_events(self, state: PeerState) -> None:
         session = state.session
+        failed: list[MessageFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
                 self._deliver(session.peer, event)
@@ -352,10 +383,27 @@ class Gateway(LinkHost):
                 self.metrics.message_delivered(session.peer, event.critical, event.elapsed_s)
                 state.backlog_freed.set()
             elif isinstance(event, MessageFailed):
-                log.warning("message %d to %s failed: %s", event.msg_id, session.peer, event.reason)
-                state.failures = [*state.failures[-9:], event.reason]
+                failed.append(event)
+                state.failures.append(
+                    {
+                        "msg_id": event.msg_id,
+                        "tag": event.tag,
+                        "step": event.step,
+                        "reason": event.reason,
+                    }
+                )
+                state.finish(event.msg_id, _failure_text(session.peer, event))
                 self.metrics.message_failed(session.peer)
                 state.backlog_freed.set()
+            elif isinstance(event, MessageTaken):
+                state.finish(event.msg_id, None)
+            elif isinstance(event, PeerStateChanged):
+                level = logging.WARNING if event.state == "unreachable" else logging.INFO
+                log.log(level, "peer %s %s: %s", session.peer, event.state, event.reason)
+                state.backlog_freed.set()  # a send waiting for room must fail, or may go on
+                state.outcome_changed.set()
+                if event.state == "unreachable":
+                    self.inbox.fail_waiters(self._hopeless_recv)
             elif isinstance(event, MessageDropped):
                 log.warning(
                     "dropped message %d from %s: %s", event.msg_id, session.peer, event.reason
@@ -372,6 +420,8 @@ class Gateway(LinkHost):
                     event.current or "none",
                     event.reason,
                 )
+        if failed:
+            _log_failures(session.peer, failed)
 
     def _deliver(self, source: str, event: MessageReceived) -> None:
         header = event.header
@@ -383,6 +433,7 @@ class Gateway(LinkHost):
             meta=header.meta,
             payload=event.payload,
             checksum=header.checksum,
+            msg_id=event.msg_id,
         )
         if not self.inbox.try_deliver(delivery):
             self._spawn(self.inbox.deliver(delivery))
@@ -397,6 +448,7 @@ class Gateway(LinkHost):
             self.local_messages += 1
             return 0
         state = self._peer_for(submission)
+        self._check_reachable(state)
         if self._backlogged(state, submission):
             return None
         return self._submit(state, submission, arrived_at)
@@ -408,10 +460,32 @@ class Gateway(LinkHost):
             self.local_messages += 1
             return 0
         state = self._peer_for(submission)
-        while self._backlogged(state, submission):
+        deadline_s = submission.deadline_s
+        deadline_at = None if deadline_s is None else arrived_at + deadline_s
+        while True:
+            self._check_reachable(state)  # never wait for room behind a dead peer
+            if not self._backlogged(state, submission):
+                break
             state.backlog_freed.clear()
-            await state.backlog_freed.wait()
+            remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
+            try:
+                if remaining_s is not None and remaining_s <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(state.backlog_freed.wait(), remaining_s)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"send {submission.tag!r} (step {submission.step}) to {submission.peer}: "
+                    f"deadline of {deadline_s:g} s passed while waiting for room "
+                    f"({state.session.pending_bytes()} bytes already queued for it); "
+                    "nothing was sent"
+                ) from None
         return self._submit(state, submission, arrived_at)
+
+    def _check_reachable(self, state: PeerState) -> None:
+        try:
+            state.session.check_reachable(time.monotonic())
+        finally:
+            self._drain_events(state)  # the peer may have just been declared unreachable
 
     def _peer_for(self, submission: Submission) -> PeerState:
         state = self.peers.get(submission.peer)
@@ -425,10 +499,16 @@ class Gateway(LinkHost):
         return state
 
     def _backlogged(self, state: PeerState, submission: Submission) -> bool:
-        """At most one inbox window of unsent bytes waits per peer."""
-        pending = state.session.pending_bytes()
+        """At most one inbox window of unsent bytes waits per peer; nothing more waits
+        behind a peer gone quiet (until it is heard again or declared unreachable)."""
+        session = state.session
+        pending = session.pending_bytes()
+        if pending == 0:
+            return False
+        if session.silent_s(time.monotonic()) > PEER_QUIET_S:
+            return True
         size = len(memoryview(submission.payload).cast("B"))
-        return pending > 0 and pending + size > self.config.limits.peer_inbox_bytes
+        return pending + size > self.config.limits.peer_inbox_bytes
 
     def _submit(self, state: PeerState, submission: Submission, arrived_at: float) -> int:
         header = MessageHeader(
@@ -448,6 +528,8 @@ class Gateway(LinkHost):
             )
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="too_large") from exc
+        finally:
+            self._drain_events(state)
         if submission.critical:
             # leaves now: on a busy loop, the next turn can be milliseconds away
             self._touch(state, pump=False)
@@ -459,14 +541,80 @@ class Gateway(LinkHost):
     async def receive(
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
     ) -> Delivery:
-        delivery = await self.inbox.receive(tag, source, step, timeout_s)
+        delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
         state = self.peers.get(delivery.source)
         if state is not None:
             # the payload is a view into the message body the session counted
             payload = memoryview(delivery.payload)
-            state.session.consumed(memoryview(payload.obj).nbytes)
+            state.session.consumed(memoryview(payload.obj).nbytes, delivery.msg_id)
             self._touch(state)
         return delivery
+
+    def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
+        """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
+
+        With a source: that peer is unreachable. Without: every source that has sent
+        this tag here is an unreachable peer (every peer, if none has sent it yet).
+        """
+        now = time.monotonic()
+        if source is not None:
+            state = self.peers.get(source)
+            if state is None or not state.session.unreachable:
+                return None
+            return PeerUnreachable(
+                f"recv {tag!r} from {source}: peer {source} is unreachable "
+                f"(silent for {state.session.silent_s(now):.1f} s)"
+            )
+        sources = self.inbox.mailbox.sources_of(tag) or frozenset(self.peers)
+        states = [self.peers.get(name) for name in sorted(sources)]
+        if not states or any(st is None or not st.session.unreachable for st in states):
+            return None
+        silent = ", ".join(
+            f"{st.session.peer} silent for {st.session.silent_s(now):.1f} s"
+            for st in states
+            if st is not None
+        )
+        return PeerUnreachable(
+            f"recv {tag!r}: every peer that could send it is unreachable ({silent})"
+        )
+
+    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
+        if peer == self.site_name and msg_id == 0:
+            return  # within the site: delivered into the inbox at once
+        state = self.peers.get(peer)
+        if state is None:
+            raise GatewayError(f"unknown peer {peer!r}", code="unknown_peer")
+        session = state.session
+        deadline_at = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if msg_id in state.outcomes:
+                failure = state.outcomes[msg_id]
+                if failure is None:
+                    return
+                raise MessageFailedError(failure)
+            if session.message_state(msg_id) is None:
+                if not 0 < msg_id <= session.last_msg_id:
+                    raise GatewayError(
+                        f"no message {msg_id} was sent to {peer}", code="unknown_message"
+                    )
+                raise GatewayError(
+                    f"the outcome of message {msg_id} to {peer} is no longer known "
+                    f"(the last {MAX_OUTCOMES} are kept)",
+                    code="unknown_message",
+                )
+            self._check_reachable(state)
+            state.outcome_changed.clear()
+            remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
+            try:
+                if remaining_s is not None and remaining_s <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(state.outcome_changed.wait(), remaining_s)
+            except TimeoutError:
+                raise RecvTimeout(
+                    f"message {msg_id} to {peer} is still {session.message_state(msg_id)} "
+                    f"after {timeout_s:g} s",
+                    code="timeout",
+                ) from None
 
     def paths(self) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -498,14 +646,23 @@ class Gateway(LinkHost):
                     if link is None:
                         row["state"] = "down"
                         row["state_reason"] = "not connected"
+                row["peer_state"] = state.session.peer_state(now)[0]
                 rows.append(row)
+            self._drain_events(state)
         return rows
 
     def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        rows = self.paths()
         peers: dict[str, Any] = {}
         for name, state in self.peers.items():
+            liveness = state.session.liveness(now)
+            self._drain_events(state)
             peers[name] = {
-                "paths_up": sorted(state.links),
+                **liveness,
+                "paths_up": sorted(
+                    r["path"] for r in rows if r["peer"] == name and r["state"] != "down"
+                ),
                 **state.session.status(),
                 "recent_failures": list(state.failures),
             }
@@ -543,6 +700,32 @@ class Gateway(LinkHost):
             },
             "max_message_bytes": self.max_message_bytes,
         }
+
+
+def _failure_text(peer: str, event: MessageFailed) -> str:
+    return (
+        f"message {event.msg_id} (tag {event.tag!r}, step {event.step}) to {peer} failed: "
+        f"{event.reason}"
+    )
+
+
+def _log_failures(peer: str, failed: list[MessageFailed]) -> None:
+    """One line per burst: a dead peer fails hundreds of messages at once."""
+    if len(failed) == 1:
+        log.warning("%s", _failure_text(peer, failed[0]))
+        return
+    reasons = list(dict.fromkeys(event.reason for event in failed))
+    ids = [event.msg_id for event in failed]
+    log.warning(
+        "%d messages to %s failed (ids %d..%d, tags %s): %s%s",
+        len(failed),
+        peer,
+        min(ids),
+        max(ids),
+        ", ".join(sorted({repr(event.tag) for event in failed})[:5]),
+        "; ".join(reasons[:3]),
+        f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else "",
+    )
 
 
 def _fmt(host: str, port: int) -> str:

@@ -54,3 +54,26 @@ class GatewayUnavailable(GatewayError):
 
 class RecvTimeout(GatewayError, TimeoutError):
     """No matching message arrived before the timeout."""
+
+
+class PeerUnreachable(GatewayError):
+    """A peer gateway has been silent past ``[limits] peer_dead_s``: sends to it and
+    receives that only it could satisfy fail at once instead of waiting."""
+
+    def __init__(self, message: str, code: str = "peer_unreachable") -> None:
+        super().__init__(message, code)
+
+
+class DeadlineExceeded(GatewayError):
+    """A send's deadline passed while it waited for room; nothing was sent."""
+
+    def __init__(self, message: str, code: str = "deadline") -> None:
+        super().__init__(message, code)
+
+
+class MessageFailed(GatewayError):
+    """A message accepted earlier will not be delivered; the message names its id, tag,
+    step and the reason (peer restarted with it in its inbox, rejected, deadline...)."""
+
+    def __init__(self, message: str, code: str = "message_failed") -> None:
+        super().__init__(message, code)

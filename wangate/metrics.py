@@ -38,6 +38,7 @@ DELIVERY_BUCKETS_S: tuple[float, ...] = (
     60.0, 120.0,
 )  # fmt: skip
 
+PEER_STATES = ("up", "degraded", "unreachable", "restarted")
 PATH_STATES = ("up", "degraded", "down")
 PATH_ROLES = ("critical", "backup", "bulk")
 MESSAGE_CLASSES = ("critical", "bulk")
@@ -313,6 +314,8 @@ _PEER_VALUES: tuple[tuple[str, MetricKind, str, str], ...] = (
     ("wangate_peer_messages_waiting", "gauge", "Messages waiting for the peer's credit.",
      "messages_waiting"),
     ("wangate_peer_messages_in_flight", "gauge", "Messages being sent.", "messages_in_flight"),
+    ("wangate_peer_messages_held", "gauge",
+     "Messages the peer holds that no trainer there has taken yet.", "messages_held"),
     ("wangate_peer_bulk_limit_bits_per_second", "gauge",
      "Bulk rate allowed while critical traffic flows and the gateways are busy (0: no limit).",
      "bulk_limit_bps"),
@@ -328,6 +331,23 @@ def _peer_families(
     exposition.declare("wangate_peer_paths_up", "gauge", "Paths to the peer now connected.")
     for peer, info in peers.items():
         exposition.add("wangate_peer_paths_up", {"peer": peer}, len(info.get("paths_up", ())))
+    exposition.declare(
+        "wangate_peer_state",
+        "gauge",
+        "1 for the peer's current state (up, degraded, unreachable, restarted).",
+    )
+    for peer, info in peers.items():
+        for state in PEER_STATES:
+            exposition.add(
+                "wangate_peer_state", {"peer": peer, "state": state}, info.get("state") == state
+            )
+    exposition.declare(
+        "wangate_peer_silent_seconds", "gauge", "Seconds since anything was heard from the peer."
+    )
+    for peer, info in peers.items():
+        exposition.add(
+            "wangate_peer_silent_seconds", {"peer": peer}, float(info.get("silent_s", 0))
+        )
     for name, kind, help_text, key in _PEER_VALUES:
         exposition.declare(name, kind, help_text)
         for peer, info in peers.items():

@@ -38,6 +38,7 @@ class Delivery:
     meta: bytes
     payload: Buffer
     checksum: int
+    msg_id: int = 0  # the sending gateway's id for it; 0 for messages within the site
 
 
 def local_delivery(site: str, submission: Submission) -> Delivery:
@@ -77,6 +78,14 @@ class GatewayService(Protocol):
         """Wait for a message matching tag (and source/step when given); oldest first.
 
         Raises ``RecvTimeout`` when ``timeout_s`` passes first.
+        """
+        ...
+
+    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
+        """Return once a trainer at ``peer`` took message ``msg_id`` (proto/delivery.md).
+
+        Raises ``MessageFailed`` (id, tag, step, reason) if it will never be,
+        ``PeerUnreachable`` while the peer is, ``RecvTimeout`` when ``timeout_s`` passes.
         """
         ...
 

@@ -34,6 +34,23 @@ class MessageFailed:
 
     msg_id: int
     reason: str
+    tag: str = ""
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class MessageTaken:
+    """A trainer at the peer took one of our messages from its inbox: delivered."""
+
+    msg_id: int
+
+
+@dataclass(frozen=True)
+class PeerStateChanged:
+    """The peer's liveness changed: up, degraded, unreachable or restarted."""
+
+    state: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -55,7 +72,9 @@ Event = (
     MessageReceived
     | MessageDelivered
     | MessageFailed
+    | MessageTaken
     | MessageDropped
+    | PeerStateChanged
     | PathStateChanged
     | RouteChanged  # the critical route moved (wangate.core.selector)
 )

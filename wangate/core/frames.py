@@ -8,7 +8,7 @@ Two carriers per path connection:
   what is missing.
 * One bidirectional QUIC stream (the control stream) carries length-prefixed control
   frames: ``Hello``, ``Ack``, ``Credit``, ``MessageRejected``, ``RouteChosen``,
-  ``MessagesDone``, ``RepairRequested``.
+  ``MessagesDone``, ``RepairRequested``, ``MessagesTaken``.
 
 Decoders raise ``RemoteProtocolError`` on anything malformed; encoders raise
 ``LocalProtocolError`` on values that cannot be represented.
@@ -37,6 +37,7 @@ CTRL_REJECTED = 0x04
 CTRL_ROUTE = 0x05
 CTRL_DONE = 0x06
 CTRL_REPAIR_REQUEST = 0x07
+CTRL_TAKEN = 0x08
 
 SHARD_FLAG_CRITICAL = 0x01
 
@@ -291,6 +292,18 @@ class MessagesDone:
 
 
 @dataclass(frozen=True)
+class MessagesTaken:
+    """A trainer took these messages from the receiver's inbox: they are delivered.
+
+    Until then the sender keeps a small record of each done message, so that a
+    receiver that restarts with them in its inbox can be reported (proto/wire.md,
+    "Delivery").
+    """
+
+    msg_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class RepairRequested:
     """FEC-rebuilt blocks of a message failed its checksum: send their sources again."""
 
@@ -310,7 +323,16 @@ REJECT_CHECKSUM = 2
 REJECT_MALFORMED = 3
 REJECT_EXPIRED = 4  # no byte arrived for the receiver's idle timeout: sender gone quiet
 
-ControlFrame = Hello | Ack | Credit | MessageRejected | RouteChosen | MessagesDone | RepairRequested
+ControlFrame = (
+    Hello
+    | Ack
+    | Credit
+    | MessageRejected
+    | RouteChosen
+    | MessagesDone
+    | RepairRequested
+    | MessagesTaken
+)
 
 
 def _name_bytes(name: str, what: str) -> bytes:
@@ -345,11 +367,12 @@ def encode_control(frame: ControlFrame) -> bytes:
         path = _name_bytes(frame.path, "path")
         body = bytes([len(path)]) + path
         kind = CTRL_ROUTE
-    elif isinstance(frame, MessagesDone):
+    elif isinstance(frame, MessagesDone | MessagesTaken):
+        what = "done" if isinstance(frame, MessagesDone) else "taken"
         if not 0 < len(frame.msg_ids) <= MAX_DONE_IDS:
-            raise LocalProtocolError(f"a done frame carries 1..{MAX_DONE_IDS} message ids")
+            raise LocalProtocolError(f"a {what} frame carries 1..{MAX_DONE_IDS} message ids")
         body = b"".join(_pack(_MSG_ID, msg_id) for msg_id in frame.msg_ids)
-        kind = CTRL_DONE
+        kind = CTRL_DONE if isinstance(frame, MessagesDone) else CTRL_TAKEN
     elif isinstance(frame, RepairRequested):
         if not 0 < len(frame.blocks) <= MAX_REPAIR_BLOCKS:
             raise LocalProtocolError(f"a repair request names 1..{MAX_REPAIR_BLOCKS} blocks")
@@ -415,10 +438,12 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
         if pos != len(body):
             raise RemoteProtocolError("route frame has trailing bytes")
         return RouteChosen(path)
-    if kind == CTRL_DONE:
+    if kind in (CTRL_DONE, CTRL_TAKEN):
+        what = "done" if kind == CTRL_DONE else "taken"
         if not body or len(body) % _MSG_ID.size or len(body) // _MSG_ID.size > MAX_DONE_IDS:
-            raise RemoteProtocolError(f"done frame of {len(body)} bytes")
-        return MessagesDone(tuple(m for (m,) in _MSG_ID.iter_unpack(body)))
+            raise RemoteProtocolError(f"{what} frame of {len(body)} bytes")
+        ids = tuple(m for (m,) in _MSG_ID.iter_unpack(body))
+        return MessagesDone(ids) if kind == CTRL_DONE else MessagesTaken(ids)
     if kind == CTRL_REPAIR_REQUEST:
         if len(body) < _REPAIR_REQUEST_HEAD.size:
             raise RemoteProtocolError("repair request truncated")

@@ -42,6 +42,8 @@ class OutboundMessage:
         "repairs",
         "shape",
         "started_at",
+        "step",
+        "tag",
     )
 
     def __init__(self, msg_id: int, head: bytes, payload: Buffer, critical: bool) -> None:
@@ -50,6 +52,8 @@ class OutboundMessage:
         self.payload = memoryview(payload).cast("B")
         self.body_len = len(head) + len(self.payload)
         self.critical = critical
+        self.tag = ""  # for reports of its fate: the header is encoded already
+        self.step = 0
         self.next_offset = 0  # first byte never sent
         self.repairs: deque[tuple[int, int]] = deque()  # [start, end) to send again
         self.acked = RangeSet()

@@ -68,6 +68,8 @@ class Outbox:
                         message.msg_id,
                         f"message of {message.body_len} bytes exceeds peer {self.peer}'s "
                         f"limit of {limit}",
+                        message.tag,
+                        message.step,
                     )
                 )
                 continue
@@ -78,6 +80,12 @@ class Outbox:
             self.started_bytes += message.body_len
             started.append(message)
         return started, failed
+
+    def fail_all(self, reason: str) -> list[MessageFailed]:
+        """Give up every message still waiting for credit."""
+        failed = [MessageFailed(m.msg_id, reason, m.tag, m.step) for m in self.waiting]
+        self.waiting.clear()
+        return failed
 
     def waiting_bytes(self) -> int:
         return sum(m.body_len for m in self.waiting)
@@ -118,6 +126,8 @@ class Outbox:
                     msg_id,
                     f"deadline of {deadline_at - message.started_at:.3g} s passed before "
                     f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)",
+                    message.tag,
+                    message.step,
                 )
             )
         return failed

@@ -8,6 +8,14 @@ whenever a path can take more, plus events (``next_event``) and the next deadlin
 Flow control: the receiver grants cumulative message bytes (``Credit``, like QUIC's
 MAX_DATA); the sender starts a message only when it fits the grant, so a receiver never
 holds more than its inbox window plus one message.
+
+Liveness (proto/delivery.md): the peer is *unreachable* once nothing at all has been
+heard from it for ``peer_dead_s``; every message still queued for it then fails, and
+``submit`` refuses new ones, until it is heard again.
+
+Delivery (proto/delivery.md): a message is *done* when the peer gateway holds all of it
+(``MessagesDone``) and *taken* when a trainer there took it (``MessagesTaken``). Between
+the two the sender keeps its (id, tag, step): if the peer restarts, those fail.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ from wangate.core.events import (
     Event,
     MessageDelivered,
     MessageFailed,
+    MessageTaken,
     PathStateChanged,
+    PeerStateChanged,
 )
 from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
@@ -33,6 +43,7 @@ from wangate.core.frames import (
     Credit,
     MessageRejected,
     MessagesDone,
+    MessagesTaken,
     ProbeDatagram,
     RepairDatagram,
     RepairRequested,
@@ -44,7 +55,8 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
-from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, Reassembly
+from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, MAX_DONE_PENDING, Reassembly
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.outbox import Outbox
@@ -56,13 +68,14 @@ from wangate.core.paths import (
     SentDatagram,
 )
 from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
-from wangate.errors import LocalProtocolError, RemoteProtocolError
+from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
+MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -79,6 +92,8 @@ class PeerSession:
         coding: CodingPolicy | None = None,
         governor: BulkGovernor | None = None,
         partial_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        peer_dead_s: float = DEFAULT_PEER_DEAD_S,
+        configured_paths: int = 0,
     ) -> None:
         self.local_site = local_site
         self.peer = peer
@@ -102,11 +117,17 @@ class PeerSession:
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
         self._path_states: dict[str, str] = {}
 
+        self._liveness = PeerLiveness(peer_dead_s, now)
+        self.configured_paths = configured_paths
+        # done (the peer holds it) but not taken by a trainer there: id -> (tag, step)
+        self._held: dict[int, tuple[str, int]] = {}
+
         # receiving
         self._inbound = Reassembly(
             max_message_bytes, self.inbox_window_bytes, self._events, idle_timeout_s=partial_idle_s
         )
         self._credit_dirty: set[str] = set()
+        self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
         self._credit_refresh_at = now + CREDIT_REFRESH_S
         self._done_check_at = now + DONE_CHECK_S
 
@@ -133,6 +154,7 @@ class PeerSession:
         self._closed.discard(path)
         sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
         sender.estimator.on_heard(now)
+        self._heard_peer(now)
         self._receivers.setdefault(path, PathReceiver())
         self._credit_dirty.add(path)
         self._route_dirty = True
@@ -158,16 +180,96 @@ class PeerSession:
         self._reselect(now)
 
     def peer_restarted(self, now: float) -> None:
-        """The peer came back as a new instance: it forgot everything in progress."""
+        """The peer came back as a new instance: it forgot everything in progress, and
+        every message it held for its trainers is lost."""
         for message in self._queue.clear():
             self._events.append(
-                MessageFailed(message.msg_id, f"peer {self.peer} restarted mid-message")
+                MessageFailed(
+                    message.msg_id,
+                    f"peer {self.peer} restarted mid-message",
+                    message.tag,
+                    message.step,
+                )
             )
+        for msg_id, (tag, step) in self._held.items():
+            self._events.append(
+                MessageFailed(
+                    msg_id,
+                    f"peer {self.peer} restarted with it in its inbox, before a trainer took it",
+                    tag,
+                    step,
+                )
+            )
+        self._held.clear()
+        self._liveness.restarted(now)
+        self._update_liveness(now)
         for sender in self._senders.values():
             sender.take_all_inflight()
         self._outbox.reset()
         self._inbound.peer_restarted()
         self._credit_dirty.update(self._senders)
+
+    # ---------------------------------------------------------------- liveness
+
+    def silent_s(self, now: float) -> float:
+        """How long nothing has been heard from the peer (since start if never)."""
+        return self._liveness.silent_s(now)
+
+    def peer_state(self, now: float) -> tuple[str, str]:
+        """(state, reason): the state is up, degraded, unreachable or restarted."""
+        self._update_liveness(now)
+        return self._liveness.state, self._liveness.reason(now, *self._paths_up())
+
+    def _paths_up(self) -> tuple[int, int]:
+        up = sum(
+            1
+            for name, ok in self._usable().items()
+            if ok and self._path_states.get(name, "up") == "up"
+        )
+        return up, max(self.configured_paths, len(self._senders))
+
+    def _update_liveness(self, now: float) -> None:
+        liveness = self._liveness
+        paths = self._paths_up()
+        state = liveness.classify(now, *paths)
+        if state == "unreachable" and not liveness.unreachable:
+            liveness.unreachable = True
+            why = f"peer {self.peer} unreachable: {liveness.silence_reason(now)}"
+            for message in self._queue.clear():
+                self._events.append(MessageFailed(message.msg_id, why, message.tag, message.step))
+            self._events.extend(self._outbox.fail_all(why))
+        if state != liveness.state:
+            liveness.state = state
+            self._events.append(PeerStateChanged(state, liveness.reason(now, *paths)))
+
+    def _heard_peer(self, now: float) -> None:
+        if self._liveness.heard(now):
+            self._update_liveness(now)  # back: traffic resumes by itself
+
+    def check_reachable(self, now: float) -> None:
+        """Raise ``PeerUnreachable`` while the peer is unreachable."""
+        self._update_liveness(now)
+        liveness = self._liveness
+        if liveness.unreachable:
+            raise PeerUnreachable(
+                f"peer {self.peer} is unreachable: {liveness.silence_reason(now)} "
+                f"(limits.peer_dead_s = {liveness.peer_dead_s:g}); it fails until heard again"
+            )
+
+    @property
+    def unreachable(self) -> bool:
+        return self._liveness.unreachable
+
+    @property
+    def last_msg_id(self) -> int:
+        return self._next_msg_id - 1
+
+    def message_state(self, msg_id: int) -> str | None:
+        """``sending``, ``held`` (the peer holds it, no trainer took it yet), or None
+        when this session no longer knows it (taken, failed, or never sent)."""
+        if msg_id in self._queue.messages or any(m.msg_id == msg_id for m in self._outbox.waiting):
+            return "sending"
+        return "held" if msg_id in self._held else None
 
     # ----------------------------------------------------------------- sending
 
@@ -186,9 +288,12 @@ class PeerSession:
             raise LocalProtocolError(
                 f"message of {size} bytes exceeds this gateway's limit of {self.max_message_bytes}"
             )
+        self.check_reachable(now)
         msg_id = self._next_msg_id
         self._next_msg_id += 1
         message = OutboundMessage(msg_id, head, payload, header.critical)
+        message.tag = header.tag
+        message.step = header.step
         message.started_at = now
         if header.critical:
             self._last_critical_at = now
@@ -412,9 +517,12 @@ class PeerSession:
             ack_within_s = CRITICAL_ACK_DELAY_S if datagram.critical else MAX_ACK_DELAY_S
             receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, ack_within_s)
 
-    def consumed(self, body_bytes: int) -> None:
-        """A trainer took a received message: its bytes no longer count against the window."""
+    def consumed(self, body_bytes: int, msg_id: int = 0) -> None:
+        """A trainer took received message ``msg_id``: its bytes no longer count against
+        the window, and the sender learns it was delivered."""
         self._release(body_bytes)
+        if msg_id and len(self._taken_pending) < MAX_DONE_PENDING:
+            self._taken_pending[msg_id] = None
 
     def _release(self, body_bytes: int) -> None:
         self._inbound.release(body_bytes)
@@ -428,6 +536,7 @@ class PeerSession:
 
     def _heard(self, path: str, sender: PathSender, now: float) -> None:
         """Anything at all arrived on ``path``: a path declared down is back."""
+        self._heard_peer(now)
         sender.estimator.on_heard(now)
         if not sender.usable and path not in self._closed:
             sender.usable = True
@@ -450,22 +559,40 @@ class PeerSession:
             for msg_id in frame.msg_ids:
                 done = self._queue.done(msg_id)
                 if done is not None:
-                    self.messages_sent += 1
-                    self.bytes_sent += done.body_len
-                    self._events.append(
-                        MessageDelivered(
-                            done.msg_id, done.body_len, now - done.started_at, done.critical
-                        )
-                    )
+                    self._confirmed(done, now)
+                    if len(self._held) < MAX_HELD_RECORDS:
+                        self._held[msg_id] = (done.tag, done.step)
+        elif isinstance(frame, MessagesTaken):
+            for msg_id in frame.msg_ids:
+                if self._held.pop(msg_id, None) is not None:
+                    self._events.append(MessageTaken(msg_id))
+                    continue
+                done = self._queue.done(msg_id)  # "taken" overtook "done" on another path
+                if done is not None:
+                    self._confirmed(done, now)
+                    self._events.append(MessageTaken(msg_id))
         elif isinstance(frame, RepairRequested):
             self._queue.repair_blocks(frame.msg_id, frame.blocks)
         elif isinstance(frame, MessageRejected):
-            if self._queue.drop(frame.msg_id) is not None:
+            dropped = self._queue.drop(frame.msg_id)
+            if dropped is not None:
                 self._events.append(
-                    MessageFailed(frame.msg_id, f"peer {self.peer} rejected it: {frame.reason}")
+                    MessageFailed(
+                        frame.msg_id,
+                        f"peer {self.peer} rejected it: {frame.reason}",
+                        dropped.tag,
+                        dropped.step,
+                    )
                 )
         else:
             raise RemoteProtocolError("hello sent twice on one path")
+
+    def _confirmed(self, done: OutboundMessage, now: float) -> None:
+        self.messages_sent += 1
+        self.bytes_sent += done.body_len
+        self._events.append(
+            MessageDelivered(done.msg_id, done.body_len, now - done.started_at, done.critical)
+        )
 
     def control_to_send(self, path: str, now: float) -> bytes:
         """Control frames due on ``path``'s stream (may be empty)."""
@@ -480,7 +607,12 @@ class PeerSession:
             out.append(encode_control(Credit(self.granted_bytes)))
         current = self._scheduler.selector.current
         inbound = self._inbound
-        pending = inbound.rejections or inbound.repair_requests or inbound.done_pending
+        pending = (
+            inbound.rejections
+            or inbound.repair_requests
+            or inbound.done_pending
+            or self._taken_pending
+        )
         if pending and path == self._end_to_end_path():
             while inbound.rejections:
                 out.append(encode_control(inbound.rejections.popleft()))
@@ -488,6 +620,11 @@ class PeerSession:
                 out.append(encode_control(inbound.repair_requests.popleft()))
             while inbound.done_pending:
                 out.append(encode_control(MessagesDone(inbound.take_done(MAX_DONE_IDS))))
+            while self._taken_pending:  # after "done": the sender expects them in that order
+                ids = tuple(self._taken_pending)[:MAX_DONE_IDS]
+                for msg_id in ids:
+                    del self._taken_pending[msg_id]
+                out.append(encode_control(MessagesTaken(ids)))
         if self._route_dirty and current is not None and path == current:
             self._route_dirty = False
             out.append(encode_control(RouteChosen(current)))
@@ -507,7 +644,11 @@ class PeerSession:
     # ------------------------------------------------------------ timers/events
 
     def get_timer(self) -> float | None:
-        deadlines: list[float] = [self._credit_refresh_at, self._scheduler.next_select_at]
+        deadlines: list[float] = [
+            self._credit_refresh_at,
+            self._scheduler.next_select_at,
+            self._liveness.next_change_at(),
+        ]
         if self._inbound.inbound and self._hearing_peer():  # get_timer runs per datagram
             expiry = self._inbound.next_expiry()
             if expiry is not None:
@@ -551,6 +692,7 @@ class PeerSession:
             self._credit_dirty.update(self._senders)  # their bytes count as consumed
 
     def handle_timer(self, now: float) -> None:
+        self._update_liveness(now)
         self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
         self._expire_inbound(now)
         if now >= self._credit_refresh_at:
@@ -573,7 +715,7 @@ class PeerSession:
         if now >= self._done_check_at:
             self._done_check_at = now + DONE_CHECK_S
             timeout_s = max(
-                DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())
+                [DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())]
             )
             for message in list(self._queue.messages.values()):
                 if message.acked_at is not None and now - message.acked_at > timeout_s:
@@ -596,11 +738,33 @@ class PeerSession:
         change = self._scheduler.last_change
         row["last_switch_s"] = None if change is None else round(now - change.at, 3)
         row["last_switch_reason"] = None if change is None else change.reason
+        # A silent peer's paths are not "up" while the path's own timeout runs (it is
+        # generous so a busy host does not flap): they follow the peer's silence.
+        self._update_liveness(now)
+        heard_at = sender.estimator.last_heard_at
+        silent_s = math.inf if heard_at is None else now - heard_at
+        if self._liveness.unreachable:
+            row["state"] = "down"
+            row["state_reason"] = f"peer unreachable: {self._liveness.silence_reason(now)}"
+        elif silent_s > PEER_QUIET_S and row.get("state") == "up":
+            row["state"] = "degraded"
+            row["state_reason"] = f"silent for {silent_s:.1f} s"
+        row["peer_state"] = self._liveness.state
         return row
 
     @property
     def messages_received(self) -> int:
         return self._inbound.messages_received
+
+    def liveness(self, now: float) -> dict[str, object]:
+        """The peer's state as ``status`` shows it (proto/delivery.md)."""
+        state, reason = self.peer_state(now)
+        return {
+            "state": state,
+            "state_reason": reason,
+            "silent_s": round(self.silent_s(now), 3),
+            "messages_held": len(self._held),  # done, no trainer there took it yet
+        }
 
     def status(self) -> dict[str, int]:
         queue, inbound = self._queue, self._inbound

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from wangate.errors import RecvTimeout
+from wangate.errors import RecvTimeout, WangateError
 from wangate.localapi.mailbox import HandedToWaiter, Mailbox, OfferResult, Refused
 from wangate.service import Delivery
 
@@ -32,11 +33,21 @@ class Inbox:
         await self._space_freed.setdefault(source, asyncio.Event()).wait()
 
     async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        hopeless: Callable[[str, str | None], WangateError | None] = lambda tag, source: None,
     ) -> Delivery:
+        """The oldest matching delivery; waits for one unless ``hopeless(tag, source)``
+        names why none can come (then raises that)."""
         delivery = self._take(tag, source, step)
         if delivery is not None:
             return delivery
+        error = hopeless(tag, source)
+        if error is not None:
+            raise error
         waiter_id = self.mailbox.register(tag, source, step)
         future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         self._waiters[waiter_id] = future
@@ -46,7 +57,7 @@ class Inbox:
         except BaseException as exc:  # timeout or cancellation (client went away)
             self.mailbox.cancel(waiter_id)
             self._waiters.pop(waiter_id, None)
-            if future.done() and not future.cancelled():
+            if future.done() and not future.cancelled() and future.exception() is None:
                 # Handed a delivery just as we left: it must not be lost.
                 self._settle(self.mailbox.put_back(future.result()))
             if isinstance(exc, TimeoutError):
@@ -56,6 +67,20 @@ class Inbox:
                     f"no message {what} arrived within {timeout_s:g} s", code="timeout"
                 ) from None
             raise
+
+    def fail_waiters(self, hopeless: Callable[[str, str | None], WangateError | None]) -> int:
+        """Fail every waiting recv for which ``hopeless(tag, source)`` gives an error."""
+        failed = 0
+        for waiter_id, tag, source, _step in self.mailbox.waiters():
+            error = hopeless(tag, source)
+            future = self._waiters.get(waiter_id)
+            if error is None or future is None or future.done():
+                continue
+            self.mailbox.cancel(waiter_id)
+            del self._waiters[waiter_id]
+            future.set_exception(error)
+            failed += 1
+        return failed
 
     def _take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
         delivery = self.mailbox.take(tag, source, step)

@@ -79,10 +79,14 @@ class Mailbox:
         self._waiters: OrderedDict[int, _Pattern] = OrderedDict()
         self._waiter_ids = count(1)
         self._queued_bytes: dict[str, int] = {}
+        self._senders_of: dict[str, set[str]] = {}  # tag -> sources that ever sent it
 
     # -- arrivals
 
     def offer(self, delivery: Delivery) -> OfferResult:
+        senders = self._senders_of.setdefault(delivery.tag, set())
+        if len(senders) < 64:  # a few sources per tag in practice; bounded regardless
+            senders.add(delivery.source)
         handed = self._hand_to_waiter(delivery)
         if handed is not None:
             return handed
@@ -142,7 +146,15 @@ class Mailbox:
         """Forget a waiter (timeout, disconnect); False if it was already handed a delivery."""
         return self._waiters.pop(waiter_id, None) is not None
 
+    def waiters(self) -> list[tuple[int, str, str | None, int | None]]:
+        """(waiter id, tag, source, step) of every waiting recv, oldest first."""
+        return [(w, p.tag, p.source, p.step) for w, p in self._waiters.items()]
+
     # -- inspection
+
+    def sources_of(self, tag: str) -> frozenset[str]:
+        """The sources that have sent ``tag`` to this site so far."""
+        return frozenset(self._senders_of.get(tag, ()))
 
     def queued_bytes(self, source: str) -> int:
         return self._queued_bytes.get(source, 0)

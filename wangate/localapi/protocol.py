@@ -33,7 +33,7 @@ MAX_ID = 2**32 - 1
 MAX_STEP = 2**63 - 1
 MAX_CHECKSUM = 2**32 - 1
 
-OPS = ("hello", "send", "recv", "paths", "status", "ping", "reset_path")
+OPS = ("hello", "send", "recv", "paths", "status", "ping", "reset_path", "wait")
 REQUEST_KEYS: dict[str, frozenset[str]] = {
     "hello": frozenset({"op", "id"}),
     "send": frozenset({"op", "id", "peer", "tag", "step", "critical", "meta", "checksum"}),
@@ -42,6 +42,7 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "status": frozenset({"op", "id"}),
     "ping": frozenset({"op", "id"}),
     "reset_path": frozenset({"op", "id", "peer", "path"}),
+    "wait": frozenset({"op", "id", "peer", "message_id", "timeout_s"}),
 }
 OPTIONAL_KEYS: dict[str, frozenset[str]] = {"send": frozenset({"deadline_s"})}
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
@@ -126,6 +127,16 @@ class ResetPathRequest:
     path: str
 
 
+@dataclass(frozen=True)
+class WaitRequest:
+    """Wait until a trainer at ``peer`` took message ``message_id`` (proto/delivery.md)."""
+
+    request_id: int
+    peer: str
+    message_id: int
+    timeout_s: float | None
+
+
 Request = (
     HelloRequest
     | SendRequest
@@ -133,6 +144,7 @@ Request = (
     | PathsRequest
     | StatusRequest
     | PingRequest
+    | WaitRequest
     | ResetPathRequest
 )
 
@@ -275,12 +287,20 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             _int(header, "checksum", rid, MAX_CHECKSUM),
             None if deadline_s is None else float(deadline_s),
         )
-    if op == "recv":
+    if op in ("recv", "wait"):
         timeout_s = header["timeout_s"]
         if timeout_s is not None and (
             type(timeout_s) not in (int, float) or not math.isfinite(timeout_s) or timeout_s < 0
         ):
             raise FrameError("bad_request", "'timeout_s' must be a number >= 0 or nil", rid)
+    if op == "wait":
+        return WaitRequest(
+            rid,
+            _name(header, "peer", rid),
+            _int(header, "message_id", rid, MAX_STEP),
+            None if timeout_s is None else float(timeout_s),
+        )
+    if op == "recv":
         return RecvRequest(
             rid,
             _name(header, "tag", rid),
@@ -319,6 +339,14 @@ def request_header(request: Request) -> dict[str, Any]:
             "tag": request.tag,
             "source": request.source,
             "step": request.step,
+            "timeout_s": request.timeout_s,
+        }
+    if isinstance(request, WaitRequest):
+        return {
+            "op": "wait",
+            "id": request.request_id,
+            "peer": request.peer,
+            "message_id": request.message_id,
             "timeout_s": request.timeout_s,
         }
     if isinstance(request, ResetPathRequest):

@@ -42,6 +42,7 @@ from wangate.localapi.protocol import (
     ResetPathRequest,
     SendRequest,
     StatusRequest,
+    WaitRequest,
     decode_request,
     encode_header,
     error_reply,
@@ -359,6 +360,9 @@ class _Connection:
         if isinstance(request, ResetPathRequest):
             service.reset_path(request.peer, request.path)
             return ok_reply(rid), b""
+        if isinstance(request, WaitRequest):
+            await service.wait_message(request.peer, request.message_id, request.timeout_s)
+            return ok_reply(rid, outcome="taken"), b""
         return ok_reply(rid), b""
 
     async def _write(self, reply: dict[str, Any], payload: Buffer = b"") -> None:

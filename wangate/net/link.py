@@ -90,6 +90,9 @@ class PathLink(QuicConnectionProtocol):
         self._pacer = install_burstable_pacer(quic._loss)
         self._after_receive: asyncio.Handle | None = None
         self._datagrams_handled = False
+        # Resolved by the handshake itself, whoever waits and whenever: aioquic's
+        # wait_connected() only counts a handshake that completes while someone waits.
+        self._handshake_done: asyncio.Future[None] = self._loop.create_future()
 
     @property
     def dialer_site(self) -> str:
@@ -129,11 +132,22 @@ class PathLink(QuicConnectionProtocol):
             self.host.datagram_handled(self.session)
         self.transmit()
 
+    async def wait_handshake(self, timeout_s: float) -> None:
+        """Return once the handshake completed (even before this call); raise
+        ``ConnectionError`` if the connection closed first, ``TimeoutError`` after
+        ``timeout_s``."""
+        await asyncio.wait_for(asyncio.shield(self._handshake_done), timeout_s)
+
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.HandshakeCompleted):
+            if not self._handshake_done.done():
+                self._handshake_done.set_result(None)
             self._on_handshake()
         elif isinstance(event, events.ConnectionTerminated):
             reason = event.reason_phrase or f"error 0x{event.error_code:x}"
+            if not self._handshake_done.done():
+                self._handshake_done.set_exception(ConnectionError(reason))
+                self._handshake_done.exception()  # retrieved: nobody need be waiting
             self._report_closed(f"connection closed: {reason}")
         elif self.refused is not None or not self.authenticated:
             return  # nothing from an unauthenticated peer is ever looked at
