@@ -1,0 +1,127 @@
+"""Forged QUIC packets against a real daemon while real traffic flows between two.
+
+Two daemons on loopback (sh dials bj on two paths); bj's listening socket, which also
+carries an accepted real path, takes forged Initials from one address and from
+spoofed ones, Initials with forged tokens, short-header garbage, and Initials with
+valid Retry tokens (half-open connections). Meanwhile messages flow both ways and are
+checked byte for byte. The full-size run is ``python -m bench.flood``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.flood import (
+    DOWN_LINE,
+    RssSampler,
+    Traffic,
+    flood_in_subprocess,
+    listen_address,
+    rss_mib,
+)
+from bench.forge import validated_initials
+from wangate.core.admission import AdmissionLimits
+from wangate.loopback import LoopbackSites
+
+pytestmark = pytest.mark.timeout(180)
+
+PACKETS = 20_000
+RATE_PPS = 10_000
+RSS_SLACK_MIB = 50
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
+    with LoopbackSites(2, 2, directory=tmp_path_factory.mktemp("flood")) as sites:
+        yield sites
+
+
+def down_lines(lab: LoopbackSites, offsets: dict[str, int]) -> list[str]:
+    lines = []
+    for name, offset in offsets.items():
+        text = lab[name].log_path.read_bytes()[offset:].decode(errors="replace")
+        lines += [line for line in text.splitlines() if DOWN_LINE.search(line)]
+    return lines
+
+
+def test_floods_leave_memory_bound_paths_up_and_traffic_intact(lab: LoopbackSites) -> None:
+    bj = lab["bj"]
+    assert bj.process is not None
+    target = listen_address(bj.config_path)
+    start_rss = rss_mib(bj.process.pid)
+    sampler = RssSampler(bj.process.pid)
+    offsets = {name: len(lab[name].log_path.read_bytes()) for name in ("bj", "sh")}
+    traffic = Traffic(lab)
+    traffic.start()
+    try:
+        one = flood_in_subprocess("one-source", target, PACKETS, RATE_PPS)
+        spoofed = flood_in_subprocess("spoofed", target, PACKETS, RATE_PPS)
+        flood_in_subprocess("bad-token", target, PACKETS // 4, RATE_PPS)
+        flood_in_subprocess("garbage", target, PACKETS // 4, RATE_PPS)
+    finally:
+        result = traffic.stop()
+        sampler.stop()
+    # the listener answered with Retry (stateless) rather than building connections
+    assert one["sent"] == PACKETS
+    assert one["replies"] > 0
+    assert spoofed["sent"] == PACKETS
+    assert (sampler.peak - start_rss, result.errors) == (pytest.approx(0, abs=RSS_SLACK_MIB), [])
+    assert result.messages > 0
+    assert result.critical_lost == []
+    assert len(result.critical_latency_s) > 0
+    assert down_lines(lab, offsets) == []
+    assert rss_mib(bj.process.pid) - start_rss < RSS_SLACK_MIB
+    with bj.client() as gw:
+        assert [row["state"] for row in gw.paths()] != ["down", "down"]
+
+
+def test_validated_half_open_connections_are_capped_and_closed_after_the_timeout(
+    lab: LoopbackSites,
+) -> None:
+    """A source that completes the Retry exchange gets at most 8 half-open connections;
+    each is closed (a CONNECTION_CLOSE comes back) when its handshake times out."""
+    bj = lab["bj"]
+    target = listen_address(bj.config_path)
+    limits = AdmissionLimits()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.97.1", 0))
+        packets = validated_initials(sock, target, 20)
+        assert len(packets) == 20
+        sent_at = time.monotonic()
+        for packet in packets:
+            sock.sendto(packet, target)
+        closes = 0
+        sock.settimeout(0.5)
+        deadline = sent_at + limits.handshake_timeout_s + 5.0
+        while time.monotonic() < deadline and closes < 20:
+            try:
+                data = sock.recv(2048)
+            except TimeoutError:
+                if closes:
+                    break
+                continue
+            if data[0] & 0xB0 == 0x80:  # long header, Initial: the server's close
+                closes += 1
+        waited_s = time.monotonic() - sent_at
+    assert closes == limits.max_half_open_per_source
+    assert waited_s >= limits.handshake_timeout_s
+    # the real paths did not notice
+    with bj.client() as gw:
+        assert all(row["state"] != "down" for row in gw.paths())
+
+
+def test_a_reset_path_reconnects_through_retry(lab: LoopbackSites) -> None:
+    """Reconnecting after a flood: the dialer's Initial gets a Retry, then a path."""
+    with lab["bj"].client() as gw:
+        gw.reset_path("sh", "fiber-a")
+    lab.wait_all_paths_up(timeout_s=20)
+    text = Path(lab["sh"].log_path).read_text(errors="replace")
+    assert "sh" in text  # sanity: the log is the dialer's
+    with lab["sh"].client() as gw:
+        rows = {row["path"]: row for row in gw.paths()}
+    assert rows["fiber-a"]["state"] != "down"
