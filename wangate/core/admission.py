@@ -12,9 +12,10 @@ sources can hold:
 * each must authenticate within ``handshake_timeout_s`` of its first Initial, or it
   is closed and forgotten.
 
-Stateless answers (Retry, Version Negotiation) cost CPU and bandwidth, so they come
-from a token bucket: under a flood the excess is dropped unanswered (a real client
-repeats its Initial after a probe timeout, RFC 9002 §6.2.4).
+Crypto work for sources that have proved nothing (a Retry, checking a Retry token) and
+other stateless answers (Version Negotiation) cost CPU and bandwidth, so they come from
+a token bucket: under a flood the excess is dropped unanswered (a real client repeats
+its Initial after a probe timeout, RFC 9002 §6.2.4).
 
 Addresses that peers have authenticated from before (the last ``known_sources``) are
 kept apart: they get answers from a bucket of their own and are not held to the total
@@ -173,10 +174,11 @@ class HandshakeAdmission(Generic[Key]):
 
     # ---- stateless answers -------------------------------------------------------------
 
-    def may_respond(self, source: str, now: float) -> bool:
-        """Whether a stateless answer to ``source`` may be sent now (taking a token)."""
+    def may_respond(self, source: str, now: float, *, peek: bool = False) -> bool:
+        """Whether a stateless answer to ``source`` may be sent now (taking a token,
+        unless ``peek``; a refusal is counted either way)."""
         bucket = self._known_bucket if source in self._known else self._strangers
-        if bucket.take(now):
+        if bucket.take(now, peek=peek):
             return True
         self.responses_dropped += 1
         return False
@@ -189,11 +191,12 @@ class TokenBucket:
         self._tokens = float(burst)
         self._refilled_at = now
 
-    def take(self, now: float) -> bool:
+    def take(self, now: float, *, peek: bool = False) -> bool:
         elapsed_s = max(0.0, now - self._refilled_at)
         self._refilled_at = now
         self._tokens = min(self.burst, self._tokens + elapsed_s * self.rate_per_s)
         if self._tokens >= 1.0:
-            self._tokens -= 1.0
+            if not peek:
+                self._tokens -= 1.0
             return True
         return False

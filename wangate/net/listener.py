@@ -11,6 +11,9 @@ one only for a client that has proved its address and only while
 2. An Initial with a token is checked (address, connection ID, age); a token that
    fails is dropped unanswered (RFC 9000 §8.1.3 allows it: the client times out and
    dials again; an INVALID_TOKEN close would cost a key derivation per forged packet).
+   Retries and token checks share one budget of crypto work for unvalidated sources
+   (see :class:`~wangate.core.admission.HandshakeAdmission`); beyond it, Initials are
+   dropped after a look at a few header bytes.
 3. A valid token admits a half-open connection within the caps; one that does not
    authenticate within the handshake timeout is closed and forgotten, and one the
    gateway refuses (a bad certificate) is forgotten as soon as its close is sent.
@@ -37,6 +40,7 @@ from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnecti
 from aioquic.quic.packet import (
     QuicErrorCode,
     QuicPacketType,
+    QuicProtocolVersion,
     encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
@@ -53,6 +57,24 @@ _OPEN_STATES = (QuicConnectionState.FIRSTFLIGHT, QuicConnectionState.CONNECTED)
 
 CreateProtocol = Callable[[QuicConnection], QuicConnectionProtocol]
 IsEstablished = Callable[[QuicConnectionProtocol], bool]
+
+
+_INITIAL_TYPE_BITS = {
+    QuicProtocolVersion.VERSION_1.to_bytes(4, "big"): 0x00,  # RFC 9000 §17.2.2
+    QuicProtocolVersion.VERSION_2.to_bytes(4, "big"): 0x10,  # RFC 9369 §3.2
+}
+
+
+def _tokenless_initial(data: bytes) -> bool:
+    """Whether a long-header datagram starts with an Initial without a token."""
+    type_bits = _INITIAL_TYPE_BITS.get(data[1:5])
+    if type_bits is None or data[0] & 0x30 != type_bits:
+        return False
+    token_at = 6 + data[5]
+    if token_at >= len(data):
+        return False
+    token_at += 1 + data[token_at]
+    return token_at < len(data) and data[token_at] == 0
 
 
 def _ignore_cid(cid: bytes) -> None:
@@ -131,28 +153,39 @@ class PeerListener(asyncio.DatagramProtocol):
         self._transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
-        try:
-            header = pull_quic_header(
-                Buffer(data=data), host_cid_length=self._configuration.connection_id_length
-            )
-        except ValueError:
+        # The Destination Connection ID sits at a fixed offset (RFC 9000 §17.2, §17.3):
+        # a known connection is found without parsing (it parses the packet itself),
+        # and garbage costs one slice and one lookup.
+        if len(data) < 7:
             self._drop()
             return
-        protocol = self._by_cid.get(header.destination_cid)
+        if data[0] & 0x80:  # long header: the ID's length, then the ID
+            protocol = self._by_cid.get(data[6 : 6 + data[5]])
+        else:
+            protocol = self._by_cid.get(data[1 : 1 + self._configuration.connection_id_length])
         if protocol is None:
-            protocol = self._accept(data, addr, header)
+            if not data[0] & 0x80 or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
+                self._drop()  # no Initial (nor Version Negotiation) in a short datagram
+                return
+            if _tokenless_initial(data) and not self.admission.may_respond(
+                str(addr[0]), self._loop.time(), peek=True
+            ):
+                return  # a Retry would be due, and none may be sent now: parse nothing
+            protocol = self._accept(data, addr)
             if protocol is None:
                 return
         protocol.datagram_received(data, addr)
         if self.admission.is_half_open(protocol):
             self._review(protocol)
 
-    def _accept(
-        self, data: bytes, addr: NetworkAddress, header: Any
-    ) -> QuicConnectionProtocol | None:
+    def _accept(self, data: bytes, addr: NetworkAddress) -> QuicConnectionProtocol | None:
         """A new connection for a first Initial, or None (answered statelessly or dropped)."""
-        if len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
-            self._drop()  # no Initial, Version Negotiation included, in a short datagram
+        try:
+            header = pull_quic_header(
+                Buffer(data=data), host_cid_length=self._configuration.connection_id_length
+            )
+        except ValueError:
+            self._drop()
             return None
         version = header.version
         if version is not None and version not in self._configuration.supported_versions:
@@ -170,6 +203,9 @@ class PeerListener(asyncio.DatagramProtocol):
         if self._retry is not None:
             if not header.token:
                 self._send_retry(header, addr, now)
+                return None
+            if not self.admission.may_respond(str(addr[0]), now):
+                self._maybe_report(now)  # checking a token is crypto work too: same budget
                 return None
             try:
                 original_cid = self._retry.validate_token(
