@@ -633,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--packets", type=int, default=100_000)
     parser.add_argument("--rate-pps", type=float, default=20_000)
     parser.add_argument("--baseline-packets", type=int, default=10_000)
-    parser.add_argument("--validated", type=int, default=2_000)
+    parser.add_argument("--validated", type=int, default=1_000)
     parser.add_argument("--quiet-s", type=float, default=8.0)
     parser.add_argument("--handshakes", type=int, default=100)
     parser.add_argument("--collector-s", type=float, default=30.0)
@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         ("validated", args.validated),
     ]
     variants = [
-        ("wangate", [], kinds),
+        ("default gc", ["--untuned-gc"], kinds),
         ("tuned gc", ["--tuned-gc"], kinds),
         ("aioquic serve()", ["--aioquic-serve"], [("one-source", args.baseline_packets)]),
     ]

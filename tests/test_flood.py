@@ -31,7 +31,7 @@ from wangate.loopback import LoopbackSites
 pytestmark = pytest.mark.timeout(180)
 
 PACKETS = 20_000
-RATE_PPS = 10_000
+RATE_PPS = 5_000
 RSS_SLACK_MIB = 50
 
 
@@ -77,7 +77,7 @@ def test_floods_leave_memory_bound_paths_up_and_traffic_intact(lab: LoopbackSite
     assert down_lines(lab, offsets) == []
     assert rss_mib(bj.process.pid) - start_rss < RSS_SLACK_MIB
     with bj.client() as gw:
-        assert [row["state"] for row in gw.paths()] != ["down", "down"]
+        assert all(row["state"] != "down" for row in gw.paths())
 
 
 def test_validated_half_open_connections_are_capped_and_closed_after_the_timeout(
@@ -116,12 +116,14 @@ def test_validated_half_open_connections_are_capped_and_closed_after_the_timeout
 
 
 def test_a_reset_path_reconnects_through_retry(lab: LoopbackSites) -> None:
-    """Reconnecting after a flood: the dialer's Initial gets a Retry, then a path."""
+    """After the floods, a path reset by the operator is dialed again, and the dialer's
+    first Initial is answered with a Retry (aioquic logs the retry at INFO)."""
+    sh_log = Path(lab["sh"].log_path)
+    retried = sh_log.read_text(errors="replace").count("Retrying with token")
+    assert retried == 2  # the two paths' first connections
     with lab["bj"].client() as gw:
         gw.reset_path("sh", "fiber-a")
     lab.wait_all_paths_up(timeout_s=20)
-    text = Path(lab["sh"].log_path).read_text(errors="replace")
-    assert "sh" in text  # sanity: the log is the dialer's
+    assert sh_log.read_text(errors="replace").count("Retrying with token") == retried + 1
     with lab["sh"].client() as gw:
-        rows = {row["path"]: row for row in gw.paths()}
-    assert rows["fiber-a"]["state"] != "down"
+        assert all(row["state"] != "down" for row in gw.paths())

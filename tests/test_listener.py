@@ -99,7 +99,8 @@ def test_a_real_client_connects_through_retry_and_forged_initials_leave_no_state
     server_cfg, client_cfg = configurations(tmp_path)
 
     async def main() -> None:
-        listener, port = await start(server_cfg, AdmissionLimits())
+        # room for every answer below: 50 Retries, 50 token checks, one real client
+        listener, port = await start(server_cfg, AdmissionLimits(response_burst=110))
         target = ("127.0.0.1", port)
         forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         forger.bind(("127.0.0.1", 0))
@@ -228,5 +229,27 @@ def test_without_retry_initials_are_admitted_within_the_caps(tmp_path: Path) -> 
         assert listener.connection_ids == 0
         first.close()
         second.close()
+
+    asyncio.run(main())
+
+
+def test_retries_and_token_checks_stop_when_the_budget_is_spent(tmp_path: Path) -> None:
+    server_cfg, _ = configurations(tmp_path)
+    limits = AdmissionLimits(responses_per_s=0.001, response_burst=5)
+
+    async def main() -> None:
+        listener, port = await start(server_cfg, limits)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as forger:
+            forger.bind(("127.0.0.6", 0))
+            for _ in range(20):
+                forger.sendto(forged_initial(), ("127.0.0.1", port))
+            await poll(lambda: listener.admission.responses_dropped == 15)
+            for _ in range(20):
+                forger.sendto(forged_initial(token=looks_like_token()), ("127.0.0.1", port))
+            await poll(lambda: listener.admission.responses_dropped == 35)
+        assert listener.retries_sent == 5
+        assert listener.invalid_tokens == 0  # no budget left to even look at them
+        assert listener.connections == 0
+        listener.close()
 
     asyncio.run(main())

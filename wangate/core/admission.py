@@ -42,12 +42,12 @@ class AdmissionLimits:
     max_half_open: int = 64
     max_half_open_per_source: int = 8
     handshake_timeout_s: float = 5.0
-    # stateless answers (Retry, Version Negotiation): a Retry costs ~80 us of CPU, so
-    # at most ~8 % of a core, however fast the flood
-    responses_per_s: float = 1000.0
-    response_burst: int = 100
-    known_responses_per_s: float = 200.0  # the same, for addresses peers came from
-    known_response_burst: int = 50
+    # crypto work for unvalidated sources: a Retry costs ~80 us of CPU, so this is at
+    # most ~2 % of a core however fast the flood; a handful of paths needs far less
+    responses_per_s: float = 200.0
+    response_burst: int = 50
+    known_responses_per_s: float = 100.0  # the same, for addresses peers came from
+    known_response_burst: int = 20
     known_sources: int = 256
 
     def __post_init__(self) -> None:
