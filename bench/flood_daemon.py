@@ -1,10 +1,10 @@
 """``python -m wangate`` with one thing changed, for side-by-side runs in bench.flood.
 
-    python -m bench.flood_daemon [--untuned-gc] [--aioquic-serve] -- run -c site.toml
+    python -m bench.flood_daemon [--tuned-gc] [--aioquic-serve] -- run -c site.toml
 
---untuned-gc     the collector as Python sets it (no freeze, default thresholds)
---tuned-gc       start-up objects frozen, full collections 100 times rarer (what the
-                 daemon did before bench.flood's measurements)
+--tuned-gc       once listening, start-up objects frozen and full collections 100
+                 times rarer (what the daemon did before bench.flood's measurements;
+                 without it the collector is as Python sets it)
 --aioquic-serve  peers are accepted by aioquic's own ``serve()``: no address
                  validation, no half-open caps (the listener before bench.flood's change)
 """
@@ -42,10 +42,14 @@ def _tuned_gc() -> None:
 def main(argv: list[str]) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     options, rest = argv[:split], argv[split + 1 :]
-    if "--untuned-gc" in options:
-        cli._quiet_garbage_collector = lambda: None  # type: ignore[attr-defined]
     if "--tuned-gc" in options:
-        cli._quiet_garbage_collector = _tuned_gc  # type: ignore[attr-defined]
+        start = daemon.Gateway.start
+
+        async def start_then_tune(gateway: daemon.Gateway) -> None:
+            await start(gateway)
+            _tuned_gc()
+
+        daemon.Gateway.start = start_then_tune  # type: ignore[method-assign]
     if "--aioquic-serve" in options:
         daemon.listen_for_peers = _aioquic_serve  # type: ignore[assignment]
     return cli.main(rest)

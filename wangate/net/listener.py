@@ -48,6 +48,7 @@ from aioquic.quic.packet import (
 from aioquic.quic.retry import QuicRetryTokenHandler
 
 from wangate.core.admission import AdmissionLimits, HandshakeAdmission
+from wangate.net.drain import open_draining_endpoint
 
 log = logging.getLogger("wangate.listener")
 
@@ -403,7 +404,6 @@ async def listen_for_peers(
     retry: bool = True,
 ) -> PeerListener:
     """Bind ``host``:``port`` (UDP) and accept QUIC connections there."""
-    loop = asyncio.get_running_loop()
     name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def factory() -> PeerListener:
@@ -416,7 +416,8 @@ async def listen_for_peers(
             name=name,
         )
 
-    _, listener = await loop.create_datagram_endpoint(factory, local_addr=(host, port))
+    # read down to empty on each turn: see wangate.net.drain
+    _, listener = await open_draining_endpoint(factory, host, port)
     return listener
 
 
