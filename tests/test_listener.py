@@ -18,6 +18,7 @@ from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEv
 from bench.forge import forged_initial, looks_like_token, short_header_garbage, validated_initials
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.core.admission import AdmissionLimits
+from wangate.net.drain import open_draining_endpoint
 from wangate.net.listener import PeerListener, listen_for_peers
 
 ALPN = ["test"]
@@ -251,5 +252,33 @@ def test_retries_and_token_checks_stop_when_the_budget_is_spent(tmp_path: Path) 
         assert listener.invalid_tokens == 0  # no budget left to even look at them
         assert listener.connections == 0
         listener.close()
+
+    asyncio.run(main())
+
+
+def test_the_socket_is_read_to_empty_in_one_turn() -> None:
+    """uvloop reads 32 datagrams per turn of the loop and asyncio's selector loop one;
+    the listener's socket is read until the kernel's queue is empty."""
+
+    class Recorder(asyncio.DatagramProtocol):
+        def __init__(self) -> None:
+            self.received: list[bytes] = []
+
+        def datagram_received(self, data: bytes, addr: Any) -> None:
+            self.received.append(data)
+
+    async def main() -> None:
+        transport, recorder = await open_draining_endpoint(Recorder, "127.0.0.1", 0)
+        address = transport.get_extra_info("sockname")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for i in range(200):  # more than 32, within the default receive buffer
+                sender.sendto(i.to_bytes(2, "big"), address)
+            transport._read_ready()  # one readiness callback, as the loop would make it
+            assert recorder.received == [i.to_bytes(2, "big") for i in range(200)]
+            transport.sendto(b"back", sender.getsockname())
+            assert sender.recv(16) == b"back"
+        transport.close()
+        assert transport.is_closing()
+        await asyncio.sleep(0)
 
     asyncio.run(main())
