@@ -19,9 +19,9 @@ from wangate.errors import WangateError
 log = logging.getLogger("wangate")
 # The collector is left as Python sets it. Freezing start-up objects and making full
 # collections 100 times rarer (as the daemon once did) bought nothing measurable: CPU per
-# GiB and critical latency were within noise of the defaults either way round, while
-# cyclic garbage piled up between full collections, e.g. RSS 65 -> 247 MiB against
-# 65 -> 84 MiB over one bench.flood run (bench/RESULTS.md, "Hostile traffic").
+# GiB was the same and critical latency within noise either way round, and in one run
+# with unpaced traffic the tuned daemon's RSS grew 65 -> 247 MiB against 65 -> 84 MiB
+# (bench/RESULTS.md, "Hostile traffic"; bench.flood_daemon --tuned-gc to compare again).
 
 
 def _setup_logging(verbose: int) -> None:
