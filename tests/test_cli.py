@@ -89,18 +89,3 @@ def test_certs_commands_make_a_ca_and_a_site(tmp_path: Path) -> None:
     assert (tmp_path / "bj.key").stat().st_mode & 0o777 == 0o600
     again = wangate("certs", "ca", str(tmp_path))
     assert again.returncode == 2 and "ca.pem" in again.stderr  # no silent overwrite
-
-
-def test_the_daemon_freezes_start_up_objects_and_rarely_runs_full_collections() -> None:
-    import gc
-
-    from wangate.cli import FULL_COLLECTION_EVERY, _quiet_garbage_collector
-
-    before = gc.get_threshold()
-    try:
-        _quiet_garbage_collector()
-        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_EVERY)
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*before)

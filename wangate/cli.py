@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -18,7 +17,11 @@ from typing import Any
 from wangate.errors import WangateError
 
 log = logging.getLogger("wangate")
-FULL_COLLECTION_EVERY = 1000  # middle-generation collections between full ones (default 10)
+# The collector is left as Python sets it. Freezing start-up objects and making full
+# collections 100 times rarer (as the daemon once did) bought nothing measurable: CPU per
+# GiB was the same and critical latency within noise either way round, and in one run
+# with unpaced traffic the tuned daemon's RSS grew 65 -> 247 MiB against 65 -> 84 MiB
+# (bench/RESULTS.md, "Hostile traffic"; bench.flood_daemon --tuned-gc to compare again).
 
 
 def _setup_logging(verbose: int) -> None:
@@ -53,7 +56,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         try:
             await gateway.start()
-            _quiet_garbage_collector()
             sd_notify("READY=1")
             log.warning("wangate %s up (site %s)", config.site.name, config.site.socket)
             await stop.wait()
@@ -64,16 +66,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
-
-
-def _quiet_garbage_collector() -> None:
-    # A full collection walks every tracked object: 15-20 ms with a few thousand
-    # datagrams in flight, and it finds nothing (the data path makes no cycles). What
-    # exists at start-up is frozen out of it, and it runs a hundred times less often;
-    # young collections, well under a millisecond, are left as they are.
-    gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
 # --------------------------------------------------------------- paths/status

@@ -19,7 +19,6 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic.connection import QuicConnection
 
 from wangate import __version__
@@ -61,6 +60,7 @@ from wangate.net.link import (
     LinkHost,
     PathLink,
 )
+from wangate.net.listener import PeerListener, listen_for_peers
 from wangate.net.tls import (
     authenticate_peer,
     client_quic_configuration,
@@ -138,7 +138,7 @@ class Gateway(LinkHost):
             )
             for peer in config.peers
         }
-        self._servers: list[QuicServer] = []
+        self._servers: list[PeerListener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._local_api: LocalApiServer | None = None
         self._closing = False
@@ -156,20 +156,29 @@ class Gateway(LinkHost):
             self.config, max_datagram_size=self._accept_datagram_bytes
         )
 
-        def accept(connection: QuicConnection, stream_handler: Any = None) -> PathLink:
+        def accept(connection: QuicConnection) -> PathLink:
             require_client_certificate(connection)
             return PathLink(
                 connection,
-                stream_handler,
                 host=self,
                 dialed=False,
                 datagram_bytes=self._accept_datagram_bytes,
             )
 
+        def authenticated(link: Any) -> bool:
+            return bool(link.authenticated)
+
         for host, port in self.config.site.listen:
-            server = await serve(host, port, configuration=server_cfg, create_protocol=accept)
-            if server._transport is not None:
-                enlarge_socket_buffers(server._transport.get_extra_info("socket"))
+            # peers prove their address (QUIC Retry) before any state is kept for them
+            server = await listen_for_peers(
+                host,
+                port,
+                configuration=server_cfg,
+                create_protocol=accept,
+                is_established=authenticated,
+            )
+            if server.transport is not None:
+                enlarge_socket_buffers(server.transport.get_extra_info("socket"))
             self._servers.append(server)
             log.info("listening for peer gateways on %s", _fmt(host, port))
         for peer in self.config.peers:
