@@ -9,8 +9,10 @@ Relative file paths resolve against the folder of the configuration file.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from cryptography.hazmat.primitives import serialization
 
 from wangate.certs import is_valid_name, load_ca_certificates, verify_site_certificate
 from wangate.errors import ConfigError, WangateError
+
+log = logging.getLogger("wangate.config")
 
 # RFC 9000 section 14: QUIC needs UDP payloads of 1200 bytes; with IPv6 (40) and UDP (8)
 # headers that is an MTU of 1248, so the IPv6 minimum link MTU of 1280 is the floor.
@@ -76,6 +80,8 @@ class TlsConfig:
     ca: Path
     cert: Path
     key: Path
+    # a private key that group or others may read is refused unless this is set
+    allow_readable_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -359,8 +365,11 @@ class _Parser:
         raise self.error(key, f"expected an integer or an octal string, got {_type_name(value)}")
 
     def tls(self, value: object, site: str) -> TlsConfig:
-        table = self.table(value, "tls", {"ca", "cert", "key"}, set())
+        table = self.table(value, "tls", {"ca", "cert", "key"}, {"allow_readable_key"})
         paths = {name: self.file_path(table[name], f"tls.{name}") for name in ("ca", "cert", "key")}
+        allow_readable_key: bool = self.typed(
+            table.get("allow_readable_key", False), "tls.allow_readable_key", bool, "a boolean"
+        )
         data = {name: self.read(path, f"tls.{name}") for name, path in paths.items()}
 
         try:
@@ -377,6 +386,7 @@ class _Parser:
             raise self.error(
                 "tls.key", f"{paths['key']} is not an unencrypted PEM private key: {exc}"
             ) from None
+        self.key_permissions(paths["key"], allow_readable_key)
         if key.public_key() != chain[0].public_key():
             raise self.error("tls.key", f"{paths['key']} is not the key of {paths['cert']}")
         try:
@@ -387,7 +397,47 @@ class _Parser:
             raise self.error(
                 "tls.cert", f"{paths['cert']} is for site {named!r}, but site.name is {site!r}"
             )
-        return TlsConfig(ca=paths["ca"], cert=paths["cert"], key=paths["key"])
+        return TlsConfig(
+            ca=paths["ca"],
+            cert=paths["cert"],
+            key=paths["key"],
+            allow_readable_key=allow_readable_key,
+        )
+
+    def key_permissions(self, path: Path, allow_readable_key: bool) -> None:
+        """A private key is for the daemon's eyes only.
+
+        Refused when others may read it, or its group may unless the file belongs to
+        root and that group is one of ours (root:wangate 0640, as with ssl-cert).
+        """
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise self.error("tls.key", f"cannot read {path}: {exc.strerror or exc}") from None
+        mode = stat.S_IMODE(info.st_mode)
+        own_group = info.st_gid == os.getegid() or info.st_gid in os.getgroups()
+        readers = []
+        if mode & stat.S_IROTH:
+            readers.append("others")
+        if mode & stat.S_IRGRP and not (info.st_uid == 0 and own_group):
+            readers.append("its group")
+        if not readers:
+            return
+        who = " and ".join(readers)
+        if allow_readable_key:
+            log.warning(
+                "%s: tls.key: %s (mode %04o) is readable by %s; allowed by tls.allow_readable_key",
+                self.path,
+                path,
+                mode,
+                who,
+            )
+            return
+        raise self.error(
+            "tls.key",
+            f"{path} (mode {mode:04o}) is readable by {who}: run `chmod 600 {path}`, "
+            "or set allow_readable_key = true in [tls] to accept it",
+        )
 
     def read(self, path: Path, key: str) -> bytes:
         try:
