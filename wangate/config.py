@@ -405,22 +405,19 @@ class _Parser:
         )
 
     def key_permissions(self, path: Path, allow_readable_key: bool) -> None:
-        """A private key is for the daemon's eyes only.
+        """A private key is for the daemon's eyes only (like ssh's ``chmod 600`` rule).
 
-        Refused when others may read it, or its group may unless the file belongs to
-        root and that group is one of ours (root:wangate 0640, as with ssl-cert).
+        Its group is refused too: the daemon's group is the trainers' group, for the socket.
         """
         try:
-            info = path.stat()
+            mode = stat.S_IMODE(path.stat().st_mode)
         except OSError as exc:
             raise self.error("tls.key", f"cannot read {path}: {exc.strerror or exc}") from None
-        mode = stat.S_IMODE(info.st_mode)
-        own_group = info.st_gid == os.getegid() or info.st_gid in os.getgroups()
-        readers = []
-        if mode & stat.S_IROTH:
-            readers.append("others")
-        if mode & stat.S_IRGRP and not (info.st_uid == 0 and own_group):
-            readers.append("its group")
+        readers = [
+            who
+            for bit, who in ((stat.S_IRGRP, "its group"), (stat.S_IROTH, "others"))
+            if mode & bit
+        ]
         if not readers:
             return
         who = " and ".join(readers)

@@ -57,6 +57,7 @@ from wangate.net.tls import (
 )
 from wangate.reload import ReloadPlan
 from wangate.service import Delivery, Submission, local_delivery
+from wangate.systemd import inherited_unix_listener
 
 log = logging.getLogger("wangate.daemon")
 
@@ -165,6 +166,7 @@ class Gateway(LinkHost):
             max_message_bytes=self.max_message_bytes,
             client_budget_bytes=self.config.limits.client_budget_bytes,
             socket_mode=self.config.site.socket_mode,
+            listener=inherited_unix_listener(self.config.site.socket),
         )
         try:
             await self._local_api.start()

@@ -8,7 +8,6 @@ without ``NOTIFY_SOCKET`` nothing is sent, without ``LISTEN_FDS`` nothing is inh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -168,13 +167,7 @@ def inherited_unix_listener(
         ):
             os.set_inheritable(fd, False)
             sock.setblocking(False)
+            log.info("using the socket systemd passed for %s", wanted)
             return sock
         sock.detach()  # not ours to close
     return None
-
-
-def unset_listen_environment() -> None:
-    """Children must not think the inherited sockets are theirs."""
-    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
-        with contextlib.suppress(KeyError):
-            del os.environ[name]
