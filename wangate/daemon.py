@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import logging
 import math
+import os
 import random
 import socket
 import time
@@ -180,10 +181,21 @@ class Gateway(LinkHost):
             try:
                 await self._metrics_server.start(*self.config.metrics.listen)
             except GatewayError as exc:
-                raise self._startup_error("metrics.listen", str(exc)) from None
+                cause = exc.__cause__
+                if not isinstance(cause, OSError):
+                    raise self._startup_error("metrics.listen", str(exc)) from None
+                where = _fmt(*self.config.metrics.listen)
+                raise self._startup_error(
+                    "metrics.listen", f"cannot listen on {where}", cause
+                ) from None
 
     def _startup_error(self, key: str, what: str, exc: OSError | None = None) -> GatewayError:
-        reason = f": {exc.strerror or exc}" if exc is not None else ""
+        reason = ""
+        if exc is not None:
+            # uvloop words it differently and keeps the errno on the cause
+            cause = exc.__cause__ if exc.errno is None else exc
+            errno = cause.errno if isinstance(cause, OSError) else None
+            reason = f": {os.strerror(errno) if errno else exc}"
         return GatewayError(f"{self.config.path}: {key}: {what}{reason}", code="startup")
 
     async def close(self) -> None:
