@@ -13,7 +13,7 @@ import pytest
 
 from tests.daemons import NotifySocket, start_daemon, stop, wait_serving
 from wangate.config import load_config, parse_config
-from wangate.errors import WangateError
+from wangate.errors import GatewayError, WangateError
 from wangate.loopback import SiteProcess, write_site_configs
 from wangate.reload import Reloader, ReloadPlan, plan_reload
 
@@ -147,9 +147,10 @@ def poll(what: Callable[[], bool], message: Callable[[], str], timeout_s: float 
         time.sleep(0.05)
 
 
-def path_states(site: SiteProcess) -> dict[tuple[str, str], str]:
+def connected(site: SiteProcess) -> dict[tuple[str, str], bool]:
+    """Each listed path and whether it is connected (up, or degraded by its quality)."""
     with site.client() as gw:
-        return {(row["peer"], row["path"]): row["state"] for row in gw.paths()}
+        return {(row["peer"], row["path"]): row["state"] != "down" for row in gw.paths()}
 
 
 @pytest.fixture
@@ -172,8 +173,8 @@ def test_reload_adds_a_peer_that_carries_messages_removes_a_path_and_keeps_a_bad
     gz.process = start_daemon(gz, {"NOTIFY_SOCKET": notify.name})
     for site in three_sites:
         wait_serving(site, site.process)
-    up = {("sh", "fiber-a"): "up", ("sh", "fiber-b"): "up"}
-    poll(lambda: path_states(gz) == up, lambda: str(path_states(gz)))
+    up = {("sh", "fiber-a"): True, ("sh", "fiber-b"): True}
+    poll(lambda: connected(gz) == up, lambda: str(connected(gz)))
 
     reloaded = compose(
         head.replace("[tls]", "[limits]\npartial_message_idle_s = 30\n\n[tls]"),
@@ -181,12 +182,9 @@ def test_reload_adds_a_peer_that_carries_messages_removes_a_path_and_keeps_a_bad
     )
     gz.config_path.write_text(reloaded)
     gz.process.send_signal(signal.SIGHUP)
-    after = {("bj", "fiber-a"): "up", ("bj", "fiber-b"): "up", ("sh", "fiber-a"): "up"}
-    poll(lambda: path_states(gz) == after, lambda: str(path_states(gz)))
-    poll(
-        lambda: path_states(sh)[("gz", "fiber-b")] == "down",
-        lambda: str(path_states(sh)),
-    )
+    after = {("bj", "fiber-a"): True, ("bj", "fiber-b"): True, ("sh", "fiber-a"): True}
+    poll(lambda: connected(gz) == after, lambda: str(connected(gz)))
+    poll(lambda: not connected(sh)[("gz", "fiber-b")], lambda: str(connected(sh)))
     # the added peer carries a message, both ways
     array = np.arange(50_000, dtype=np.float32)
     with gz.client() as gw:
@@ -217,7 +215,7 @@ def test_reload_adds_a_peer_that_carries_messages_removes_a_path_and_keeps_a_bad
         gz.log_path.read_text()
     )
     assert gz.process.poll() is None
-    assert path_states(gz) == after
+    assert connected(gz) == after
     with gz.client() as gw:
         gw.send("bj", "still", array[:100], step=9)
     with bj.client() as gw:
@@ -225,6 +223,19 @@ def test_reload_adds_a_peer_that_carries_messages_removes_a_path_and_keeps_a_bad
             array[:100].tobytes()
         )
     notify.wait_for(lambda: any("; reload failed: " + error in m for _, m in notify.messages()))
+
+    # the peer removed again: its paths close, sends to it are refused
+    gz.config_path.write_text(compose(head, [without_path(blocks["sh"], "fiber-b")]))
+    gz.process.send_signal(signal.SIGHUP)
+    only_sh = {("sh", "fiber-a"): True}
+    poll(lambda: connected(gz) == only_sh, lambda: str(connected(gz)))
+    bj_paths = {("sh", "fiber-a"): True, ("sh", "fiber-b"): True}
+    bj_paths |= {("gz", "fiber-a"): False, ("gz", "fiber-b"): False}
+    poll(lambda: connected(bj) == bj_paths, lambda: str(connected(bj)))
+    with gz.client() as gw, pytest.raises(GatewayError, match="unknown peer 'bj'") as info:
+        gw.send("bj", "gone", array[:10])
+    assert info.value.code == "unknown_peer"
+    assert "peer bj removed" in gz.log_path.read_text()
 
     # SIGTERM: a clean exit that removes the socket file
     assert stop(gz.process) == 0
