@@ -62,8 +62,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         def reload() -> None:
             notifier.reloading()
-            reloader.reload()
-            notifier.reloaded()
+            try:
+                reloader.reload()
+            except Exception:  # a bug must not leave systemd waiting in "reloading"
+                log.exception("reload failed; the daemon goes on")
+            finally:
+                notifier.reloaded()
 
         try:
             await gateway.start()
