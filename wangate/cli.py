@@ -43,25 +43,47 @@ def _install_event_loop_policy() -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from wangate.config import load_config
-    from wangate.daemon import Gateway, sd_notify
+    from wangate.daemon import Gateway
+    from wangate.reload import Reloader
+    from wangate.systemd import Notifier
 
-    config = load_config(args.config)  # errors out before anything listens
+    # SIGHUP's default action kills: until the reload handler is in place it waits
+    hangups: list[int] = []
+    signal.signal(signal.SIGHUP, lambda signum, frame: hangups.append(signum))
+    config_path = Path(args.config)
+    config = load_config(config_path)  # errors out before anything listens
     _install_event_loop_policy()
 
     async def main() -> None:
         gateway = Gateway(config)
+        reloader = Reloader(gateway, config_path)
+        notifier = Notifier(reloader.status_line)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+
+        def reload() -> None:
+            notifier.reloading()
+            try:
+                reloader.reload()
+            except Exception:  # a bug must not leave systemd waiting in "reloading"
+                log.exception("reload failed; the daemon goes on")
+            finally:
+                notifier.reloaded()
+
         try:
             await gateway.start()
-            sd_notify("READY=1")
+            notifier.start()
+            loop.add_signal_handler(signal.SIGHUP, reload)
+            if hangups:
+                reload()
             log.warning("wangate %s up (site %s)", config.site.name, config.site.socket)
             await stop.wait()
-            sd_notify("STOPPING=1")
+            notifier.stopping()
             log.warning("shutting down")
         finally:
+            notifier.stop()
             await gateway.close()
 
     asyncio.run(main())

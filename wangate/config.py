@@ -9,8 +9,10 @@ Relative file paths resolve against the folder of the configuration file.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from cryptography.hazmat.primitives import serialization
 
 from wangate.certs import is_valid_name, load_ca_certificates, verify_site_certificate
 from wangate.errors import ConfigError, WangateError
+
+log = logging.getLogger("wangate.config")
 
 # RFC 9000 section 14: QUIC needs UDP payloads of 1200 bytes; with IPv6 (40) and UDP (8)
 # headers that is an MTU of 1248, so the IPv6 minimum link MTU of 1280 is the floor.
@@ -76,6 +80,8 @@ class TlsConfig:
     ca: Path
     cert: Path
     key: Path
+    # a private key that group or others may read is refused unless this is set
+    allow_readable_key: bool = False
 
 
 @dataclass(frozen=True)
@@ -362,8 +368,11 @@ class _Parser:
         raise self.error(key, f"expected an integer or an octal string, got {_type_name(value)}")
 
     def tls(self, value: object, site: str) -> TlsConfig:
-        table = self.table(value, "tls", {"ca", "cert", "key"}, set())
+        table = self.table(value, "tls", {"ca", "cert", "key"}, {"allow_readable_key"})
         paths = {name: self.file_path(table[name], f"tls.{name}") for name in ("ca", "cert", "key")}
+        allow_readable_key: bool = self.typed(
+            table.get("allow_readable_key", False), "tls.allow_readable_key", bool, "a boolean"
+        )
         data = {name: self.read(path, f"tls.{name}") for name, path in paths.items()}
 
         try:
@@ -380,6 +389,7 @@ class _Parser:
             raise self.error(
                 "tls.key", f"{paths['key']} is not an unencrypted PEM private key: {exc}"
             ) from None
+        self.key_permissions(paths["key"], allow_readable_key)
         if key.public_key() != chain[0].public_key():
             raise self.error("tls.key", f"{paths['key']} is not the key of {paths['cert']}")
         try:
@@ -390,7 +400,44 @@ class _Parser:
             raise self.error(
                 "tls.cert", f"{paths['cert']} is for site {named!r}, but site.name is {site!r}"
             )
-        return TlsConfig(ca=paths["ca"], cert=paths["cert"], key=paths["key"])
+        return TlsConfig(
+            ca=paths["ca"],
+            cert=paths["cert"],
+            key=paths["key"],
+            allow_readable_key=allow_readable_key,
+        )
+
+    def key_permissions(self, path: Path, allow_readable_key: bool) -> None:
+        """A private key is for the daemon's eyes only (like ssh's ``chmod 600`` rule).
+
+        Its group is refused too: the daemon's group is the trainers' group, for the socket.
+        """
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError as exc:
+            raise self.error("tls.key", f"cannot read {path}: {exc.strerror or exc}") from None
+        readers = [
+            who
+            for bit, who in ((stat.S_IRGRP, "its group"), (stat.S_IROTH, "others"))
+            if mode & bit
+        ]
+        if not readers:
+            return
+        who = " and ".join(readers)
+        if allow_readable_key:
+            log.warning(
+                "%s: tls.key: %s (mode %04o) is readable by %s; allowed by tls.allow_readable_key",
+                self.path,
+                path,
+                mode,
+                who,
+            )
+            return
+        raise self.error(
+            "tls.key",
+            f"{path} (mode {mode:04o}) is readable by {who}: run `chmod 600 {path}`, "
+            "or set allow_readable_key = true in [tls] to accept it",
+        )
 
     def read(self, path: Path, key: str) -> bytes:
         try:

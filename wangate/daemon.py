@@ -22,7 +22,7 @@ from typing import Any
 from aioquic.quic.connection import QuicConnection
 
 from wangate import __version__
-from wangate.config import Config, PathConfig
+from wangate.config import Config, PathConfig, PeerConfig
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
@@ -67,7 +67,9 @@ from wangate.net.tls import (
     require_client_certificate,
     server_quic_configuration,
 )
+from wangate.reload import ReloadPlan
 from wangate.service import Delivery, Submission, local_delivery
+from wangate.systemd import inherited_unix_listener
 
 log = logging.getLogger("wangate.daemon")
 
@@ -114,30 +116,10 @@ class Gateway(LinkHost):
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
         now = time.monotonic()
-        target_ms = config.critical.host_delay_target_ms
-        host_delay_target_s = target_ms / 1000 if target_ms else math.inf
         self.peers: dict[str, PeerState] = {
-            peer.name: PeerState(
-                PeerSession(
-                    self.site_name,
-                    peer.name,
-                    max_message_bytes=self.max_message_bytes,
-                    inbox_window_bytes=config.limits.peer_inbox_bytes,
-                    now=now,
-                    coding=CodingPolicy(
-                        k=config.fec.k if config.fec.enabled else 0,
-                        min_repair=config.fec.min_repair,
-                        max_repair=config.fec.max_repair,
-                        critical_min_repair=config.fec.critical_min_repair,
-                    ),
-                    governor=BulkGovernor(target_delay_s=host_delay_target_s),
-                    partial_idle_s=config.limits.partial_message_idle_s,
-                    peer_dead_s=config.limits.peer_dead_s,
-                    configured_paths=len(peer.paths),
-                )
-            )
-            for peer in config.peers
+            peer.name: self._new_peer_state(peer.name, now) for peer in config.peers
         }
+        self._dial_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._servers: list[PeerListener] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._local_api: LocalApiServer | None = None
@@ -148,6 +130,30 @@ class Gateway(LinkHost):
         self.local_messages = 0
         self.metrics = GatewayMetrics()  # fed by submit() and _drain_events()
         self._metrics_server: MetricsServer | None = None
+
+    def _new_peer_state(self, peer: str, now: float) -> PeerState:
+        config = self.config
+        target_ms = config.critical.host_delay_target_ms
+        host_delay_target_s = target_ms / 1000 if target_ms else math.inf
+        return PeerState(
+            PeerSession(
+                self.site_name,
+                peer,
+                max_message_bytes=self.max_message_bytes,
+                inbox_window_bytes=config.limits.peer_inbox_bytes,
+                now=now,
+                coding=CodingPolicy(
+                    k=config.fec.k if config.fec.enabled else 0,
+                    min_repair=config.fec.min_repair,
+                    max_repair=config.fec.max_repair,
+                    critical_min_repair=config.fec.critical_min_repair,
+                ),
+                governor=BulkGovernor(target_delay_s=host_delay_target_s),
+                partial_idle_s=config.limits.partial_message_idle_s,
+                peer_dead_s=config.limits.peer_dead_s,
+                configured_paths=len(config.peer(peer).paths),
+            )
+        )
 
     # ----------------------------------------------------------- lifecycle
 
@@ -168,37 +174,63 @@ class Gateway(LinkHost):
         def authenticated(link: Any) -> bool:
             return bool(link.authenticated)
 
-        for host, port in self.config.site.listen:
-            # peers prove their address (QUIC Retry) before any state is kept for them
-            server = await listen_for_peers(
-                host,
-                port,
-                configuration=server_cfg,
-                create_protocol=accept,
-                is_established=authenticated,
-            )
+        for index, (host, port) in enumerate(self.config.site.listen):
+            try:
+                # peers prove their address (QUIC Retry) before any state is kept for them
+                server = await listen_for_peers(
+                    host,
+                    port,
+                    configuration=server_cfg,
+                    create_protocol=accept,
+                    is_established=authenticated,
+                )
+            except OSError as exc:
+                raise self._startup_error(
+                    f"site.listen[{index}]", f"cannot listen on {_fmt(host, port)}", exc
+                ) from None
             if server.transport is not None:
                 enlarge_socket_buffers(server.transport.get_extra_info("socket"))
             self._servers.append(server)
             log.info("listening for peer gateways on %s", _fmt(host, port))
         for peer in self.config.peers:
             for path in peer.paths:
-                if path.remote is not None:
-                    self._spawn(self._dial_loop(peer.name, path))
+                self._start_dialing(peer.name, path)
         self._local_api = LocalApiServer(
             self,
             self.config.site.socket,
             max_message_bytes=self.max_message_bytes,
             client_budget_bytes=self.config.limits.client_budget_bytes,
             socket_mode=self.config.site.socket_mode,
+            listener=inherited_unix_listener(self.config.site.socket),
         )
-        await self._local_api.start()
+        try:
+            await self._local_api.start()
+        except GatewayError as exc:
+            raise self._startup_error("site.socket", str(exc)) from None
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)
         if self.config.metrics.listen is not None:
             self._metrics_server = MetricsServer(
                 lambda: self.metrics.render(self.paths(), self.status())
             )
-            await self._metrics_server.start(*self.config.metrics.listen)
+            try:
+                await self._metrics_server.start(*self.config.metrics.listen)
+            except GatewayError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, OSError):
+                    raise self._startup_error("metrics.listen", str(exc)) from None
+                where = _fmt(*self.config.metrics.listen)
+                raise self._startup_error(
+                    "metrics.listen", f"cannot listen on {where}", cause
+                ) from None
+
+    def _startup_error(self, key: str, what: str, exc: OSError | None = None) -> GatewayError:
+        reason = ""
+        if exc is not None:
+            # uvloop words it differently and keeps the errno on the cause
+            cause = exc.__cause__ if exc.errno is None else exc
+            errno = cause.errno if isinstance(cause, OSError) else None
+            reason = f": {os.strerror(errno) if errno else exc}"
+        return GatewayError(f"{self.config.path}: {key}: {what}{reason}", code="startup")
 
     async def close(self) -> None:
         self._closing = True
@@ -223,7 +255,78 @@ class Gateway(LinkHost):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    # -------------------------------------------------------------- reload
+
+    def apply_reload(self, plan: ReloadPlan) -> None:
+        """Switch to ``plan.effective``: peers and paths come and go without a restart."""
+        self.config = plan.effective  # first: accepted links are checked against it
+        for peer, path_name in plan.paths_removed:
+            self.remove_path(peer, path_name)
+        for name in plan.peers_removed:
+            self.remove_peer(name)
+        for peer_cfg in plan.peers_added:
+            self.add_peer(peer_cfg)
+        for peer, path in plan.paths_added:
+            self.add_path(peer, path)
+
+    def add_peer(self, peer: PeerConfig) -> None:
+        self.peers[peer.name] = self._new_peer_state(peer.name, time.monotonic())
+        for path in peer.paths:
+            self._start_dialing(peer.name, path)
+
+    def remove_peer(self, name: str) -> None:
+        state = self.peers.pop(name, None)
+        if state is None:
+            return
+        for key in [key for key in self._dial_tasks if key[0] == name]:
+            self._dial_tasks.pop(key).cancel()
+        for link in list(state.links.values()):
+            link.refuse(ERROR_SHUTDOWN, "peer removed from the configuration")
+        if state.timer is not None:
+            state.timer.cancel()
+        waiting = state.session.status()["messages_in_flight"]
+        if waiting:
+            log.warning("peer %s removed: %d messages to it are given up", name, waiting)
+        state.backlog_freed.set()  # senders waiting for room learn the peer is gone
+
+    def add_path(self, peer: str, path: PathConfig) -> None:
+        self._count_paths(peer)
+        self._start_dialing(peer, path)
+
+    def remove_path(self, peer: str, path_name: str) -> None:
+        task = self._dial_tasks.pop((peer, path_name), None)
+        if task is not None:
+            task.cancel()
+        state = self.peers.get(peer)
+        link = state.links.get(path_name) if state is not None else None
+        if link is not None:
+            link.refuse(ERROR_SHUTDOWN, "path removed from the configuration")
+        self._count_paths(peer)
+
+    def _count_paths(self, peer: str) -> None:
+        state = self.peers.get(peer)
+        if state is not None:  # a peer is "up" only with every configured path up
+            state.session.configured_paths = len(self.config.peer(peer).paths)
+
+    def status_counts(self) -> tuple[int, int, int, int, int]:
+        """Peers up, peers, paths up, paths, messages in flight (for ``STATUS=``)."""
+        paths = sum(len(peer.paths) for peer in self.config.peers)
+        paths_up = sum(len(state.links) for state in self.peers.values())
+        peers_up = sum(1 for state in self.peers.values() if state.links)
+        in_flight = sum(
+            state.session.status()["messages_in_flight"] for state in self.peers.values()
+        )
+        return peers_up, len(self.peers), paths_up, paths, in_flight
+
     # ------------------------------------------------------------- dialing
+
+    def _start_dialing(self, peer: str, path: PathConfig) -> None:
+        if path.remote is None:
+            return  # the peer dials this path
+        task = asyncio.ensure_future(self._dial_loop(peer, path))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._dial_tasks[(peer, path.name)] = task
 
     async def _dial_loop(self, peer: str, path: PathConfig) -> None:
         backoff_s = BACKOFF_INITIAL_S
@@ -295,6 +398,9 @@ class Gateway(LinkHost):
 
     def link_ready(self, link: PathLink, hello: Hello) -> PeerSession | None:
         assert link.peer is not None and link.path is not None
+        if link.peer not in self.peers:  # removed by a reload since it authenticated
+            link.refuse(ERROR_PROTOCOL, f"peer {link.peer} is not configured")
+            return None
         peer_cfg = self.config.peer(link.peer)
         if hello.path not in {p.name for p in peer_cfg.paths}:
             link.refuse(ERROR_PROTOCOL, f"path {hello.path!r} is not configured for {link.peer}")
@@ -488,6 +594,8 @@ class Gateway(LinkHost):
                     f"({state.session.pending_bytes()} bytes already queued for it); "
                     "nothing was sent"
                 ) from None
+            if self.peers.get(submission.peer) is not state:
+                raise GatewayError(f"peer {submission.peer!r} was removed", code="unknown_peer")
         return self._submit(state, submission, arrived_at)
 
     def _check_reachable(self, state: PeerState) -> None:
@@ -772,14 +880,3 @@ def enlarge_socket_buffers(sock: socket.socket | None) -> None:
         except OSError:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, plain, SOCKET_BUFFER_BYTES)
-
-
-def sd_notify(message: str) -> None:
-    """Tell systemd about our state (Type=notify); a no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
-        sock.sendto(message.encode(), address)

@@ -65,8 +65,11 @@ class LocalApiServer:
         max_message_bytes: int,
         client_budget_bytes: int,
         socket_mode: int = SOCKET_MODE,
+        listener: socket.socket | None = None,
     ) -> None:
         self.service = service
+        # a listening socket inherited from systemd (wangate.socket): its file is not ours
+        self._inherited = listener
         self.socket_path = Path(socket_path)
         self.max_message_bytes = max_message_bytes
         self.client_budget_bytes = client_budget_bytes
@@ -81,8 +84,11 @@ class LocalApiServer:
         return len(self._connections)
 
     async def start(self) -> None:
-        self._listener = bind_unix_socket(self.socket_path, self.socket_mode)
-        self._socket_inode = os.stat(self.socket_path).st_ino
+        if self._inherited is not None:
+            self._listener = self._inherited
+        else:
+            self._listener = bind_unix_socket(self.socket_path, self.socket_mode)
+            self._socket_inode = os.stat(self.socket_path).st_ino
         self._accept_task = asyncio.create_task(self._accept_loop())
 
     async def close(self) -> None:
@@ -99,7 +105,9 @@ class LocalApiServer:
             self._listener = None
             # Remove the file only if it is still ours (a successor may have replaced it).
             with contextlib.suppress(OSError):
-                if os.stat(self.socket_path).st_ino == self._socket_inode:
+                if self._socket_inode is not None and (
+                    os.stat(self.socket_path).st_ino == self._socket_inode
+                ):
                     os.unlink(self.socket_path)
 
     async def __aenter__(self) -> LocalApiServer:
