@@ -305,8 +305,9 @@ class Gateway(LinkHost):
 
     def _count_paths(self, peer: str) -> None:
         state = self.peers.get(peer)
-        if state is not None:  # a peer is "up" only with every configured path up
-            state.session.configured_paths = len(self.config.peer(peer).paths)
+        configured = [p for p in self.config.peers if p.name == peer]
+        if state is not None and configured:  # "up" only with every configured path up
+            state.session.configured_paths = len(configured[0].paths)
 
     def status_counts(self) -> tuple[int, int, int, int, int]:
         """Peers up, peers, paths up, paths, messages in flight (for ``STATUS=``)."""
