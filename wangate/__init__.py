@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 from wangate.client import AsyncClient, Client
 from wangate.errors import (
+    AccessDenied,
     AuthenticationError,
     ChecksumError,
     CodecError,
@@ -20,10 +21,12 @@ from wangate.errors import (
     LocalProtocolError,
     RecvTimeout,
     RemoteProtocolError,
+    TooManyConnections,
     WangateError,
 )
 
 __all__ = [
+    "AccessDenied",
     "AsyncClient",
     "AuthenticationError",
     "ChecksumError",
@@ -36,6 +39,7 @@ __all__ = [
     "LocalProtocolError",
     "RecvTimeout",
     "RemoteProtocolError",
+    "TooManyConnections",
     "WangateError",
     "__version__",
 ]

@@ -157,6 +157,9 @@ class Gateway(LinkHost):
             max_message_bytes=self.max_message_bytes,
             client_budget_bytes=self.config.limits.client_budget_bytes,
             socket_mode=self.config.site.socket_mode,
+            allow_uids=self.config.site.allow_uids,
+            allow_gids=self.config.site.allow_gids,
+            max_connections=self.config.limits.max_local_connections,
         )
         await self._local_api.start()
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)

@@ -54,3 +54,12 @@ class GatewayUnavailable(GatewayError):
 
 class RecvTimeout(GatewayError, TimeoutError):
     """No matching message arrived before the timeout."""
+
+
+class AccessDenied(GatewayUnavailable):
+    """The gateway refused this process's connection: its user and groups are not allowed
+    (``[site] allow_uids`` / ``allow_gids``)."""
+
+
+class TooManyConnections(GatewayUnavailable):
+    """The gateway already serves ``[limits] max_local_connections`` local connections."""
