@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import socket
+import struct
 import threading
 import time
 import zlib
@@ -101,6 +102,25 @@ def _raise_for_hello(reply: dict[str, Any]) -> None:
     if refusal is not None and not reply["ok"]:
         raise refusal(f"{reply['error']} [{reply['code']}]", code=reply["code"])
     _raise_for(reply)
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+
+
+async def _connect_unix(sock: socket.socket, path: str) -> None:
+    """``loop.sock_connect`` for a Unix socket: while the listener's backlog is full a
+    non-blocking connect fails with EAGAIN (it does not go on in the background, and
+    no readiness event says when to retry), so retry, backing off up to 50 ms."""
+    delay_s = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, 0.05)
 
 
 def _check_timeout(timeout: float | None) -> None:
@@ -228,16 +248,21 @@ class Client:
         self._lock = threading.Lock()
         deadline = None if timeout is None else time.monotonic() + timeout
         sock = _unix_socket()
-        sock.settimeout(timeout)
+        if timeout is not None:
+            # A Unix socket's connect waits (while the listener's backlog is full) for
+            # at most SO_SNDTIMEO, then fails with EAGAIN; settimeout() would not wait.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         try:
             sock.connect(self._session.path)
-        except TimeoutError:
+        except BlockingIOError:
             sock.close()
             assert timeout is not None
             raise _timed_out(self._session.path, "connect", timeout) from None
         except OSError as exc:
             sock.close()
             raise _unavailable(self._session.path, exc) from None
+        if timeout is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0))
         self._sock: socket.socket | None = sock
         self._reader = SyncFrameReader(sock, 0)
         try:
@@ -412,14 +437,13 @@ class AsyncClient:
         return self._session.settings
 
     async def connect(self) -> None:
-        loop = asyncio.get_running_loop()
         sock = _unix_socket()
         sock.setblocking(False)
         stage = "connect"
         try:
             async with asyncio.timeout(self._timeout_s):
                 try:
-                    await loop.sock_connect(sock, self._session.path)
+                    await _connect_unix(sock, self._session.path)
                 except OSError as exc:
                     sock.close()
                     raise _unavailable(self._session.path, exc) from None
@@ -445,9 +469,12 @@ class AsyncClient:
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[rid] = future
         try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                # refused at once: the read loop reads the gateway's reason
+            try:
                 await loop.sock_sendall(self._sock, encode_request(HelloRequest(rid)))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at once: the read loop reads the gateway's reason
+            except OSError as exc:
+                raise _lost(self._session.path, exc) from None
             reply, _ = await future
         finally:
             self._pending.pop(rid, None)
