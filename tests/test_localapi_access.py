@@ -298,3 +298,40 @@ def test_supplementary_groups_are_read_from_proc_only_when_needed(tmp_path: Path
     assert no_groups.check(PeerCredentials(4711, 1001, 1001), os.fspath(proc)) == (
         PeerCredentials(4711, 1001, 1001, ())  # no group could admit: nothing read
     )
+
+
+# ------------------------------------------------------------------ what an idle connection costs
+
+
+def test_an_idle_connection_costs_the_server_a_few_kib(tmp_path: Path) -> None:
+    """Python memory the server holds per idle connection (tracemalloc, the server's own
+    allocations): it was 256 KiB of read buffer each; `python -m bench.localapi_idle`
+    measures the daemon's RSS."""
+    import tracemalloc
+
+    from tests.test_localapi_server import GatewayThread, ping_works
+
+    count = 200
+    with GatewayThread(tmp_path / "gw.sock") as gateway:
+        warm = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        warm.settimeout(10)
+        warm.connect(os.fspath(gateway.path))
+        assert ping_works(warm)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            socks = []
+            for index in range(count):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(10)
+                sock.connect(os.fspath(gateway.path))
+                assert ping_works(sock, index)  # the server has read from each
+                socks.append(sock)
+            wait_for(lambda: gateway.server.connection_count == count + 1)
+            per_connection = (tracemalloc.get_traced_memory()[0] - before) / count
+        finally:
+            tracemalloc.stop()
+        for sock in [warm, *socks]:
+            sock.close()
+    # client sockets and the server's connection objects; no 16 KiB staging area is kept
+    assert per_connection < 8 * 1024, per_connection
