@@ -7,7 +7,10 @@ For each gateway source (the working tree first, then each ``--gateway-src``, e.
 (`python -m wangate run`, a site with no peers) is started; a warm-up client does the
 workload three times, then RSS is read from /proc, ``--connections`` clients connect
 and each does the workload and then idles, RSS is read again once it stops changing,
-and the connections are closed. Workloads: ``hello`` (connect, hello, idle) and
+and the connections are closed. Then the cost of keeping no buffer while idle: with a
+daemon of each source running side by side, one client sends 2000 messages of 1 KiB to
+the site itself and receives them, five rounds taking turns; prints the best round's
+time per message (send and recv). Workloads: ``hello`` (connect, hello, idle) and
 ``worked`` (hello, then one 256 KiB send to the site itself and its recv: a trainer
 that moved data and now waits). Prints bytes per idle connection (RSS difference over
 the count; VmData likewise, for memory reserved but not touched) and the ratio to the
@@ -93,26 +96,57 @@ def connect(path: Path, index: int, worked: bool) -> Client:
     return gw
 
 
+def start_daemon(source: Path, directory: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    directory.mkdir(exist_ok=True)
+    config = write_config(directory)
+    socket_path = directory / "bj.sock"
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "wangate", "run", "-c", os.fspath(config)],
+        env=dict(os.environ, PYTHONPATH=os.fspath(source)),
+        cwd=directory,  # with -m the current folder comes first on sys.path
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while not socket_path.exists():
+        if time.monotonic() > deadline or daemon.poll() is not None:
+            daemon.kill()
+            raise RuntimeError(f"the daemon from {source} did not start")
+        time.sleep(0.1)
+    return daemon, socket_path
+
+
+def small_message_us(sources: list[Path], messages: int = 2000, rounds: int = 5) -> list[float]:
+    """Best round's microseconds per small message (send + recv) for each source."""
+    with tempfile.TemporaryDirectory(prefix="wangate-rate-") as tmp:
+        daemons = [start_daemon(src, Path(tmp) / str(i)) for i, src in enumerate(sources)]
+        try:
+            clients = [Client(path, timeout=10) for _, path in daemons]
+            best = [float("inf")] * len(sources)
+            small = np.zeros(1024, dtype=np.uint8)
+            for _ in range(rounds):
+                for index, gw in enumerate(clients):
+                    started = time.perf_counter()
+                    for step in range(messages):
+                        gw.send("bj", "small", small, step=step)
+                    for step in range(messages):
+                        gw.recv("small", source="bj", step=step, timeout=10)
+                    elapsed_us = (time.perf_counter() - started) * 1e6 / messages
+                    best[index] = min(best[index], elapsed_us)
+            for gw in clients:
+                gw.close()
+            return best
+        finally:
+            for daemon, _ in daemons:
+                daemon.terminate()
+                daemon.wait(10)
+
+
 def measure(source: Path, connections: int, worked: bool) -> tuple[int, int, int, int]:
     """RSS with none, RSS with ``connections`` idle, after they closed; VmData growth."""
     with tempfile.TemporaryDirectory(prefix="wangate-idle-") as tmp:
-        directory = Path(tmp)
-        config = write_config(directory)
-        socket_path = directory / "bj.sock"
-        env = dict(os.environ, PYTHONPATH=os.fspath(source))
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "wangate", "run", "-c", os.fspath(config)],
-            env=env,
-            cwd=directory,  # with -m the current folder comes first on sys.path
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        daemon, socket_path = start_daemon(source, Path(tmp))
         try:
-            deadline = time.monotonic() + 20
-            while not socket_path.exists():
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise RuntimeError(f"the daemon from {source} did not start")
-                time.sleep(0.1)
             for index in range(3):
                 connect(socket_path, -1 - index, worked).close()
             before = settled_rss(daemon.pid)
@@ -157,6 +191,13 @@ def main() -> None:
                 f"| {per / first:.2f} | {data_growth / args.connections / 1024:.1f} KiB |",
                 flush=True,
             )
+    print()
+    print("| gateway | 1 KiB send + recv, best of 5 rounds | ratio |")
+    print("|---|---|---|")
+    rates = small_message_us(sources)
+    for source, per_us in zip(sources, rates, strict=True):
+        name = "working tree" if source == ROOT else os.fspath(source)
+        print(f"| {name} | {per_us:.0f} µs | {per_us / rates[0]:.2f} |")
 
 
 if __name__ == "__main__":
