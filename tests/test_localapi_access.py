@@ -9,6 +9,7 @@ connections; sh also allows uid 65534.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -16,6 +17,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ import pytest
 import wangate
 from wangate.localapi.access import AccessPolicy, PeerCredentials, supplementary_groups
 from wangate.localapi.protocol import encode_header, error_reply
-from wangate.loopback import LoopbackSites
+from wangate.loopback import LoopbackSites, SiteProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,6 +107,28 @@ def run_as(uid: int, gid: int, groups: list[int], work: Callable[[], Any]) -> di
     return result
 
 
+@contextlib.contextmanager
+def stopped_until(site: SiteProcess, ready_fd: int) -> Iterator[None]:
+    """SIGSTOP the site's daemon; SIGCONT it once ``ready_fd`` is readable (or after 10 s)."""
+    assert site.process is not None
+    pid = site.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T")
+
+    def resume() -> None:
+        select.select([ready_fd], [], [], 10)
+        os.kill(pid, signal.SIGCONT)
+
+    resumer = threading.Thread(target=resume)
+    resumer.start()
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        resumer.join(15)
+        os.close(ready_fd)
+
+
 def refusal_text(path: Path) -> str:
     return (
         f"uid {NOBODY} (gid {NOBODY}, supplementary groups none) may not use the wangate "
@@ -159,12 +183,15 @@ def test_another_uid_is_refused_and_an_allowed_client_keeps_working(lab: Loopbac
         def async_client() -> None:
             asyncio.run(wangate.AsyncClient(path, timeout=5).connect())
 
+        sent_r, sent_w = os.pipe()
+
         def raw_garbage() -> str:
             # Not even a frame: had the gateway read it, the reply would be bad_magic.
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(10)
                 sock.connect(os.fspath(path))
                 sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                os.write(sent_w, b"s")
                 return read_until_closed(sock).hex()
 
         expected = {
@@ -175,7 +202,12 @@ def test_another_uid_is_refused_and_an_allowed_client_keeps_working(lab: Loopbac
         assert run_as(NOBODY, NOBODY, [], sync_client) == expected
         assert run_as(NOBODY, NOBODY, [], async_client) == expected
         reply = encode_header(error_reply(None, "access_denied", refusal_text(path)))
-        assert run_as(NOBODY, NOBODY, [], raw_garbage) == {"result": reply.hex()}
+        # The daemon is stopped until the garbage is queued on the connection, so the
+        # gateway's check surely comes after bytes were there to read.
+        with stopped_until(lab["bj"], sent_r):
+            outcome = run_as(NOBODY, NOBODY, [], raw_garbage)
+        os.close(sent_w)
+        assert outcome == {"result": reply.hex()}
         # the allowed connection, open all along, is still served, and so are new ones
         allowed.ping()
         assert round_trip(allowed, "bj", "after-refusal") == [0, 13, 26, 39, 52, 65]

@@ -242,8 +242,9 @@ class _Connection:
     def _on_readable(self) -> None:
         budget = EAGER_READ_BYTES  # then the loop turns: one client cannot hold it
         while self.listening and budget > 0:
+            target = self.assembler.writable()
             try:
-                received = self.sock.recv_into(self.assembler.writable())
+                received = self.sock.recv_into(target)
             except (BlockingIOError, InterruptedError):
                 self.assembler.release_idle()  # an idle connection holds no buffer
                 return
@@ -253,6 +254,8 @@ class _Connection:
             if received == 0:  # the client closed, between frames or in one
                 self._finish()
                 return
+            drained = received < len(target)  # nothing more queued: skip the EAGAIN read
+            del target
             self.assembler.wrote(received)
             budget -= received
             try:
@@ -261,6 +264,8 @@ class _Connection:
                 log.exception("local API connection failed; closing it")
                 self._finish()
                 return
+            if drained:
+                return  # the readiness callback runs again when more arrives
 
     def _advance(self) -> None:
         """Act on every complete frame; stops while a request waits for room."""
