@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
 import select
 import shutil
 import signal
@@ -218,6 +219,15 @@ def test_another_uid_is_refused_and_an_allowed_client_keeps_working(lab: Loopbac
     log = lab["bj"].log_path
     wait_for(lambda: "refused a local connection (access_denied)" in log.read_text())
     assert f"uid {NOBODY} (gid {NOBODY}" in log.read_text()
+    # each daemon says at start whom it admits
+    assert f"local API at {path} admits uids 0 (root) and members of gids 0 (root)\n" in (
+        log.read_text()
+    )
+    nobody = pwd.getpwuid(NOBODY).pw_name
+    assert (
+        f"local API at {lab['sh'].socket_path} admits uids 0 (root), {NOBODY} ({nobody}) "
+        "and members of gids 0 (root)\n"
+    ) in lab["sh"].log_path.read_text()
 
 
 def test_membership_of_the_socket_group_admits_another_uid(lab: LoopbackSites) -> None:

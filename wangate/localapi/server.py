@@ -182,6 +182,12 @@ class LocalApiServer:
         self.refused_connections += 1
         now = time.monotonic()
         if now - self._refusal_logged.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
+            if len(self._refusal_logged) >= 1024:  # many uids: forget the old ones
+                self._refusal_logged = {
+                    k: t
+                    for k, t in self._refusal_logged.items()
+                    if now - t < REFUSAL_LOG_INTERVAL_S
+                }
             self._refusal_logged[key] = now
             log.warning("refused a local connection (%s): %s", code, message)
         try:
