@@ -194,7 +194,20 @@ def test_a_working_gateway_is_unaffected_by_the_timeout(tmp_path: Path) -> None:
         assert asyncio.run(use()) == "bj"
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_an_infinite_or_huge_timeout_means_no_bound(tmp_path: Path) -> None:
+    with GatewayThread(tmp_path / "gw.sock") as gateway:
+        for timeout in (float("inf"), 1e30, None):
+            with wangate.Client(gateway.path, timeout=timeout) as gw:
+                gw.ping()
+
+            async def use(limit: float | None = timeout) -> str:
+                async with wangate.AsyncClient(gateway.path, timeout=limit) as gw:
+                    return gw.site
+
+            assert asyncio.run(use()) == "bj"
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("-inf")])
 def test_a_timeout_must_be_positive(tmp_path: Path, bad: float) -> None:
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         wangate.Client(tmp_path / "x.sock", timeout=bad)

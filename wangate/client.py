@@ -55,6 +55,7 @@ SOCKET_ENV = "WANGATE_SOCKET"
 # Bounds connecting and the hello exchange (not later calls): a gateway that accepts
 # and never answers must not hang the trainer.
 CONNECT_TIMEOUT_S = 30.0
+NO_BOUND_S = 1e9  # a timeout this long (or infinite) is no timeout: time_t limits
 
 Reply = tuple[dict[str, Any], memoryview]
 T = TypeVar("T")
@@ -123,9 +124,11 @@ async def _connect_unix(sock: socket.socket, path: str) -> None:
             delay_s = min(2 * delay_s, 0.05)
 
 
-def _check_timeout(timeout: float | None) -> None:
+def _checked_timeout(timeout: float | None) -> float | None:
+    """``timeout`` if positive; infinity (or decades) means no bound (None)."""
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+    return None if timeout is not None and timeout >= NO_BOUND_S else timeout
 
 
 def _lost(path: str, why: object) -> GatewayUnavailable:
@@ -243,7 +246,7 @@ class Client:
     ) -> None:
         """Connect and say hello, within ``timeout`` seconds in all (None: no bound);
         ``GatewayUnavailable`` says what timed out. Later calls have their own bounds."""
-        _check_timeout(timeout)
+        timeout = _checked_timeout(timeout)
         self._session = _Session(_socket_path(path))
         self._lock = threading.Lock()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -418,9 +421,8 @@ class AsyncClient:
         timeout: float | None = CONNECT_TIMEOUT_S,
     ) -> None:
         """``timeout`` bounds ``connect()``: connecting and the hello exchange, in all."""
-        _check_timeout(timeout)
         self._session = _Session(_socket_path(path))
-        self._timeout_s = timeout
+        self._timeout_s = _checked_timeout(timeout)
         self._sock: socket.socket | None = None
         self._reader: AsyncFrameReader | None = None
         self._reader_task: asyncio.Task[None] | None = None
