@@ -604,7 +604,8 @@ def test_unknown_key_lists_the_allowed_ones(conf_dir: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_text(conf_dir, edited(VALID, 'socket_mode = "0640"', "sockt = 1"))
     assert str(info.value) == (
-        "conf/bj.toml: site.sockt: unknown key (site takes: listen, name, socket, socket_mode)"
+        "conf/bj.toml: site.sockt: unknown key (site takes: allow_gids, allow_uids, listen, name, "
+        "socket, socket_mode)"
     )
 
 

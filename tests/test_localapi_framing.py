@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wangate.localapi.framing import EAGER_READ_BYTES, AsyncFrameReader, FrameAssembler
+from wangate.localapi.framing import (
+    EAGER_READ_BYTES,
+    STAGING_BYTES,
+    AsyncFrameReader,
+    FrameAssembler,
+)
 from wangate.localapi.protocol import FrameError, SendRequest, decode_request, encode_request
 
 
@@ -175,3 +180,54 @@ def test_assembler_refuses_a_bad_prefix_and_an_oversized_payload() -> None:
     with pytest.raises(FrameError) as large:
         assembler.next_head()
     assert large.value.code == "too_large"
+
+
+def feed(assembler: FrameAssembler, data: bytes) -> None:
+    """Hand ``data`` to the assembler the way a socket would, one writable() at a time."""
+    while data:
+        target = assembler.writable()
+        size = min(len(target), len(data))
+        target[:size] = data[:size]
+        assembler.wrote(size)
+        data = data[size:]
+
+
+def test_an_idle_assembler_keeps_no_staging_buffer() -> None:
+    assembler = FrameAssembler(1 << 20)
+    staging = assembler._staging
+    assert staging.capacity == 0  # before anything arrived
+    request = SendRequest(3, "sh", "layer0", 1, False, b"m", 0, None)
+    feed(assembler, encode_request(request, 4))
+    assert staging.capacity == STAGING_BYTES  # holding the head
+    head = assembler.next_head()
+    assert head is not None and decode_request(head[1], 4) == request
+    assert staging.capacity == 0  # consumed: dropped
+    # a receive that finds nothing leaves nothing behind either
+    assembler.writable()
+    assert staging.capacity == STAGING_BYTES
+    assembler.release_idle()
+    assert staging.capacity == 0
+    # the payload goes to its own buffer; the staging area is not kept for it
+    assembler.expect_payload(4)
+    feed(assembler, b"abcd")
+    assert bytes(assembler.take_payload() or b"") == b"abcd"
+    assert staging.capacity == 0 and assembler.between_frames
+
+
+def test_a_head_larger_than_the_staging_area_grows_it_and_is_read_whole() -> None:
+    assembler = FrameAssembler(1 << 20)
+    big_tag = "t" * 200
+    meta = bytes(range(256)) * 200  # a 51 200-byte header, over STAGING_BYTES
+    request = SendRequest(9, "sh", big_tag, 2, True, meta, 5, 1.5)
+    raw = encode_request(request, 0)
+    assert len(raw) > STAGING_BYTES
+    second = encode_request(SendRequest(10, "sh", "x", 0, False, b"", 0, None), 0)
+    feed(assembler, raw[:100])
+    assert assembler.next_head() is None
+    feed(assembler, raw[100:] + second)
+    assert assembler._staging.capacity == 4 * STAGING_BYTES  # doubled twice, no more
+    head = assembler.next_head()
+    assert head is not None and decode_request(head[1], 0) == request
+    head = assembler.next_head()
+    assert head is not None and decode_request(head[1], 0).request_id == 10
+    assert assembler._staging.capacity == 0

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wangate.errors import LocalProtocolError
+from wangate.localapi.access import AccessPolicy, PeerCredentials, connection_cap_refusal
 from wangate.localapi.protocol import (
     MAX_HEADER_BYTES,
     FrameError,
@@ -325,7 +326,48 @@ REPLY_VECTORS = {
         ),
         b"",
     ),
+    "access_denied_reply": (
+        error_reply(
+            None,
+            "access_denied",
+            AccessPolicy(
+                frozenset({0, 998}),
+                frozenset({997}),
+                "uids 0 (root), 998 (wangate) and members of gids 997 (wangate)",
+            ).refusal(PeerCredentials(4711, 1000, 1000, (27, 100)), "/run/wangate/wangate.sock"),
+        ),
+        b"",
+    ),
+    "too_many_connections_reply": (
+        error_reply(
+            None,
+            "too_many_connections",
+            connection_cap_refusal("/run/wangate/wangate.sock", 1024),
+        ),
+        b"",
+    ),
 }
+
+
+def test_refusal_vectors_say_who_is_refused_and_what_to_change() -> None:
+    frame = split_frame(load_vector("access_denied_reply"), LIMIT)
+    assert frame is not None
+    assert decode_reply(frame.header) == {
+        "ok": False,
+        "id": None,
+        "code": "access_denied",
+        "error": "uid 1000 (gid 1000, supplementary groups 27, 100) may not use the wangate "
+        "gateway at /run/wangate/wangate.sock: it admits uids 0 (root), 998 (wangate) and "
+        "members of gids 997 (wangate). Run as one of those, join one of those groups, or "
+        "add the uid to [site] allow_uids (or a group to allow_gids) in the gateway's config",
+    }
+    frame = split_frame(load_vector("too_many_connections_reply"), LIMIT)
+    assert frame is not None
+    assert decode_reply(frame.header)["error"] == (
+        "the wangate gateway at /run/wangate/wangate.sock already serves 1024 local "
+        "connections, its limit ([limits] max_local_connections): close idle clients or "
+        "raise the limit"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(REQUEST_VECTORS))

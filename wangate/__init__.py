@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 from wangate.client import AsyncClient, Client
 from wangate.errors import (
+    AccessDenied,
     AuthenticationError,
     ChecksumError,
     CodecError,
@@ -23,10 +24,12 @@ from wangate.errors import (
     PeerUnreachable,
     RecvTimeout,
     RemoteProtocolError,
+    TooManyConnections,
     WangateError,
 )
 
 __all__ = [
+    "AccessDenied",
     "AsyncClient",
     "AuthenticationError",
     "ChecksumError",
@@ -42,6 +45,7 @@ __all__ = [
     "PeerUnreachable",
     "RecvTimeout",
     "RemoteProtocolError",
+    "TooManyConnections",
     "WangateError",
     "__version__",
 ]

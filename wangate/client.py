@@ -13,7 +13,9 @@ import contextlib
 import errno
 import os
 import socket
+import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from itertools import count
@@ -23,6 +25,7 @@ import numpy as np
 
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
 from wangate.errors import (
+    AccessDenied,
     DeadlineExceeded,
     GatewayError,
     GatewayUnavailable,
@@ -30,6 +33,7 @@ from wangate.errors import (
     MessageFailed,
     PeerUnreachable,
     RecvTimeout,
+    TooManyConnections,
 )
 from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, SyncFrameReader
 from wangate.localapi.protocol import (
@@ -52,6 +56,10 @@ from wangate.service import Buffer
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
 SOCKET_ENV = "WANGATE_SOCKET"
+# Bounds connecting and the hello exchange (not later calls): a gateway that accepts
+# and never answers must not hang the trainer.
+CONNECT_TIMEOUT_S = 30.0
+NO_BOUND_S = 1e9  # a timeout this long (or infinite) is no timeout: time_t limits
 
 Reply = tuple[dict[str, Any], memoryview]
 T = TypeVar("T")
@@ -71,6 +79,60 @@ def _unavailable(path: str, exc: OSError) -> GatewayUnavailable:
     }
     reason = reasons.get(exc.errno or 0, exc.strerror or str(exc))
     return GatewayUnavailable(f"cannot reach wangate at {path}: {reason}", code="unavailable")
+
+
+def _timed_out(path: str, stage: str, timeout_s: float) -> GatewayUnavailable:
+    if stage == "connect":
+        what = (
+            f"connecting to wangate at {path} timed out after {timeout_s:g} s "
+            "(its backlog is full: the daemon is not accepting connections)"
+        )
+    else:
+        what = (
+            f"wangate at {path} did not answer hello within {timeout_s:g} s "
+            "(the daemon is stuck or overloaded, or something else listens there)"
+        )
+    return GatewayUnavailable(what, code="connect_timeout")
+
+
+# Replies the gateway sends instead of answering hello, just before it closes.
+_REFUSALS: dict[str, type[GatewayUnavailable]] = {
+    "access_denied": AccessDenied,
+    "too_many_connections": TooManyConnections,
+}
+
+
+def _raise_for_hello(reply: dict[str, Any]) -> None:
+    refusal = _REFUSALS.get(reply.get("code", ""))
+    if refusal is not None and not reply["ok"]:
+        raise refusal(f"{reply['error']} [{reply['code']}]", code=reply["code"])
+    _raise_for(reply)
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("ll", whole, int((seconds - whole) * 1e6))
+
+
+async def _connect_unix(sock: socket.socket, path: str) -> None:
+    """``loop.sock_connect`` for a Unix socket: while the listener's backlog is full a
+    non-blocking connect fails with EAGAIN (it does not go on in the background, and
+    no readiness event says when to retry), so retry, backing off up to 50 ms."""
+    delay_s = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            await asyncio.sleep(delay_s)
+            delay_s = min(2 * delay_s, 0.05)
+
+
+def _checked_timeout(timeout: float | None) -> float | None:
+    """``timeout`` if positive; infinity (or decades) means no bound (None)."""
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, not {timeout!r}")
+    return None if timeout is not None and timeout >= NO_BOUND_S else timeout
 
 
 def _lost(path: str, why: object) -> GatewayUnavailable:
@@ -190,23 +252,66 @@ class Client:
     """Blocking client. Calls are serialised by a lock, so a thread blocked in ``recv``
     holds up the others: use one ``Client`` per thread, or ``AsyncClient``."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = CONNECT_TIMEOUT_S,
+    ) -> None:
+        """Connect and say hello, within ``timeout`` seconds in all (None: no bound);
+        ``GatewayUnavailable`` says what timed out. Later calls have their own bounds."""
+        timeout = _checked_timeout(timeout)
         self._session = _Session(_socket_path(path))
         self._lock = threading.Lock()
+        deadline = None if timeout is None else time.monotonic() + timeout
         sock = _unix_socket()
+        if timeout is not None:
+            # A Unix socket's connect waits (while the listener's backlog is full) for
+            # at most SO_SNDTIMEO, then fails with EAGAIN; settimeout() would not wait.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout))
         try:
             sock.connect(self._session.path)
+        except BlockingIOError:
+            sock.close()
+            assert timeout is not None
+            raise _timed_out(self._session.path, "connect", timeout) from None
         except OSError as exc:
             sock.close()
             raise _unavailable(self._session.path, exc) from None
+        if timeout is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0))
         self._sock: socket.socket | None = sock
         self._reader = SyncFrameReader(sock, 0)
         try:
-            self._session.accept_hello(self._call(HelloRequest)[0])
+            self._session.accept_hello(self._hello(deadline, timeout))
         except BaseException:
             self.close()
             raise
         self._reader.max_payload_bytes = self._session.max_message_bytes
+
+    def _hello(self, deadline: float | None, timeout: float | None) -> dict[str, Any]:
+        sock = self._sock
+        assert sock is not None
+        path = self._session.path
+        self._reader.deadline = deadline
+        try:
+            if deadline is not None:
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                # if the gateway refused us at once, its reason is waiting to be read
+                sock.sendall(encode_request(HelloRequest(self._session.next_id())))
+            reply, _ = self._read_reply()
+        except TimeoutError:
+            assert timeout is not None
+            raise _timed_out(path, "hello", timeout) from None
+        except (OSError, ConnectionClosed) as exc:
+            raise _lost(path, exc) from None
+        self._reader.deadline = None
+        sock.settimeout(None)
+        if reply["id"] is None:
+            self.close()  # a refusal: the gateway closes the connection
+        _raise_for_hello(reply)
+        return reply
 
     @property
     def site(self) -> str:
@@ -329,8 +434,15 @@ class Client:
 class AsyncClient:
     """asyncio client; calls may run concurrently on one connection."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float | None = CONNECT_TIMEOUT_S,
+    ) -> None:
+        """``timeout`` bounds ``connect()``: connecting and the hello exchange, in all."""
         self._session = _Session(_socket_path(path))
+        self._timeout_s = _checked_timeout(timeout)
         self._sock: socket.socket | None = None
         self._reader: AsyncFrameReader | None = None
         self._reader_task: asyncio.Task[None] | None = None
@@ -347,23 +459,48 @@ class AsyncClient:
         return self._session.settings
 
     async def connect(self) -> None:
-        loop = asyncio.get_running_loop()
         sock = _unix_socket()
         sock.setblocking(False)
+        stage = "connect"
         try:
-            await loop.sock_connect(sock, self._session.path)
-        except OSError as exc:
+            async with asyncio.timeout(self._timeout_s):
+                try:
+                    await _connect_unix(sock, self._session.path)
+                except OSError as exc:
+                    sock.close()
+                    raise _unavailable(self._session.path, exc) from None
+                self._sock = sock
+                self._reader = AsyncFrameReader(sock, 0)
+                self._reader_task = asyncio.create_task(self._read_loop())
+                stage = "hello"
+                self._session.accept_hello(await self._hello())
+        except TimeoutError:
+            await self.close()
             sock.close()
-            raise _unavailable(self._session.path, exc) from None
-        self._sock = sock
-        self._reader = AsyncFrameReader(sock, 0)
-        self._reader_task = asyncio.create_task(self._read_loop())
-        try:
-            self._session.accept_hello((await self._call(HelloRequest))[0])
+            assert self._timeout_s is not None
+            raise _timed_out(self._session.path, stage, self._timeout_s) from None
         except BaseException:
             await self.close()
             raise
         self._reader.max_payload_bytes = self._session.max_message_bytes
+
+    async def _hello(self) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        rid = self._session.next_id()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending[rid] = future
+        try:
+            try:
+                await loop.sock_sendall(self._sock, encode_request(HelloRequest(rid)))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused at once: the read loop reads the gateway's reason
+            except OSError as exc:
+                raise _lost(self._session.path, exc) from None
+            reply, _ = await future
+        finally:
+            self._pending.pop(rid, None)
+        return reply
 
     async def send(
         self,
@@ -469,8 +606,8 @@ class AsyncClient:
                 prefix, header = head
                 reply = decode_reply(header)
                 payload = await self._reader.read_payload(prefix.payload_bytes)
-                if reply["id"] is None:  # a frame the gateway could not attribute
-                    _raise_for(reply)
+                if reply["id"] is None:  # a refusal, or a frame it could not attribute
+                    _raise_for_hello(reply)
                 future = self._pending.pop(reply["id"], None)
                 if future is not None and not future.done():
                     future.set_result((reply, payload))

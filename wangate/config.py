@@ -8,9 +8,11 @@ Relative file paths resolve against the folder of the configuration file.
 
 from __future__ import annotations
 
+import grp
 import ipaddress
 import logging
 import os
+import pwd
 import re
 import stat
 import tomllib
@@ -73,6 +75,10 @@ class SiteConfig:
     socket: Path
     listen: tuple[tuple[str, int], ...]
     socket_mode: int = 0o660
+    # local API access (wangate.localapi.access): None = the default, which for
+    # allow_gids is the socket file's group; the daemon's user and root always pass
+    allow_uids: tuple[int, ...] | None = None
+    allow_gids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,8 @@ class LimitsConfig:
     # silent this long, a peer is unreachable: sends to it and recvs only it could
     # satisfy fail at once (proto/delivery.md)
     peer_dead_s: int = 5
+
+    max_local_connections: int = 1024  # trainer connections at once; more are refused
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,17 @@ def parse_config(text: str, path: Path) -> Config:
 
 
 _SOCKET_MODE_STRING = re.compile(r"0?[0-7]{3}|0o[0-7]{3}")
+MAX_ID = 2**32 - 2  # uid_t / gid_t; (uid_t)-1 means "no id"
+MAX_LOCAL_CONNECTIONS = 1 << 20
+_ID_KIND = {"site.allow_uids": "user", "site.allow_gids": "group"}
+
+
+def _uid_of(name: str) -> int:
+    return pwd.getpwnam(name).pw_uid
+
+
+def _gid_of(name: str) -> int:
+    return grp.getgrnam(name).gr_gid
 
 
 def _type_name(value: object) -> str:
@@ -340,7 +359,8 @@ class _Parser:
         return FecConfig(enabled, k, low, high, critical)
 
     def site(self, value: object) -> SiteConfig:
-        table = self.table(value, "site", {"name", "socket"}, {"listen", "socket_mode"})
+        optional = {"listen", "socket_mode", "allow_uids", "allow_gids"}
+        table = self.table(value, "site", {"name", "socket"}, optional)
         listen: list[tuple[str, int]] = []
         for index, item in enumerate(self.array(table.get("listen", []), "site.listen")):
             key = f"site.listen[{index}]"
@@ -353,7 +373,33 @@ class _Parser:
             socket=self.file_path(table["socket"], "site.socket"),
             listen=tuple(listen),
             socket_mode=self.socket_mode(table.get("socket_mode", 0o660)),
+            allow_uids=self.ids(table.get("allow_uids"), "site.allow_uids", _uid_of),
+            allow_gids=self.ids(table.get("allow_gids"), "site.allow_gids", _gid_of),
         )
+
+    def ids(self, value: object, key: str, by_name: Callable[[str], int]) -> tuple[int, ...] | None:
+        """Numeric ids, or names looked up on this machine (``by_name``)."""
+        if value is None:
+            return None
+        ids: list[int] = []
+        for index, item in enumerate(self.array(value, key)):
+            item_key = f"{key}[{index}]"
+            if isinstance(item, str):
+                try:
+                    number = by_name(self.string(item, item_key))
+                except KeyError:
+                    raise self.error(item_key, f"no such {_ID_KIND[key]} {item!r}") from None
+            elif isinstance(item, int) and not isinstance(item, bool):
+                number = self.integer(item, item_key, 0, MAX_ID)
+            else:
+                raise self.error(
+                    item_key,
+                    f"expected a numeric id or a {_ID_KIND[key]} name, "
+                    f"got {_type_name(item)} {item!r}",
+                )
+            if number not in ids:
+                ids.append(number)
+        return tuple(ids)
 
     def socket_mode(self, value: object) -> int:
         key = "site.socket_mode"
@@ -503,8 +549,12 @@ class _Parser:
             "peer_inbox_bytes",
             "partial_message_idle_s",
             "peer_dead_s",
+            "max_local_connections",
         }
         table = self.table(value, "limits", set(), names)
+        if "max_local_connections" in table:
+            key = "limits.max_local_connections"
+            self.integer(table["max_local_connections"], key, 1, MAX_LOCAL_CONNECTIONS)
         limits = LimitsConfig(
             **{name: self.integer(table[name], f"limits.{name}", 1) for name in sorted(table)}
         )

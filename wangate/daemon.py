@@ -202,6 +202,9 @@ class Gateway(LinkHost):
             client_budget_bytes=self.config.limits.client_budget_bytes,
             socket_mode=self.config.site.socket_mode,
             listener=inherited_unix_listener(self.config.site.socket),
+            allow_uids=self.config.site.allow_uids,
+            allow_gids=self.config.site.allow_gids,
+            max_connections=self.config.limits.max_local_connections,
         )
         try:
             await self._local_api.start()

@@ -77,3 +77,12 @@ class MessageFailed(GatewayError):
 
     def __init__(self, message: str, code: str = "message_failed") -> None:
         super().__init__(message, code)
+
+
+class AccessDenied(GatewayUnavailable):
+    """The gateway refused this process's connection: its user and groups are not allowed
+    (``[site] allow_uids`` / ``allow_gids``)."""
+
+
+class TooManyConnections(GatewayUnavailable):
+    """The gateway already serves ``[limits] max_local_connections`` local connections."""

@@ -3,7 +3,9 @@
 ``ReadBuffer`` is a small staging area for prefixes and headers. The
 payload goes straight from the socket into one buffer of exactly the declared size
 (``numpy.empty``: no zero-fill), after the prefix was checked against the limit;
-only the few bytes that arrived together with the header are copied across.
+only the few bytes that arrived together with the header are copied across. The
+staging area exists only while it holds bytes: an idle connection keeps no buffer
+(a gateway may hold a thousand idle trainer connections).
 ``FrameAssembler`` holds that logic without any I/O; ``SyncFrameReader`` (blocking
 socket) and ``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``) are thin
 drivers of it, and the gateway's local API server drives it from readiness callbacks.
@@ -13,13 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Any
 
 import numpy as np
 
 from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
 
-STAGING_BYTES = 256 * 1024
+# Allocated when bytes arrive and dropped once they are consumed; it grows (doubling)
+# only while one frame's prefix and header do not fit, so at most about twice
+# PREFIX_BYTES + MAX_HEADER_BYTES.
+STAGING_BYTES = 16 * 1024
 SKIP_CHUNK_BYTES = 1024 * 1024
 EAGER_READ_BYTES = 1024 * 1024
 
@@ -34,50 +40,74 @@ def new_payload_buffer(size_bytes: int) -> memoryview:
 
 
 class ReadBuffer:
-    """Bytes received but not yet consumed, in one fixed staging area."""
+    """Bytes received but not yet consumed, in a staging area that exists only while
+    it holds any."""
 
     def __init__(self, size_bytes: int = STAGING_BYTES) -> None:
-        self._buf = bytearray(size_bytes)
-        self._view = memoryview(self._buf)
+        self._initial_bytes = size_bytes
+        self._buf: bytearray | None = None
         self._start = 0
         self._end = 0
 
     def __len__(self) -> int:
         return self._end - self._start
 
+    @property
+    def capacity(self) -> int:
+        """Bytes allocated now (0 while empty)."""
+        return 0 if self._buf is None else len(self._buf)
+
     def writable(self) -> memoryview:
-        """Where the next receive should land (compacting first when needed)."""
-        if self._start == self._end:
+        """Where the next receive should land (compacting or growing first when needed)."""
+        if self._buf is None:
+            self._buf = bytearray(self._initial_bytes)
             self._start = self._end = 0
         elif self._end == len(self._buf):
             size = self._end - self._start
-            self._buf[:size] = self._buf[self._start : self._end]
+            if size == len(self._buf):  # full of one incomplete head: make room for it
+                grown = bytearray(2 * size)
+                grown[:size] = self._buf
+                self._buf = grown
+            else:
+                self._buf[:size] = self._buf[self._start : self._end]
             self._start, self._end = 0, size
-        return self._view[self._end :]
+        return memoryview(self._buf)[self._end :]
 
     def wrote(self, size_bytes: int) -> None:
         self._end += size_bytes
 
     def take(self, size_bytes: int) -> bytes | None:
         """Consume ``size_bytes`` if that many are buffered."""
-        if self._end - self._start < size_bytes:
+        if self._buf is None or self._end - self._start < size_bytes:
             return None
-        data = bytes(self._view[self._start : self._start + size_bytes])
-        self._start += size_bytes
+        data = bytes(self._buf[self._start : self._start + size_bytes])
+        self._consumed(size_bytes)
         return data
 
     def drain_into(self, target: memoryview) -> int:
         """Move buffered bytes into ``target``; returns how many."""
+        if self._buf is None:
+            return 0
         size = min(len(target), self._end - self._start)
-        target[:size] = self._view[self._start : self._start + size]
-        self._start += size
+        target[:size] = memoryview(self._buf)[self._start : self._start + size]
+        self._consumed(size)
         return size
 
     def discard(self, size_bytes: int) -> int:
         """Drop up to ``size_bytes`` buffered bytes; returns how many."""
         size = min(size_bytes, self._end - self._start)
-        self._start += size
+        self._consumed(size)
         return size
+
+    def release(self) -> None:
+        """Drop the staging area if it holds nothing (e.g. after a receive found no data)."""
+        if self._start == self._end:
+            self._buf = None
+
+    def _consumed(self, size_bytes: int) -> None:
+        self._start += size_bytes
+        if self._start == self._end:
+            self._buf = None  # idle: keep nothing
 
 
 class FrameAssembler:
@@ -108,6 +138,10 @@ class FrameAssembler:
             and len(self._staging) == 0
         )
 
+    def release_idle(self) -> None:
+        """Keep no buffer while nothing is staged: call when a receive found no data."""
+        self._staging.release()
+
     def writable(self) -> memoryview:
         if self._payload is not None:
             return self._payload[self._filled :]
@@ -122,6 +156,8 @@ class FrameAssembler:
             self._filled += size_bytes
         elif self._skip_bytes:
             self._skip_bytes -= size_bytes
+            if not self._skip_bytes:
+                self._scratch = None
         else:
             self._staging.wrote(size_bytes)
 
@@ -171,9 +207,21 @@ class _FrameReader:
 
 
 class SyncFrameReader(_FrameReader):
-    """``FrameAssembler`` over a blocking socket."""
+    """``FrameAssembler`` over a blocking socket.
+
+    With ``deadline`` (a ``time.monotonic()`` value) set, every receive waits only
+    until then and raises ``TimeoutError`` after: a bound on the whole read, however
+    the bytes trickle in.
+    """
+
+    deadline: float | None = None
 
     def _receive(self) -> int:
+        if self.deadline is not None:
+            remaining_s = self.deadline - time.monotonic()
+            if remaining_s <= 0:
+                raise TimeoutError("timed out")
+            self._sock.settimeout(remaining_s)
         received = self._sock.recv_into(self._frames.writable())
         self._frames.wrote(received)
         return received

@@ -6,6 +6,12 @@ runs in its own task, so one connection may pipeline (a waiting ``recv`` does no
 up a ``send``). Replies carry the request's id and go out as their requests complete,
 one whole frame at a time.
 
+Before anything is read from a new connection, the kernel's record of the connecting
+process (``SO_PEERCRED``) is checked against the access policy (``access.py``) and the
+connection count against ``max_connections``: a refused client gets one error reply
+(``access_denied`` or ``too_many_connections``, request id nil) and the connection is
+closed. An idle connection holds no read buffer.
+
 Limits, checked before anything is allocated: a payload larger than
 ``max_message_bytes`` closes the connection (after an error reply: skipping that many
 bytes is not worth it); a request whose payload alone exceeds the connection's
@@ -22,14 +28,22 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import socket
 import stat
-from collections.abc import Coroutine
+import time
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 from wangate import __version__
 from wangate.errors import GatewayError
+from wangate.localapi.access import (
+    AccessPolicy,
+    PeerCredentials,
+    connection_cap_refusal,
+    peer_credentials,
+)
 from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler
 from wangate.localapi.protocol import (
     VERSION,
@@ -54,6 +68,9 @@ log = logging.getLogger("wangate.localapi")
 
 SOCKET_MODE = 0o660
 MAX_REQUESTS_IN_FLIGHT = 64  # per connection
+MAX_CONNECTIONS = 1024  # [limits] max_local_connections
+FILE_DESCRIPTOR_MARGIN = 256  # beyond the local connections: UDP sockets, files, logs
+REFUSAL_LOG_INTERVAL_S = 60.0  # one warning per refused uid (or for the cap) per interval
 
 
 class LocalApiServer:
@@ -66,6 +83,9 @@ class LocalApiServer:
         client_budget_bytes: int,
         socket_mode: int = SOCKET_MODE,
         listener: socket.socket | None = None,
+        allow_uids: Sequence[int] | None = None,
+        allow_gids: Sequence[int] | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.service = service
         # a listening socket inherited from systemd (wangate.socket): its file is not ours
@@ -74,6 +94,12 @@ class LocalApiServer:
         self.max_message_bytes = max_message_bytes
         self.client_budget_bytes = client_budget_bytes
         self.socket_mode = socket_mode
+        self.allow_uids = allow_uids
+        self.allow_gids = allow_gids  # None: the socket file's group
+        self.max_connections = max_connections
+        self.policy: AccessPolicy | None = None  # set by start()
+        self.refused_connections = 0
+        self._refusal_logged: dict[object, float] = {}
         self._listener: socket.socket | None = None
         self._socket_inode: int | None = None
         self._accept_task: asyncio.Task[None] | None = None
@@ -86,9 +112,16 @@ class LocalApiServer:
     async def start(self) -> None:
         if self._inherited is not None:
             self._listener = self._inherited
+            socket_stat = os.stat(self.socket_path)
         else:
             self._listener = bind_unix_socket(self.socket_path, self.socket_mode)
-            self._socket_inode = os.stat(self.socket_path).st_ino
+            socket_stat = os.stat(self.socket_path)
+            self._socket_inode = socket_stat.st_ino
+        self.policy = AccessPolicy.build(
+            self.allow_uids, self.allow_gids, socket_gid=socket_stat.st_gid
+        )
+        log.info("local API at %s admits %s", self.socket_path, self.policy.description)
+        _ensure_file_limit(self.max_connections + FILE_DESCRIPTOR_MARGIN)
         self._accept_task = asyncio.create_task(self._accept_loop())
 
     async def close(self) -> None:
@@ -128,9 +161,52 @@ class LocalApiServer:
                 await asyncio.sleep(0.1)
                 continue
             sock.setblocking(False)
-            task = asyncio.create_task(_Connection(self, sock).run())
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            if self._admit(sock):
+                task = asyncio.create_task(_Connection(self, sock).run())
+                self._connections.add(task)
+                task.add_done_callback(self._connections.discard)
+
+    def _admit(self, sock: socket.socket) -> bool:
+        """Check a new connection before reading anything from it; refuse it with a
+        reply the client can act on, and close it, when it may not stay."""
+        assert self.policy is not None
+        path = os.fspath(self.socket_path)
+        try:
+            peer = peer_credentials(sock)
+        except OSError as exc:
+            log.warning("cannot read the credentials of a local connection: %s", exc)
+            sock.close()
+            return False
+        refused: PeerCredentials | None = self.policy.check(peer)
+        if refused is not None:
+            message = self.policy.refusal(refused, path)
+            self._refuse(sock, "access_denied", message, key=("uid", refused.uid))
+            return False
+        if len(self._connections) >= self.max_connections:
+            message = connection_cap_refusal(path, self.max_connections)
+            self._refuse(sock, "too_many_connections", message, key="cap")
+            return False
+        return True
+
+    def _refuse(self, sock: socket.socket, code: str, message: str, *, key: object) -> None:
+        self.refused_connections += 1
+        now = time.monotonic()
+        if now - self._refusal_logged.get(key, -REFUSAL_LOG_INTERVAL_S) >= REFUSAL_LOG_INTERVAL_S:
+            if len(self._refusal_logged) >= 1024:  # many uids: forget the old ones
+                self._refusal_logged = {
+                    k: t
+                    for k, t in self._refusal_logged.items()
+                    if now - t < REFUSAL_LOG_INTERVAL_S
+                }
+            self._refusal_logged[key] = now
+            log.warning("refused a local connection (%s): %s", code, message)
+        try:
+            # A fresh socket's send buffer takes this small frame whole, without waiting.
+            sock.send(encode_header(error_reply(None, code, message)))
+        except OSError:
+            pass  # the client is gone already
+        finally:
+            sock.close()
 
 
 class _Connection:
@@ -182,9 +258,11 @@ class _Connection:
     def _on_readable(self) -> None:
         budget = EAGER_READ_BYTES  # then the loop turns: one client cannot hold it
         while self.listening and budget > 0:
+            target = self.assembler.writable()
             try:
-                received = self.sock.recv_into(self.assembler.writable())
+                received = self.sock.recv_into(target)
             except (BlockingIOError, InterruptedError):
+                self.assembler.release_idle()  # an idle connection holds no buffer
                 return
             except OSError:
                 self._finish()
@@ -192,6 +270,8 @@ class _Connection:
             if received == 0:  # the client closed, between frames or in one
                 self._finish()
                 return
+            drained = received < len(target)  # nothing more queued: skip the EAGAIN read
+            del target
             self.assembler.wrote(received)
             budget -= received
             try:
@@ -200,6 +280,8 @@ class _Connection:
                 log.exception("local API connection failed; closing it")
                 self._finish()
                 return
+            if drained:
+                return  # the readiness callback runs again when more arrives
 
     def _advance(self) -> None:
         """Act on every complete frame; stops while a request waits for room."""
@@ -398,6 +480,27 @@ def _submission(request: SendRequest, payload: Buffer) -> Submission:
         checksum=request.checksum,
         deadline_s=request.deadline_s,
     )
+
+
+def _ensure_file_limit(needed: int) -> None:
+    """Raise the soft RLIMIT_NOFILE to ``needed`` if the hard limit allows: the
+    connection cap, not EMFILE, should be what turns trainers away."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        target = soft
+        log.warning("cannot raise the open-file limit to %d: %s", needed, exc)
+    if target < needed:
+        log.warning(
+            "the open-file limit (%d) is below what max_local_connections needs (%d): "
+            "raise LimitNOFILE or lower the cap",
+            target,
+            needed,
+        )
 
 
 def bind_unix_socket(path: Path, mode: int) -> socket.socket:
