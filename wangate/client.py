@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
+from wangate.codec import (
+    CodecPolicy,
+    ErrorFeedback,
+    decode_tensor,
+    encode_tensor,
+    read_meta,
+)
 from wangate.errors import (
     GatewayError,
     GatewayUnavailable,
@@ -45,6 +51,7 @@ from wangate.localapi.protocol import (
     encode_request,
 )
 from wangate.service import Buffer
+from wangate.tensorlike import as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
 SOCKET_ENV = "WANGATE_SOCKET"
@@ -113,9 +120,11 @@ class _Session:
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
     ) -> tuple[bytes, memoryview, int]:
         """Encoded meta, payload view and checksum for ``array`` under the policy."""
-        array = np.asarray(array)
+        array, bfloat16 = as_wire_array(array)  # torch tensors: a view where possible
         spec = self._policy.choose(tag, array.nbytes, codec, array.dtype)
-        encoded = encode_tensor(array, spec, feedback=self._feedback, key=(peer, tag))
+        encoded = encode_tensor(
+            array, spec, feedback=self._feedback, key=(peer, tag), bfloat16=bfloat16
+        )
         meta = bytes(encoded.meta)
         payload = memoryview(encoded.payload).cast("B")
         if payload.nbytes > self.max_message_bytes:
@@ -131,7 +140,8 @@ class _Session:
         # carries its own CRC, which decode_tensor checks: one pass over the bytes here.
         meta = _field(reply, "meta", bytes)
         _field(reply, "checksum", int)
-        return decode_tensor(meta, payload)
+        array = decode_tensor(meta, payload)
+        return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
 
 
 def _field(reply: dict[str, Any], key: str, kind: type[T]) -> T:
