@@ -1,0 +1,109 @@
+"""DiLoCo across three real sites: every site trains alone for H inner steps, then the outer
+step through the gateway leaves every site with the same parameters, bit for bit."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+import wangate.torch as wt
+from wangate.loopback import LoopbackSites
+
+pytestmark = pytest.mark.timeout(120)
+
+H, OUTER_STEPS, OUTER_LR, MOMENTUM = 3, 3, 0.7, 0.9
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
+    with LoopbackSites(3, 1, directory=tmp_path_factory.mktemp("sites")) as lab:
+        yield lab
+
+
+def build_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+
+
+def flat(model: torch.nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+def train_site(
+    lab: LoopbackSites, index: int, codec: str | None, out: dict[int, dict[str, list[np.ndarray]]]
+) -> None:
+    torch.set_num_threads(1)
+    site = lab.sites[index]
+    record: dict[str, list[np.ndarray]] = {"start": [], "before": [], "after": []}
+    with site.client() as gw:
+        model = build_model(index)  # sites start apart; the broadcast makes them equal
+        wt.sync_parameters(model, gw, root="bj", tag=f"init.{codec}")
+        record["start"].append(flat(model))
+        inner = torch.optim.SGD(model.parameters(), lr=0.05)
+        diloco = wt.DiLoCo(
+            model,
+            inner,
+            gw,
+            sync_every=H,
+            outer_lr=OUTER_LR,
+            momentum=MOMENTUM,
+            codec=codec,
+            tag=f"diloco.{codec}",
+        )
+        rng = np.random.default_rng(index)  # each site its own data
+        for _ in range(H * OUTER_STEPS):
+            x = torch.from_numpy(rng.standard_normal((32, 6)).astype(np.float32))
+            y = torch.stack([x[:, 0] * x[:, 1], x[:, 2] - x[:, 3] * (index + 1)], dim=1)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            inner.zero_grad()
+            loss.backward()
+            inner.step()
+            before = flat(model)
+            if diloco.step():
+                record["before"].append(before)
+                record["after"].append(flat(model))
+    out[index] = record
+
+
+def run(lab: LoopbackSites, codec: str | None) -> dict[int, dict[str, list[np.ndarray]]]:
+    out: dict[int, dict[str, list[np.ndarray]]] = {}
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        try:
+            train_site(lab, i, codec, out)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors, errors
+    assert sorted(out) == [0, 1, 2]
+    return out
+
+
+def test_outer_steps_leave_every_site_identical_and_follow_nesterov(sites: LoopbackSites) -> None:
+    out = run(sites, None)
+    assert [len(out[i]["after"]) for i in range(3)] == [OUTER_STEPS] * 3
+    assert out[1]["start"][0].tobytes() == out[0]["start"][0].tobytes()
+    for k in range(OUTER_STEPS):
+        assert out[1]["after"][k].tobytes() == out[0]["after"][k].tobytes(), k
+        assert out[2]["after"][k].tobytes() == out[0]["after"][k].tobytes(), k
+        # the sites had drifted apart before the outer step
+        assert out[1]["before"][k].tobytes() != out[0]["before"][k].tobytes()
+
+    # The outer step by hand: Nesterov SGD on the mean pseudo-gradient.
+    anchor = out[0]["start"][0].astype(np.float64)
+    velocity = np.zeros_like(anchor)
+    for k in range(OUTER_STEPS):
+        pseudo = np.mean([anchor - out[i]["before"][k] for i in range(3)], axis=0)
+        velocity = MOMENTUM * velocity + pseudo
+        anchor = anchor - OUTER_LR * (pseudo + MOMENTUM * velocity)
+        np.testing.assert_allclose(out[0]["after"][k], anchor, rtol=0, atol=1e-5)
