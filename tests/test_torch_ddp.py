@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from tests.torch_ddp_worker import batch, build_model, flat_params
-from wangate.loopback import LoopbackSites
+from wangate.loopback import SITE_NAMES, LoopbackSites, SiteProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,37 +50,52 @@ def reference_run() -> tuple[np.ndarray, np.ndarray]:
     return np.stack(history), np.array(losses)
 
 
-def test_ddp_hook_three_sites_two_ranks_each(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    out.mkdir()
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
+    with LoopbackSites(SITES, 1, directory=tmp_path_factory.mktemp("sites")) as sites:
+        yield sites
+
+
+def run_site_ranks(
+    sites: list[SiteProcess], out: Path, **extra: object
+) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    with LoopbackSites(SITES, 1, directory=tmp_path / "sites") as lab:
-        procs = []
-        for index, site in enumerate(lab.sites):
-            init = f"tcp://127.0.0.1:{free_tcp_port()}"
-            for rank in range(RANKS):
-                args = {
-                    "site_index": index,
-                    "rank": rank,
-                    "ranks": RANKS,
-                    "init": init,
-                    "socket": str(site.socket_path),
-                    "root": ROOT,
-                    "steps": STEPS,
-                    "out": str(out),
-                }
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "tests.torch_ddp_worker", json.dumps(args)],
-                        cwd=REPO,
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                    )
+    procs = []
+    for site in sites:
+        init = f"tcp://127.0.0.1:{free_tcp_port()}"
+        for rank in range(RANKS):
+            args = {
+                "site_index": SITE_NAMES.index(site.name),
+                "rank": rank,
+                "ranks": RANKS,
+                "init": init,
+                "socket": str(site.socket_path),
+                "root": ROOT,
+                "steps": STEPS,
+                "out": str(out),
+                **extra,
+            }
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.torch_ddp_worker", json.dumps(args)],
+                    cwd=REPO,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
                 )
-        logs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
-        codes = [p.returncode for p in procs]
+            )
+    return procs
+
+
+def finish(procs: list[subprocess.Popen[bytes]]) -> None:
+    logs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
+    codes = [p.returncode for p in procs]
     assert codes == [0] * len(procs), "\n".join(logs)
+
+
+def test_ddp_hook_three_sites_two_ranks_each(lab: LoopbackSites, tmp_path: Path) -> None:
+    out = tmp_path
+    finish(run_site_ranks(lab.sites, out))
 
     runs = {(s, r): np.load(out / f"{s}-{r}.npz") for s in range(SITES) for r in range(RANKS)}
     first = runs[(0, 0)]["params"]
@@ -109,3 +125,19 @@ def test_ddp_hook_three_sites_two_ranks_each(tmp_path: Path) -> None:
                 # exactly one critical bucket per step: the one with the first layer
                 assert [e[2] for e in entries] == [e[3] for e in entries]
                 assert sum(e[2] for e in entries) == 1
+
+
+def test_a_site_alone_fails_on_every_rank_within_the_timeout(
+    lab: LoopbackSites, tmp_path: Path
+) -> None:
+    """gz's two ranks step while no other site does: backward raises on both, naming the
+    missing sites, within the timeout (plus start-up slack), and nothing hangs."""
+    timeout_s = 2.0
+    finish(run_site_ranks([lab["gz"]], tmp_path, alone=True, timeout_s=timeout_s))
+    for rank in range(RANKS):
+        outcome = json.loads((tmp_path / f"alone-{rank}.json").read_text())
+        assert outcome["error"] is not None, rank
+        assert "CrossSiteError: 'alone.b0' step 0" in outcome["error"]
+        assert outcome["seconds"] < timeout_s + 5
+    leader = json.loads((tmp_path / "alone-0.json").read_text())["error"]
+    assert "bj" in leader and "sh" in leader  # the sites that never answered

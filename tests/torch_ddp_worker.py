@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -52,6 +53,9 @@ def main(args: dict[str, object]) -> None:
         "gloo", init_method=str(args["init"]), rank=rank, world_size=int(str(args["ranks"]))
     )
     client = wangate.Client(str(args["socket"])) if rank == 0 else None
+    if args.get("alone"):
+        alone(args, client, site, rank)
+        return
     model = build_model(100 + 10 * site + rank)  # every rank starts elsewhere ...
     wt.sync_parameters(model, client, root=str(args["root"]))  # ... until the broadcast
     history = [flat_params(model)]
@@ -84,6 +88,25 @@ def main(args: dict[str, object]) -> None:
     dist.destroy_process_group()
     if client is not None:
         client.close()
+
+
+def alone(args: dict[str, object], client: wangate.Client | None, site: int, rank: int) -> None:
+    """One step with no other site taking part: every rank must raise, none may hang."""
+    ddp = DistributedDataParallel(build_model(1))
+    state = wt.AllreduceHookState(
+        client=client, timeout_s=float(str(args["timeout_s"])), tag="alone"
+    )
+    ddp.register_comm_hook(state, wt.allreduce_hook)
+    x, y = batch(0, site, rank)
+    started = time.monotonic()
+    try:
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        outcome = {"error": None}
+    except RuntimeError as exc:  # DDP re-raises the hook's CrossSiteError as RuntimeError
+        outcome = {"error": str(exc)}
+    outcome["seconds"] = time.monotonic() - started
+    Path(str(args["out"]), f"alone-{rank}.json").write_text(json.dumps(outcome))
+    state.close()
 
 
 if __name__ == "__main__":

@@ -114,7 +114,13 @@ def allreduce_hook(state: AllreduceHookState, bucket: GradBucket) -> Future[torc
             future.set_result(buffer)
 
     state.submit(job)
-    return future
+    # A future completed by set_exception hands DDP's C++ side the exception object as its
+    # value; chained, the failure becomes a proper error that backward() raises.
+    return future.then(_value)
+
+
+def _value(future: Future[torch.Tensor]) -> torch.Tensor:
+    return future.value()
 
 
 # DDP checks a hook's annotations as objects; with postponed evaluation they are strings.
