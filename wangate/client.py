@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, TypeVar
 
@@ -28,6 +28,9 @@ from wangate.codec import (
     encode_tensor,
     read_meta,
 )
+from wangate.collective import api as _coll
+from wangate.collective.api import CollectiveState
+from wangate.collective.tags import check_user_tag
 from wangate.errors import (
     GatewayError,
     GatewayUnavailable,
@@ -51,7 +54,7 @@ from wangate.localapi.protocol import (
     encode_request,
 )
 from wangate.service import Buffer
-from wangate.tensorlike import as_wire_array, mark_bfloat16
+from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
 SOCKET_ENV = "WANGATE_SOCKET"
@@ -94,6 +97,7 @@ class _Session:
         self.max_message_bytes = 0
         self._policy = CodecPolicy()
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
+        self.collective = CollectiveState()  # per-hop residuals of collectives
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -120,6 +124,7 @@ class _Session:
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
     ) -> tuple[bytes, memoryview, int]:
         """Encoded meta, payload view and checksum for ``array`` under the policy."""
+        check_user_tag(tag)
         array, bfloat16 = as_wire_array(array)  # torch tensors: a view where possible
         spec = self._policy.choose(tag, array.nbytes, codec, array.dtype)
         encoded = encode_tensor(
@@ -135,6 +140,9 @@ class _Session:
             )
         return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
 
+    def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
+        return self._policy.choose(tag, nbytes, codec, dtype)
+
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
         # The gateway checked the transport checksum before delivery; the tensor frame
         # carries its own CRC, which decode_tensor checks: one pass over the bytes here.
@@ -142,6 +150,10 @@ class _Session:
         _field(reply, "checksum", int)
         array = decode_tensor(meta, payload)
         return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
+
+
+def _wire_or_none(array: Any) -> np.ndarray | None:
+    return None if array is None else as_wire_array(array)[0]  # torch tensors as numpy
 
 
 def _field(reply: dict[str, Any], key: str, kind: type[T]) -> T:
@@ -246,6 +258,70 @@ class Client:
         """The oldest message with ``tag`` (and source/step if given) as an array."""
         reply, payload = self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
+        encode once for several peers)."""
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field(self._call(request, payload)[0], "message_id", int)
+
+    def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        """The reduction (``op`` "sum" or "mean") of ``array`` over the sites (all of the
+        gateway's config by default), identical on every site; with ``partial=True`` a
+        ``PartialResult`` (``.array``, ``.contributors``) over the sites present. Raises
+        ``CollectiveTimeout`` naming the sites that never answered. proto/collective.md."""
+        s = self._session
+        return _coll.allreduce(
+            self, s.site, s.settings, s.collective, s.choose_spec, tag, as_reducible_array(array),
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+
+    def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        """``root``'s array on every site (``array`` is ignored elsewhere but checked)."""
+        s = self._session
+        return _coll.broadcast(
+            self, s.site, s.settings, s.collective, tag, _wire_or_none(array),
+            root=root, step=step, timeout=timeout, sites=sites,
+        )  # fmt: skip
+
+    def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        """Return once every site has called ``barrier`` with this tag and step."""
+        s = self._session
+        _coll.barrier(self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites)
 
     def paths(self) -> list[dict[str, Any]]:
         return _field(self._call(PathsRequest)[0], "paths", list)
@@ -381,6 +457,64 @@ class AsyncClient:
     ) -> np.ndarray:
         reply, payload = await self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    async def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field((await self._call(request, payload))[0], "message_id", int)
+
+    async def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        s = self._session
+        return await _coll.allreduce_async(
+            self, s.site, s.settings, s.collective, s.choose_spec, tag, as_reducible_array(array),
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+
+    async def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        s = self._session
+        return await _coll.broadcast_async(
+            self, s.site, s.settings, s.collective, tag, _wire_or_none(array),
+            root=root, step=step, timeout=timeout, sites=sites,
+        )  # fmt: skip
+
+    async def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        s = self._session
+        await _coll.barrier_async(
+            self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        )
 
     async def paths(self) -> list[dict[str, Any]]:
         return _field((await self._call(PathsRequest))[0], "paths", list)

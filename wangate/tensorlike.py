@@ -46,3 +46,11 @@ def as_wire_array(obj: Any) -> tuple[np.ndarray, bool]:
 def mark_bfloat16(array: np.ndarray) -> np.ndarray:
     """A decoded uint16 array whose frame said bfloat16, marked as such."""
     return array.view(BFloat16Bits)
+
+
+def as_reducible_array(obj: Any) -> np.ndarray:
+    """``obj`` as an array the collectives can add up: bfloat16 becomes float32, exactly."""
+    array, bfloat16 = as_wire_array(obj)
+    if not bfloat16:
+        return array
+    return (array.astype(np.uint32) << 16).view(np.float32)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from wangate.client import Client
-from wangate.tensorlike import mark_bfloat16
+from wangate.errors import WangateError
 from wangate.torch.convert import as_tensor, copy_into, to_numpy
 from wangate.torch.ddp import AllreduceHookState, allreduce_hook, first_layers, sync_parameters
 from wangate.torch.diloco import DiLoCo
@@ -47,25 +47,30 @@ def recv(client: Client, tag: str, **kwargs: Any) -> torch.Tensor:
 
 
 def allreduce(client: Client, tag: str, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """``client.allreduce`` of a tensor, returned as a new tensor of the input's dtype (a
-    bfloat16 tensor is reduced in float32, then rounded back)."""
-    wan = tensor.detach()
-    if wan.dtype == torch.bfloat16:
-        wan = wan.float()
-    result = client.allreduce(tag, to_numpy(wan)[0], **kwargs)
-    array = getattr(result, "array", result)
+    """``client.allreduce`` of a tensor, as a new tensor of the input's dtype (bfloat16 is
+    reduced in float32, then rounded back). ``partial=True`` is for ``client.allreduce``."""
+    if kwargs.get("partial"):
+        raise WangateError(
+            "wangate.torch.allreduce returns a tensor: for partial=True call "
+            "client.allreduce and wangate.torch.as_tensor(result.array)"
+        )
     out = torch.empty(tensor.shape, dtype=tensor.dtype)
-    copy_into(out, array)
+    copy_into(out, client.allreduce(tag, tensor, **kwargs))  # type: ignore[arg-type]
     return out
 
 
 def broadcast(
     client: Client, tag: str, tensor: torch.Tensor | None, *, root: str, **kwargs: Any
 ) -> torch.Tensor:
-    """``client.broadcast`` of a tensor (``None`` on the sites other than ``root``); every
-    dtype, bfloat16 included, arrives bit for bit."""
-    array = None
-    if tensor is not None:
-        array, bf16 = to_numpy(tensor)
-        array = mark_bfloat16(array) if bf16 else array
-    return as_tensor(client.broadcast(tag, array, root=root, **kwargs))
+    """``root``'s tensor on every site, like ``torch.distributed.broadcast``: a site other
+    than ``root`` that passes a tensor gets the result written into it (same shape and
+    dtype, bfloat16 included, bit for bit); one that passes None gets a new tensor (a
+    bfloat16 root tensor then arrives as its int16 bits)."""
+    array = None if tensor is None else to_numpy(tensor)[0]
+    got = client.broadcast(tag, array, root=root, **kwargs)
+    if tensor is None:
+        return as_tensor(got)
+    if client.site != root:
+        bits = tensor.detach().view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
+        copy_into(bits, got)
+    return tensor
