@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -100,3 +101,48 @@ def test_tensors_cross_the_gateway_exactly(sites: LoopbackSites) -> None:
         sh.send("bj", "back", bits, step=0)
         back = wt.recv(bj, "back", source="sh", step=0, timeout=30)
         assert back.dtype == torch.bfloat16 and torch.equal(back, sent["bf16"])
+
+
+def on_both(sites: LoopbackSites, work: Callable[[wangate.Client], object]) -> dict[str, object]:
+    results: dict[str, object] = {}
+
+    def target(name: str) -> None:
+        with sites[name].client() as gw:
+            results[name] = work(gw)
+
+    threads = [threading.Thread(target=target, args=(name,)) for name in ("bj", "sh")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_allreduce_and_broadcast_of_tensors(sites: LoopbackSites) -> None:
+    def values(site: str) -> torch.Tensor:
+        g = torch.Generator().manual_seed(ord(site[0]))
+        return torch.randn(3, 50, generator=g)
+
+    def work(gw: wangate.Client) -> tuple[torch.Tensor, ...]:
+        mine = values(gw.site)
+        f32 = wt.allreduce(gw, "t.f32", mine.requires_grad_(), op="sum", step=1)
+        bf16 = wt.allreduce(gw, "t.bf16", mine.detach().to(torch.bfloat16)[:, ::2], op="sum")
+        into = torch.zeros(4, 6, dtype=torch.bfloat16)
+        if gw.site == "bj":
+            into = torch.arange(24, dtype=torch.float32).reshape(4, 6).to(torch.bfloat16) / 7
+        wt.broadcast(gw, "t.bcast", into, root="bj", step=2)
+        fresh = wt.broadcast(gw, "t.fresh", values("bj") if gw.site == "bj" else None, root="bj")
+        return f32, bf16, into, fresh
+
+    got = on_both(sites, work)
+    bj, sh = got["bj"], got["sh"]
+    assert isinstance(bj, tuple) and isinstance(sh, tuple)
+    total = values("bj") + values("sh")  # two sites: one addition, the same in any order
+    for result in (bj, sh):
+        assert result[0].dtype == torch.float32 and torch.equal(result[0], total)
+        halves = values("bj").to(torch.bfloat16)[:, ::2].float()
+        halves = halves + values("sh").to(torch.bfloat16)[:, ::2].float()
+        assert result[1].dtype == torch.bfloat16 and torch.equal(result[1], halves.bfloat16())
+        expected = torch.arange(24, dtype=torch.float32).reshape(4, 6).to(torch.bfloat16) / 7
+        assert result[2].dtype == torch.bfloat16 and torch.equal(result[2], expected)
+        assert torch.equal(result[3], values("bj"))
