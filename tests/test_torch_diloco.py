@@ -36,11 +36,22 @@ def flat(model: torch.nn.Module) -> np.ndarray:
 
 
 def train_site(
-    lab: LoopbackSites, index: int, codec: str | None, out: dict[int, dict[str, list[np.ndarray]]]
+    lab: LoopbackSites,
+    index: int,
+    codec: str | None,
+    out: dict[int, dict[str, list[np.ndarray]]],
+    overlap: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     site = lab.sites[index]
-    record: dict[str, list[np.ndarray]] = {"start": [], "before": [], "after": []}
+    record: dict[str, list[np.ndarray]] = {
+        "start": [],
+        "before": [],
+        "after": [],
+        "every": [],
+        "anchor": [],
+        "at_sync": [],
+    }
     with site.client() as gw:
         model = build_model(index)  # sites start apart; the broadcast makes them equal
         wt.sync_parameters(model, gw, root="bj", tag=f"init.{codec}")
@@ -54,10 +65,11 @@ def train_site(
             outer_lr=OUTER_LR,
             momentum=MOMENTUM,
             codec=codec,
-            tag=f"diloco.{codec}",
+            tag=f"diloco.{codec}.{overlap}",
+            overlap=overlap,
         )
         rng = np.random.default_rng(index)  # each site its own data
-        for _ in range(H * OUTER_STEPS):
+        for _ in range(H * OUTER_STEPS + overlap):
             x = torch.from_numpy(rng.standard_normal((32, 6)).astype(np.float32))
             y = torch.stack([x[:, 0] * x[:, 1], x[:, 2] - x[:, 3] * (index + 1)], dim=1)
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -65,19 +77,24 @@ def train_site(
             loss.backward()
             inner.step()
             before = flat(model)
+            record["every"].append(before)
             if diloco.step():
                 record["before"].append(before)
                 record["after"].append(flat(model))
+                record["anchor"].append(torch.cat([a.reshape(-1) for a in diloco.anchor]).numpy())
+                record["at_sync"].append(record["every"][-2] if overlap else before)
     out[index] = record
 
 
-def run(lab: LoopbackSites, codec: str | None) -> dict[int, dict[str, list[np.ndarray]]]:
+def run(
+    lab: LoopbackSites, codec: str | None, overlap: bool = False
+) -> dict[int, dict[str, list[np.ndarray]]]:
     out: dict[int, dict[str, list[np.ndarray]]] = {}
     errors: list[BaseException] = []
 
     def target(i: int) -> None:
         try:
-            train_site(lab, i, codec, out)
+            train_site(lab, i, codec, out, overlap)
         except BaseException as exc:
             errors.append(exc)
 
@@ -103,6 +120,7 @@ def test_outer_steps_leave_every_site_identical_and_follow_nesterov(sites: Loopb
 
     # The outer step by hand: Nesterov SGD on the mean pseudo-gradient.
     np.testing.assert_allclose(out[0]["after"], reference(out), rtol=0, atol=1e-5)
+    assert out[0]["anchor"][-1].tobytes() == out[0]["after"][-1].tobytes()
 
 
 def reference(out: dict[int, dict[str, list[np.ndarray]]]) -> list[np.ndarray]:
@@ -110,7 +128,7 @@ def reference(out: dict[int, dict[str, list[np.ndarray]]]) -> list[np.ndarray]:
     velocity = np.zeros_like(anchor)
     result = []
     for k in range(OUTER_STEPS):
-        pseudo = np.mean([anchor - out[i]["before"][k] for i in range(3)], axis=0)
+        pseudo = np.mean([anchor - out[i]["at_sync"][k] for i in range(3)], axis=0)
         velocity = MOMENTUM * velocity + pseudo
         anchor = anchor - OUTER_LR * (pseudo + MOMENTUM * velocity)
         result.append(anchor.copy())
@@ -126,3 +144,20 @@ def test_int8_pseudo_gradients_keep_sites_identical(sites: LoopbackSites) -> Non
     # int8 moved the result off the exact outer step, but only by quantisation error.
     assert not np.allclose(out[0]["after"][0], exact[0], rtol=0, atol=1e-7)
     np.testing.assert_allclose(out[0]["after"], exact, rtol=0, atol=2e-3)
+
+
+def test_overlapped_outer_steps_keep_one_local_step(sites: LoopbackSites) -> None:
+    """Streaming-style overlap: the exchange flies during the next inner step, which the
+    outer step then keeps: model = outer parameters + (now - at the sync point)."""
+    out = run(sites, None, overlap=True)
+    assert [len(out[i]["anchor"]) for i in range(3)] == [OUTER_STEPS] * 3
+    exact = reference(out)
+    for k in range(OUTER_STEPS):
+        for i in range(3):
+            assert out[i]["anchor"][k].tobytes() == out[0]["anchor"][k].tobytes(), (i, k)
+            local = out[i]["before"][k] - out[i]["at_sync"][k]  # the step taken in flight
+            assert np.abs(local).max() > 0
+            np.testing.assert_allclose(
+                out[i]["after"][k], out[i]["anchor"][k] + local, rtol=0, atol=1e-6
+            )
+        np.testing.assert_allclose(out[0]["anchor"][k], exact[k], rtol=0, atol=1e-5)

@@ -78,27 +78,50 @@ class SiteGroup:
     ) -> None:
         """Replace ``buffer`` (a flat tensor, the same shape on every rank) in place by its
         mean over the site's ranks, then over the sites."""
+        self.mean_in_site(buffer)
+        failure = self.mean_across_sites(
+            buffer, tag=tag, step=step, codec=codec, critical=critical, timeout_s=timeout_s
+        )
+        self.share_result(buffer, failure, tag=tag, step=step)
+
+    def mean_in_site(self, buffer: torch.Tensor) -> None:
+        """Step 1, every rank: the mean over the site's ranks."""
         if self.size > 1:
             dist.all_reduce(buffer, op=dist.ReduceOp.SUM, group=self.group)
             buffer.div_(self.size)
-        failure: BaseException | None = None
-        if self.is_leader:
-            assert self.client is not None
-            try:
-                wan = buffer if buffer.dtype in WAN_REDUCE_DTYPES else buffer.float()
-                array, _ = as_wire_array(wan)
-                result = self.client.allreduce(
-                    tag,
-                    array,
-                    step=step,
-                    op="mean",
-                    codec=codec,
-                    critical=critical,
-                    timeout=timeout_s,
-                )
-                copy_into(buffer, np.asarray(result))
-            except Exception as exc:
-                failure = exc
+
+    def mean_across_sites(
+        self,
+        buffer: torch.Tensor,
+        *,
+        tag: str,
+        step: int,
+        codec: str | None,
+        critical: bool,
+        timeout_s: float,
+    ) -> BaseException | None:
+        """Step 2, the site's rank 0 only (a no-op elsewhere): the gateway's mean over the
+        sites, in place; the failure, if any, is returned for ``share_result``. Uses no
+        site collective, so it may run on another thread."""
+        if not self.is_leader:
+            return None
+        assert self.client is not None
+        try:
+            wan = buffer if buffer.dtype in WAN_REDUCE_DTYPES else buffer.float()
+            array, _ = as_wire_array(wan)
+            result = self.client.allreduce(
+                tag, array, step=step, op="mean", codec=codec, critical=critical,
+                timeout=timeout_s,
+            )  # fmt: skip
+            copy_into(buffer, np.asarray(result))
+        except Exception as exc:
+            return exc
+        return None
+
+    def share_result(
+        self, buffer: torch.Tensor, failure: BaseException | None, *, tag: str, step: int
+    ) -> None:
+        """Step 3, every rank: rank 0's result (or its failure) to the whole site."""
         if self.size > 1:
             status = torch.tensor([0 if failure is None else 1], dtype=torch.int32)
             self.broadcast_from_leader(status)
