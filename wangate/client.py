@@ -131,9 +131,7 @@ class _Session:
             )
         return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
 
-    def choose_spec(
-        self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]
-    ) -> str:
+    def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
         return self._policy.choose(tag, nbytes, codec, dtype)
 
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:

@@ -130,6 +130,7 @@ class CollectiveConfig:
 
     # site name -> relative share; empty: shares follow measured capacity or are equal
     weights: tuple[tuple[str, float], ...] = ()
+    chunk_bytes: int = 1 << 20  # pipelining unit; every site must use the same
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class Config:
         return {
             "peers": sorted(p.name for p in self.peers),
             "weights": dict(self.collective.weights),
+            "chunk_bytes": self.collective.chunk_bytes,
         }
 
     def peer(self, name: str) -> PeerConfig:
@@ -328,9 +330,15 @@ class _Parser:
     def collective(
         self, value: object, site: SiteConfig, peers: tuple[PeerConfig, ...]
     ) -> CollectiveConfig:
-        table = self.table(value, "collective", set(), {"weights"})
+        table = self.table(value, "collective", set(), {"weights", "chunk_bytes"})
+        chunk_bytes = self.integer(
+            table.get("chunk_bytes", CollectiveConfig.chunk_bytes),
+            "collective.chunk_bytes",
+            1024,
+            1 << 30,
+        )
         if "weights" not in table:
-            return CollectiveConfig()
+            return CollectiveConfig(chunk_bytes=chunk_bytes)
         weights = table["weights"]
         if not isinstance(weights, dict):
             raise self.error("collective.weights", f"expected a table, got {_type_name(weights)}")
@@ -351,7 +359,7 @@ class _Parser:
                 "collective.weights",
                 f"no weight for {', '.join(missing)}: give every site of the config a weight",
             )
-        return CollectiveConfig(weights=tuple(sorted(result)))
+        return CollectiveConfig(weights=tuple(sorted(result)), chunk_bytes=chunk_bytes)
 
     def critical(self, value: object) -> CriticalConfig:
         table = self.table(value, "critical", set(), {"host_delay_target_ms"})

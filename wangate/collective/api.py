@@ -47,11 +47,10 @@ class PartialResult:
 
 
 class CollectiveState:
-    """Per-client state: error feedback per hop, the chunk size."""
+    """Per-client state: error feedback per hop."""
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self) -> None:
         self.feedback = HopFeedback()
-        self.chunk_bytes = chunk_bytes
 
 
 def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | None) -> Plan:
@@ -76,10 +75,11 @@ def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | No
         if known is not None and not set(chosen) <= set(known):
             unknown = sorted(set(chosen) - set(known))
             raise LocalProtocolError(f"sites {unknown} are not peers of this gateway ({site})")
+    bound = {"chunk_bytes": int(config.get("chunk_bytes", DEFAULT_CHUNK_BYTES))}
     weights = config.get("weights") or {}
     if weights and all(s in weights for s in chosen):
-        return Plan.weighted(chosen, weights)
-    return Plan.equal(chosen)
+        return Plan.weighted(chosen, weights, **bound)
+    return Plan.equal(chosen, **bound)
 
 
 def _check_common(tag: str, step: int, timeout: float) -> None:
@@ -112,7 +112,6 @@ def _allreduce_run(
         spec=spec,
         critical=critical,
         feedback=state.feedback,
-        chunk_bytes=state.chunk_bytes,
     )
 
 
@@ -158,7 +157,9 @@ def allreduce(
         send_all(gw, messages, step)
     else:
         try:
-            word = gw.recv(member.plan_tag, source=member.leader, step=step, timeout=deadline.left())
+            word = gw.recv(
+                member.plan_tag, source=member.leader, step=step, timeout=deadline.left()
+            )
         except CollectiveTimeout:
             raise
         except Exception as exc:
@@ -245,7 +246,7 @@ def broadcast(
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BroadcastRun(
-        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=state.chunk_bytes
+        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
     drive(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
     return run.result()
@@ -267,7 +268,7 @@ async def broadcast_async(
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BroadcastRun(
-        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=state.chunk_bytes
+        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
     await drive_async(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
     return run.result()

@@ -17,7 +17,14 @@ import numpy as np
 from wangate.codec import EncodedTensor, encode_tensor
 from wangate.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
-__all__ = ["Arrivals", "CollectiveError", "CollectiveMismatch", "CollectiveTimeout", "Expected", "Outgoing"]
+__all__ = [
+    "Arrivals",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
+    "Expected",
+    "Outgoing",
+]
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,9 @@ class Arrivals:
     def note(self, source: str) -> None:
         self.counts[source] += 1
 
-    def timeout(self, what: str, site: str, timeout_s: float, still: list[Expected]) -> (
-        CollectiveTimeout
-    ):
+    def timeout(
+        self, what: str, site: str, timeout_s: float, still: list[Expected]
+    ) -> CollectiveTimeout:
         waiting = sorted({e.source for e in still})
         missing = tuple(s for s in waiting if self.counts[s] == 0)
         partial = [s for s in waiting if self.counts[s] > 0]

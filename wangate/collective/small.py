@@ -108,7 +108,9 @@ class BroadcastRun:
         header = np.array([flat.size, per, self._given.ndim, *self._given.shape], np.int64)
         out = [Outgoing.small(self.peers, self._tag(0), header, False)]
         for i, start in enumerate(range(0, max(1, flat.size), per)):
-            out.append(Outgoing.small(self.peers, self._tag(i + 1), flat[start : start + per], False))
+            out.append(
+                Outgoing.small(self.peers, self._tag(i + 1), flat[start : start + per], False)
+            )
         return out if self.peers else []
 
     def receive(self, source: str, tag: str, array: np.ndarray) -> list[Outgoing]:
