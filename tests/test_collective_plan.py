@@ -252,7 +252,7 @@ def test_lossy_codec_gives_identical_results_and_keeps_residuals_per_hop() -> No
     sites = SITES[:3]
     plan = Plan.equal(sites, rate_bps=1.0, chunk_bytes=4096)
     feedback = {s: HopFeedback() for s in sites}
-    inputs, _runs, results = allreduce_all(sites, (5000,), "float32", "mean", plan, "int8", feedback)
+    inputs, _, results = allreduce_all(sites, (5000,), "float32", "mean", plan, "int8", feedback)
     first = results[sites[0]]
     assert all(results[s].tobytes() == first.tobytes() for s in sites)
     exact = reference(inputs, "mean")
@@ -465,6 +465,8 @@ def test_config_weights(tmp_path: Path) -> None:
         "peers": ["gz", "sh"],
         "weights": {"bj": 2.0, "gz": 1.5, "sh": 1.0},
         "chunk_bytes": 65536,
+        "rate_mbps": 100.0,
+        "delay_ms": 30.0,
     }
     bad = {
         "weights = {bj = 2, sh = 1}": "no weight for gz",
@@ -473,6 +475,8 @@ def test_config_weights(tmp_path: Path) -> None:
         "weights = {bj = true, sh = 1, gz = 1}": "expected a number, got boolean",
         "weights = 3": "expected a table",
         "chunk_bytes = 10": r"chunk_bytes: 10 is out of range",
+        "delay_ms = -1": r"delay_ms: -1 is out of range",
+        "rate_mbps = 'fast'": r"rate_mbps: expected a number",
         "other = 1": "unknown key",
     }
     for text, message in bad.items():

@@ -114,6 +114,9 @@ class AllreduceRun:
                 encoded = self._encode(self._flat[chunk.start : chunk.stop], hop, chunk)
                 out.append(self._outgoing((chunk.owner,), "rs", index, encoded))
                 self._expect(chunk.owner, "ag", index)
+        # contributions first: they depend on no one, so a driver waiting on them in
+        # order never waits on a reduced chunk that itself waits on a missing site
+        self._wanted = dict(sorted(self._wanted.items(), key=lambda kv: "/ag/" in kv[0]))
         # chunks complete already (no peers, or an owner's share with no one to wait for)
         for index in [i for i, parts in self._parts.items() if len(parts) == len(self.plan.sites)]:
             out.extend(self._reduce(index))

@@ -31,7 +31,7 @@ from .driver import (
 from .exchange import CollectiveTimeout
 from .feedback import HopFeedback
 from .membership import Membership
-from .plan import DEFAULT_CHUNK_BYTES, Plan
+from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
 
 MAX_STEP = (1 << 63) - 1
@@ -75,7 +75,11 @@ def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | No
         if known is not None and not set(chosen) <= set(known):
             unknown = sorted(set(chosen) - set(known))
             raise LocalProtocolError(f"sites {unknown} are not peers of this gateway ({site})")
-    bound = {"chunk_bytes": int(config.get("chunk_bytes", DEFAULT_CHUNK_BYTES))}
+    bound = {
+        "chunk_bytes": int(config.get("chunk_bytes", DEFAULT_CHUNK_BYTES)),
+        "rate_bps": float(config.get("rate_mbps", DEFAULT_RATE_BPS / 1e6)) * 1e6,
+        "latency_s": float(config.get("delay_ms", DEFAULT_LATENCY_S * 1e3)) / 1e3,
+    }
     weights = config.get("weights") or {}
     if weights and all(s in weights for s in chosen):
         return Plan.weighted(chosen, weights, **bound)
