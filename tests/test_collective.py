@@ -1,8 +1,9 @@
 """Collectives on real daemons: five loopback sites, real QUIC and Unix sockets.
 
-One lab serves every test; calls over 2, 3 or 4 sites name them with ``sites=``. The
-lab's bound says no direct exchange (delay 0), so every call over three or more sites
-runs reduce-scatter/all-gather, in 4 KiB chunks.
+One lab serves most tests; calls over 2, 3 or 4 sites name them with ``sites=``. Its
+shares follow configured weights; its bound says no direct exchange (delay 0), so every
+call over three or more sites runs reduce-scatter/all-gather, in 4 KiB chunks. A second,
+three-site lab has no weights: its shares follow measured capacity.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from wangate.loopback import LoopbackSites
 pytestmark = pytest.mark.timeout(240)
 
 NAMES = ("bj", "sh", "gz", "sz", "hz")
-CONFIG = "[collective]\nchunk_bytes = 4096\ndelay_ms = 0\n"
+BOUND = "[collective]\nchunk_bytes = 4096\ndelay_ms = 0\n"
+CONFIG = BOUND + "weights = {bj = 2, sh = 1, gz = 1, sz = 1.5, hz = 0.5}\n"
 SLOW_S = 60.0  # generous: the machine is shared; a failing call must not hang the test
 
 
@@ -30,6 +32,13 @@ SLOW_S = 60.0  # generous: the machine is shared; a failing call must not hang t
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
     directory = tmp_path_factory.mktemp("collective")
     with LoopbackSites(5, 1, directory=directory, mtu=9000, extra_toml=CONFIG) as sites:
+        yield sites
+
+
+@pytest.fixture(scope="module")
+def measured_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
+    directory = tmp_path_factory.mktemp("measured")
+    with LoopbackSites(3, 2, directory=directory, mtu=9000, extra_toml=BOUND) as sites:
         yield sites
 
 
@@ -262,3 +271,29 @@ def test_bad_calls_are_refused_clearly(lab: LoopbackSites) -> None:
             gw.broadcast("x", np.ones(3), root="xx")
         gw.ping()  # the connection is still good
     assert Plan.equal(NAMES).sites == tuple(sorted(NAMES))
+
+
+def test_shares_by_measured_capacity_are_announced_and_exact(measured_lab: LoopbackSites) -> None:
+    """No weights configured: the leader (bj) announces shares from the rates the
+    gateways measure, each call; the others report their capacity to it."""
+    sites = ("bj", "gz", "sh")
+    capacities: dict[str, dict[str, float]] = {}
+
+    def call(gw: wangate.Client, site: str) -> list[np.ndarray]:
+        got = []
+        for step in range(4):
+            array = data(site, (50_000,), "float32", step)
+            got.append(gw.allreduce("cap", array, step=step, op="mean", timeout=SLOW_S))
+        capacities[site] = dict(gw._session.collective.capacity_mbps)
+        return got
+
+    results = on_sites(measured_lab, sites, call)
+    raise_any(results)
+    for step in range(4):
+        want = expected({s: data(s, (50_000,), "float32", step) for s in sites}, "mean")
+        for site in sites:
+            assert results[site][step].tobytes() == want.tobytes(), (site, step)
+    # the leader heard the others' capacities (measured by their gateways while sending)
+    assert set(capacities["bj"]) == {"bj", "gz", "sh"}
+    assert all(rate > 0 for rate in capacities["bj"].values())
+    assert capacities["gz"] == capacities["sh"] == {}  # only the leader keeps them
