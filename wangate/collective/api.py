@@ -135,6 +135,7 @@ def _what(kind: str, tag: str, step: int) -> str:
 @dataclass(frozen=True)
 class Send:
     messages: list[Outgoing]
+    best_effort: bool = False  # a peer that cannot be reached is skipped (joins)
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def run_sync(gw: Any, site: str, step: int, script: Script[T]) -> T:
         except StopIteration as stop:
             return cast(T, stop.value)
         if isinstance(todo, Send):
-            send_all(gw, todo.messages, step)
+            send_all(gw, todo.messages, step, todo.best_effort)
             result = None
         elif isinstance(todo, RecvOne):
             w = todo.want
@@ -199,7 +200,7 @@ async def run_async(gw: Any, site: str, step: int, script: Script[T]) -> T:
         except StopIteration as stop:
             return cast(T, stop.value)
         if isinstance(todo, Send):
-            await send_all_async(gw, todo.messages, step)
+            await send_all_async(gw, todo.messages, step, todo.best_effort)
             result = None
         elif isinstance(todo, RecvOne):
             w = todo.want
@@ -266,7 +267,7 @@ def _membership(
     measured: bool,
 ) -> Generator[Step, Any, Plan]:
     member = Membership(site=site, plan=plan, tag=tag)
-    yield Send(member.start())
+    yield Send(member.start(), best_effort=True)
     for source in (yield Joins(member.joins_wanted(), Deadline(timeout / 2))):
         member.joined(source)
     if len(member.present) < 2 and member.peers:
