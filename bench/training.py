@@ -80,8 +80,10 @@ class CharMLP(torch.nn.Module):
         super().__init__()
         self.embed = torch.nn.Embedding(VOCAB, EMBED)
         self.body = torch.nn.Sequential(
-            torch.nn.Linear(CONTEXT * EMBED, HIDDEN), torch.nn.GELU(),
-            torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.GELU(),
+            torch.nn.Linear(CONTEXT * EMBED, HIDDEN),
+            torch.nn.GELU(),
+            torch.nn.Linear(HIDDEN, HIDDEN),
+            torch.nn.GELU(),
             torch.nn.Linear(HIDDEN, VOCAB),
         )
 
@@ -108,8 +110,9 @@ def run_one(
 ) -> dict[str, Any]:
     codec, sync_every = RUNS[name]
     split = int(len(codes) * 0.9)
-    valid = windows(codes, np.random.default_rng(99).integers(split, len(codes) - CONTEXT - 1,
-                                                             VALID_WINDOWS))
+    valid = windows(
+        codes, np.random.default_rng(99).integers(split, len(codes) - CONTEXT - 1, VALID_WINDOWS)
+    )
     torch.manual_seed(seed)
     model = CharMLP()
     wt.sync_parameters(model, gw, root="bj", tag=f"init.{name}.{seed}")
@@ -119,8 +122,9 @@ def run_one(
     if sync_every:
         optimizer = torch.optim.AdamW(model.parameters(), lr=PEAK_LR)
         trainer: torch.nn.Module = model
-        diloco = wt.DiLoCo(model, optimizer, gw, sync_every=sync_every, codec=codec,
-                           tag=f"diloco.{name}.{seed}")
+        diloco = wt.DiLoCo(
+            model, optimizer, gw, sync_every=sync_every, codec=codec, tag=f"diloco.{name}.{seed}"
+        )
     else:
         trainer = DistributedDataParallel(model)
         state = wt.AllreduceHookState(client=gw, codec=codec, tag=f"ddp.{name}.{seed}")
@@ -142,8 +146,14 @@ def run_one(
         state.close()
     with torch.no_grad():
         valid_loss = float(torch.nn.functional.cross_entropy(model(valid[0]), valid[1]))
-    return {"run": name, "seed": seed, "site": site, "valid_loss": valid_loss,
-            "wan_bytes_per_step": wan / steps, "seconds": elapsed}
+    return {
+        "run": name,
+        "seed": seed,
+        "site": site,
+        "valid_loss": valid_loss,
+        "wan_bytes_per_step": wan / steps,
+        "seconds": elapsed,
+    }
 
 
 def site_main(index: int, sockets: list[str], args: argparse.Namespace, out: str) -> None:
@@ -171,10 +181,12 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     seeds = range(args.seeds)
     base = {s: by[("none", s, 0)]["valid_loss"] for s in seeds}
     base_bytes = np.mean([by[("none", s, i)]["wan_bytes_per_step"] for s in seeds for i in sites])
-    print(f"\nchar-MLP on the stdlib source ({sum(p.numel() for p in CharMLP().parameters()):,} "
-          f"parameters), {len(sites)} sites, {args.steps} inner steps, {args.seeds} seeds. "
-          "'vs none': mean and spread (min..max) of the per-seed change in final validation "
-          "loss against uncompressed DDP.\n")
+    print(
+        f"\nchar-MLP on the stdlib source ({sum(p.numel() for p in CharMLP().parameters()):,} "
+        f"parameters), {len(sites)} sites, {args.steps} inner steps, {args.seeds} seeds. "
+        "'vs none': mean and spread (min..max) of the per-seed change in final validation "
+        "loss against uncompressed DDP.\n"
+    )
     print("| run | valid loss | vs none | WAN bytes / inner step / site | fewer bytes |")
     print("|---|---:|---:|---:|---:|")
     for name in names:
@@ -182,8 +194,10 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         change = [100 * (by[(name, s, 0)]["valid_loss"] / base[s] - 1) for s in seeds]
         wan = float(np.mean([by[(name, s, i)]["wan_bytes_per_step"] for s in seeds for i in sites]))
         spread = f"{min(change):+.2f}..{max(change):+.2f}"
-        print(f"| {name} | {np.mean(losses):.4f} | {np.mean(change):+.2f}% ({spread}) | "
-              f"{wan:,.0f} | {base_bytes / wan:.1f}x |")
+        print(
+            f"| {name} | {np.mean(losses):.4f} | {np.mean(change):+.2f}% ({spread}) | "
+            f"{wan:,.0f} | {base_bytes / wan:.1f}x |"
+        )
     for name in names:  # every site ends with the same model, or the run is void
         for s in seeds:
             site_losses = {by[(name, s, i)]["valid_loss"] for i in sites}
@@ -203,8 +217,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out, LoopbackSites(3, 2, verbose=False) as lab:
         sockets = [str(site.socket_path) for site in lab.sites]
         mp.spawn(site_main, args=(sockets, args, out), nprocs=len(sockets))
-        results = [r for i in range(len(sockets))
-                   for r in json.loads(Path(out, f"{i}.json").read_text())]
+        results = [
+            r for i in range(len(sockets)) for r in json.loads(Path(out, f"{i}.json").read_text())
+        ]
     report(results, args)
     print(f"\n{time.perf_counter() - started:.0f} s wall")
 

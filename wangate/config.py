@@ -130,6 +130,10 @@ class CollectiveConfig:
 
     # site name -> relative share; empty: shares follow measured capacity or are equal
     weights: tuple[tuple[str, float], ...] = ()
+    chunk_bytes: int = 1 << 20  # pipelining unit; every site must use the same
+    # the bound that picks direct exchange over reduce-scatter/all-gather (Plan.direct)
+    rate_mbps: float = 100.0
+    delay_ms: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,9 @@ class Config:
         return {
             "peers": sorted(p.name for p in self.peers),
             "weights": dict(self.collective.weights),
+            "chunk_bytes": self.collective.chunk_bytes,
+            "rate_mbps": self.collective.rate_mbps,
+            "delay_ms": self.collective.delay_ms,
         }
 
     def peer(self, name: str) -> PeerConfig:
@@ -328,9 +335,18 @@ class _Parser:
     def collective(
         self, value: object, site: SiteConfig, peers: tuple[PeerConfig, ...]
     ) -> CollectiveConfig:
-        table = self.table(value, "collective", set(), {"weights"})
+        keys = {"weights", "chunk_bytes", "rate_mbps", "delay_ms"}
+        table = self.table(value, "collective", set(), keys)
+        chunk_bytes = self.integer(
+            table.get("chunk_bytes", CollectiveConfig.chunk_bytes),
+            "collective.chunk_bytes",
+            1024,
+            1 << 30,
+        )
+        rate = self.number(table.get("rate_mbps", 100.0), "collective.rate_mbps", 1e-3, 1e7)
+        delay = self.number(table.get("delay_ms", 30.0), "collective.delay_ms", 0.0, 1e5)
         if "weights" not in table:
-            return CollectiveConfig()
+            return CollectiveConfig(chunk_bytes=chunk_bytes, rate_mbps=rate, delay_ms=delay)
         weights = table["weights"]
         if not isinstance(weights, dict):
             raise self.error("collective.weights", f"expected a table, got {_type_name(weights)}")
@@ -351,7 +367,14 @@ class _Parser:
                 "collective.weights",
                 f"no weight for {', '.join(missing)}: give every site of the config a weight",
             )
-        return CollectiveConfig(weights=tuple(sorted(result)))
+        return CollectiveConfig(tuple(sorted(result)), chunk_bytes, rate, delay)
+
+    def number(self, value: object, key: str, low: float, high: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(key, f"expected a number, got {_type_name(value)} {value!r}")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise self.error(key, f"{value!r} is out of range ({low:g}..{high:g})")
+        return float(value)
 
     def critical(self, value: object) -> CriticalConfig:
         table = self.table(value, "critical", set(), {"host_delay_target_ms"})

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from wangate.codec import decode_tensor
+from wangate.codec import EncodedTensor, decode_tensor, parse_spec
 from wangate.errors import LocalProtocolError
 
 from .arith import check_reducible, reduce_in_order
 from .exchange import Arrivals, CollectiveMismatch, Expected, Outgoing
 from .feedback import HopFeedback
-from .plan import DEFAULT_CHUNK_BYTES, Plan, Share, chunks
+from .plan import Plan, Share, chunks
 from .tags import check_collective_tag, wire_tag
 
 
@@ -39,7 +39,6 @@ class AllreduceRun:
         spec: str = "none",
         critical: bool = False,
         feedback: HopFeedback | None = None,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         divide_by: int | None = None,
     ) -> None:
         check_collective_tag(tag)
@@ -52,6 +51,7 @@ class AllreduceRun:
         self.dtype = array.dtype
         self._flat = np.ascontiguousarray(array).reshape(-1)
         self._spec = spec
+        self._lossy = parse_spec(spec).lossy
         self._critical = critical
         self._feedback = feedback if feedback is not None else HopFeedback()
         self._count = divide_by if divide_by is not None else len(plan.sites)
@@ -60,9 +60,11 @@ class AllreduceRun:
         self.direct = plan.direct(self._flat.nbytes)
         itemsize = self.dtype.itemsize
         if self.direct:
-            self._chunks = chunks(Share(site, 0, n), itemsize, chunk_bytes)
+            self._chunks = chunks(Share(site, 0, n), itemsize, plan.chunk_bytes)
         else:
-            self._chunks = [c for s in plan.shares(n) for c in chunks(s, itemsize, chunk_bytes)]
+            self._chunks = [
+                c for s in plan.shares(n) for c in chunks(s, itemsize, plan.chunk_bytes)
+            ]
         self._result = np.empty(n, dtype=self.dtype)
         # chunk index -> contributions by site, until the chunk is reduced
         self._parts: dict[int, dict[str, np.ndarray]] = {}
@@ -112,6 +114,9 @@ class AllreduceRun:
                 encoded = self._encode(self._flat[chunk.start : chunk.stop], hop, chunk)
                 out.append(self._outgoing((chunk.owner,), "rs", index, encoded))
                 self._expect(chunk.owner, "ag", index)
+        # contributions first: they depend on no one, so a driver waiting on them in
+        # order never waits on a reduced chunk that itself waits on a missing site
+        self._wanted = dict(sorted(self._wanted.items(), key=lambda kv: "/ag/" in kv[0]))
         # chunks complete already (no peers, or an owner's share with no one to wait for)
         for index in [i for i, parts in self._parts.items() if len(parts) == len(self.plan.sites)]:
             out.extend(self._reduce(index))
@@ -149,24 +154,22 @@ class AllreduceRun:
         self._result[chunk.start : chunk.stop] = self._decoded_own(encoded, chunk, reduced)
         return [self._outgoing(self._peers, "ag", index, encoded)]
 
-    def _encode(self, values: np.ndarray, hop: str, chunk: Share):  # type: ignore[no-untyped-def]
+    def _encode(self, values: np.ndarray, hop: str, chunk: Share) -> EncodedTensor:
         return self._feedback.encode(
             self._spec, values, self.tag, hop, chunk.start, self._flat.size
         )
 
-    def _decoded_own(self, encoded, chunk: Share, exact: np.ndarray | None = None) -> np.ndarray:  # type: ignore[no-untyped-def]
+    def _decoded_own(
+        self, encoded: EncodedTensor, chunk: Share, exact: np.ndarray | None = None
+    ) -> np.ndarray:
         """What the peers will decode from ``encoded``: the exact values when lossless."""
-        if self._spec_lossless:
+        if not self._lossy:
             return exact if exact is not None else self._flat[chunk.start : chunk.stop]
         return decode_tensor(encoded.meta, encoded.payload).reshape(-1)
 
-    @property
-    def _spec_lossless(self) -> bool:
-        from wangate.codec import parse_spec
-
-        return not parse_spec(self._spec).lossy
-
-    def _outgoing(self, peers: tuple[str, ...], kind: str, index: int, encoded) -> Outgoing:  # type: ignore[no-untyped-def]
+    def _outgoing(
+        self, peers: tuple[str, ...], kind: str, index: int, encoded: EncodedTensor
+    ) -> Outgoing:
         return Outgoing.of(peers, self._tag(kind, index), encoded, self._critical)
 
     def _tag(self, kind: str, index: int) -> str:

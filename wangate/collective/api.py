@@ -7,19 +7,19 @@ transport (bench/collective.py measures both placements' CPU cost).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from wangate.errors import LocalProtocolError
+from wangate.errors import LocalProtocolError, RecvTimeout
 
 from .allreduce import AllreduceRun
+from .capacity import Reports, own_capacity_mbps
 from .driver import (
-    AsyncTransport,
     Deadline,
-    SyncTransport,
+    Run,
     collect_joins,
     collect_joins_async,
     drive,
@@ -28,13 +28,14 @@ from .driver import (
     send_all_async,
     timeout_error,
 )
-from .exchange import CollectiveTimeout
+from .exchange import CollectiveTimeout, Expected, Outgoing
 from .feedback import HopFeedback
 from .membership import Membership
-from .plan import DEFAULT_CHUNK_BYTES, Plan
+from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
 
 MAX_STEP = (1 << 63) - 1
+T = TypeVar("T")
 ChooseSpec = Callable[[str, int, str | None, np.dtype[Any]], str]
 
 
@@ -47,11 +48,11 @@ class PartialResult:
 
 
 class CollectiveState:
-    """Per-client state: error feedback per hop, the chunk size."""
+    """Per-client state: error feedback per hop."""
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self) -> None:
         self.feedback = HopFeedback()
-        self.chunk_bytes = chunk_bytes
+        self.capacity_mbps: dict[str, float] = {}  # latest reports, as the leader saw them
 
 
 def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | None) -> Plan:
@@ -76,10 +77,15 @@ def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | No
         if known is not None and not set(chosen) <= set(known):
             unknown = sorted(set(chosen) - set(known))
             raise LocalProtocolError(f"sites {unknown} are not peers of this gateway ({site})")
+    bound = {
+        "chunk_bytes": int(config.get("chunk_bytes", DEFAULT_CHUNK_BYTES)),
+        "rate_bps": float(config.get("rate_mbps", DEFAULT_RATE_BPS / 1e6)) * 1e6,
+        "latency_s": float(config.get("delay_ms", DEFAULT_LATENCY_S * 1e3)) / 1e3,
+    }
     weights = config.get("weights") or {}
     if weights and all(s in weights for s in chosen):
-        return Plan.weighted(chosen, weights)
-    return Plan.equal(chosen)
+        return Plan.weighted(chosen, weights, **bound)
+    return Plan.equal(chosen, **bound)
 
 
 def _check_common(tag: str, step: int, timeout: float) -> None:
@@ -112,7 +118,6 @@ def _allreduce_run(
         spec=spec,
         critical=critical,
         feedback=state.feedback,
-        chunk_bytes=state.chunk_bytes,
     )
 
 
@@ -120,8 +125,101 @@ def _what(kind: str, tag: str, step: int) -> str:
     return f"{kind} {tag!r} step {step}"
 
 
-def allreduce(
-    gw: SyncTransport,
+# -- the steps of a collective, written once for both clients -----------------------------
+#
+# A script is a generator that yields what it needs done (send, one recv, the path table,
+# drive a run, collect joins) and gets the outcome back; ``run_sync`` and ``run_async``
+# carry the steps out with a blocking or an asyncio client.
+
+
+@dataclass(frozen=True)
+class Send:
+    messages: list[Outgoing]
+    best_effort: bool = False  # a peer that cannot be reached is skipped (joins)
+
+
+@dataclass(frozen=True)
+class RecvOne:  # -> the array, or None when nothing came in ``timeout_s``
+    want: Expected
+    step: int | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class PathRows:  # -> the gateway's ``paths()`` rows
+    pass
+
+
+@dataclass(frozen=True)
+class DriveRun:  # -> None once the run is done; raises CollectiveTimeout
+    run: Run
+    deadline: Deadline
+    what: str
+
+
+@dataclass(frozen=True)
+class Joins:  # -> the sources whose join arrived before the window closed
+    wanted: list[Expected]
+    window: Deadline
+
+
+Step = Send | RecvOne | PathRows | DriveRun | Joins
+Script = Generator[Step, Any, T]
+
+
+def run_sync(gw: Any, site: str, step: int, script: Script[T]) -> T:
+    result: Any = None
+    while True:
+        try:
+            todo = script.send(result)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+        if isinstance(todo, Send):
+            send_all(gw, todo.messages, step, todo.best_effort)
+            result = None
+        elif isinstance(todo, RecvOne):
+            w = todo.want
+            try:
+                result = gw.recv(w.tag, source=w.source, step=todo.step, timeout=todo.timeout_s)
+            except RecvTimeout:
+                result = None
+        elif isinstance(todo, PathRows):
+            result = gw.paths()
+        elif isinstance(todo, DriveRun):
+            drive(gw, todo.run, step, todo.deadline, todo.what, site)
+            result = None
+        else:
+            result = collect_joins(gw, todo.wanted, step, todo.window)
+
+
+async def run_async(gw: Any, site: str, step: int, script: Script[T]) -> T:
+    result: Any = None
+    while True:
+        try:
+            todo = script.send(result)
+        except StopIteration as stop:
+            return cast(T, stop.value)
+        if isinstance(todo, Send):
+            await send_all_async(gw, todo.messages, step, todo.best_effort)
+            result = None
+        elif isinstance(todo, RecvOne):
+            w = todo.want
+            try:
+                result = await gw.recv(
+                    w.tag, source=w.source, step=todo.step, timeout=todo.timeout_s
+                )
+            except RecvTimeout:
+                result = None
+        elif isinstance(todo, PathRows):
+            result = await gw.paths()
+        elif isinstance(todo, DriveRun):
+            await drive_async(gw, todo.run, step, todo.deadline, todo.what, site)
+            result = None
+        else:
+            result = await collect_joins_async(gw, todo.wanted, step, todo.window)
+
+
+def allreduce_script(
     site: str,
     settings: Mapping[str, Any],
     state: CollectiveState,
@@ -136,89 +234,93 @@ def allreduce(
     timeout: float,
     sites: Iterable[str] | None,
     partial: bool,
-) -> np.ndarray | PartialResult:
+) -> Script[np.ndarray | PartialResult]:
     _check_common(tag, step, timeout)
     array = np.asarray(array)
     plan = call_sites(site, settings, sites)
+    measured = not settings.get("collective", {}).get("weights")
+    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)  # checks the inputs first
     deadline = Deadline(timeout)
     what = _what("allreduce", tag, step)
-    if not partial:
-        run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
-        drive(gw, run, step, deadline, what, site)
-        return run.result()
-    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)  # checks inputs first
-    member = Membership(site=site, plan=plan, tag=tag)
-    send_all(gw, member.start(), step)
-    for source in collect_joins(gw, member.joins_wanted(), step, Deadline(timeout / 2)):
-        member.joined(source)
-    if len(member.present) < 2 and member.peers:
-        raise timeout_error(what, site, timeout, list(member.peers))
-    if member.leader == site:
-        agreed, messages = member.decide()
-        send_all(gw, messages, step)
-    else:
-        try:
-            word = gw.recv(
-                member.plan_tag, source=member.leader, step=step, timeout=deadline.left()
-            )
-        except CollectiveTimeout:
-            raise
-        except Exception as exc:
-            raise _no_plan(what, site, member.leader, timeout) from exc
-        agreed = member.accept(member.leader, word)
-    run = _allreduce_run(site, agreed, state, choose, tag, array, op, codec, critical)
-    drive(gw, run, step, deadline, what, site)
-    return PartialResult(run.result(), agreed.sites)
+    if partial:
+        plan = yield from _membership(
+            site, plan, state, tag, step, timeout, deadline, what, measured
+        )
+    elif measured and not plan.direct(array.nbytes):
+        plan = yield from _announced(site, plan, state, tag, step, deadline, what)
+    run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
+    yield DriveRun(run, deadline, what)
+    if partial:
+        return PartialResult(run.result(), plan.sites)
+    return run.result()
 
 
-async def allreduce_async(
-    gw: AsyncTransport,
+def _membership(
     site: str,
-    settings: Mapping[str, Any],
+    plan: Plan,
     state: CollectiveState,
-    choose: ChooseSpec,
     tag: str,
-    array: np.ndarray,
-    *,
     step: int,
-    op: str,
-    codec: str | None,
-    critical: bool,
     timeout: float,
-    sites: Iterable[str] | None,
-    partial: bool,
-) -> np.ndarray | PartialResult:
-    _check_common(tag, step, timeout)
-    array = np.asarray(array)
-    plan = call_sites(site, settings, sites)
-    deadline = Deadline(timeout)
-    what = _what("allreduce", tag, step)
-    if not partial:
-        run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
-        await drive_async(gw, run, step, deadline, what, site)
-        return run.result()
-    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)
+    deadline: Deadline,
+    what: str,
+    measured: bool,
+) -> Generator[Step, Any, Plan]:
     member = Membership(site=site, plan=plan, tag=tag)
-    await send_all_async(gw, member.start(), step)
-    window = Deadline(timeout / 2)
-    for source in await collect_joins_async(gw, member.joins_wanted(), step, window):
+    yield Send(member.start(), best_effort=True)
+    for source in (yield Joins(member.joins_wanted(), Deadline(timeout / 2))):
         member.joined(source)
     if len(member.present) < 2 and member.peers:
         raise timeout_error(what, site, timeout, list(member.peers))
-    if member.leader == site:
-        agreed, messages = member.decide()
-        await send_all_async(gw, messages, step)
-    else:
-        try:
-            word = await gw.recv(
-                member.plan_tag, source=member.leader, step=step, timeout=deadline.left()
-            )
-        except Exception as exc:
-            raise _no_plan(what, site, member.leader, timeout) from exc
-        agreed = member.accept(member.leader, word)
-    run = _allreduce_run(site, agreed, state, choose, tag, array, op, codec, critical)
-    await drive_async(gw, run, step, deadline, what, site)
-    return PartialResult(run.result(), agreed.sites)
+    reports = Reports(site, plan, tag)
+    if member.leader != site:
+        if measured:
+            yield Send(reports.report(member.leader, (yield PathRows())))
+        word = yield RecvOne(Expected(member.leader, member.plan_tag), step, deadline.left())
+        if word is None:
+            raise _no_plan(what, site, member.leader, timeout)
+        return member.accept(member.leader, word)
+    if measured:
+        member.plan = yield from _measure(reports, state, plan)
+    agreed, messages = member.decide()
+    yield Send(messages)
+    return agreed
+
+
+def _announced(
+    site: str,
+    plan: Plan,
+    state: CollectiveState,
+    tag: str,
+    step: int,
+    deadline: Deadline,
+    what: str,
+) -> Generator[Step, Any, Plan]:
+    """Shares by measured capacity: the lowest-named site announces them for this call."""
+    reports = Reports(site, plan, tag)
+    leader = plan.sites[0]
+    if site == leader:
+        measured = yield from _measure(reports, state, plan)
+        yield Send(reports.announce(measured))
+        return measured
+    yield Send(reports.report(leader, (yield PathRows())))
+    word = yield RecvOne(Expected(leader, reports.plan_tag), step, deadline.left())
+    if word is None:
+        raise _no_plan(what, site, leader, deadline.timeout_s)
+    return reports.accept(leader, word)
+
+
+def _measure(reports: Reports, state: CollectiveState, plan: Plan) -> Generator[Step, Any, Plan]:
+    """The leader's plan: its own capacity now, the others' from their latest reports
+    (drained without waiting: a report still on its way counts at the next call)."""
+    for peer in reports.peers:
+        while True:
+            word = yield RecvOne(Expected(peer, reports.report_tag), None, 0.0)
+            if word is None:
+                break
+            state.capacity_mbps[peer] = reports.read_report(peer, word)
+    state.capacity_mbps[reports.site] = own_capacity_mbps((yield PathRows()), plan.sites)
+    return reports.plan_from(state.capacity_mbps)
 
 
 def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTimeout:
@@ -231,11 +333,9 @@ def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTim
     )
 
 
-def broadcast(
-    gw: SyncTransport,
+def broadcast_script(
     site: str,
     settings: Mapping[str, Any],
-    state: CollectiveState,
     tag: str,
     array: np.ndarray | None,
     *,
@@ -243,40 +343,17 @@ def broadcast(
     step: int,
     timeout: float,
     sites: Iterable[str] | None,
-) -> np.ndarray:
+) -> Script[np.ndarray]:
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BroadcastRun(
-        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=state.chunk_bytes
+        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
-    drive(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
+    yield DriveRun(run, Deadline(timeout), _what("broadcast", tag, step))
     return run.result()
 
 
-async def broadcast_async(
-    gw: AsyncTransport,
-    site: str,
-    settings: Mapping[str, Any],
-    state: CollectiveState,
-    tag: str,
-    array: np.ndarray | None,
-    *,
-    root: str,
-    step: int,
-    timeout: float,
-    sites: Iterable[str] | None,
-) -> np.ndarray:
-    _check_common(tag, step, timeout)
-    plan = call_sites(site, settings, sites)
-    run = BroadcastRun(
-        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=state.chunk_bytes
-    )
-    await drive_async(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
-    return run.result()
-
-
-def barrier(
-    gw: SyncTransport,
+def barrier_script(
     site: str,
     settings: Mapping[str, Any],
     tag: str,
@@ -284,24 +361,8 @@ def barrier(
     step: int,
     timeout: float,
     sites: Iterable[str] | None,
-) -> None:
+) -> Script[None]:
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BarrierRun(site=site, sites=plan.sites, tag=tag)
-    drive(gw, run, step, Deadline(timeout), _what("barrier", tag, step), site)
-
-
-async def barrier_async(
-    gw: AsyncTransport,
-    site: str,
-    settings: Mapping[str, Any],
-    tag: str,
-    *,
-    step: int,
-    timeout: float,
-    sites: Iterable[str] | None,
-) -> None:
-    _check_common(tag, step, timeout)
-    plan = call_sites(site, settings, sites)
-    run = BarrierRun(site=site, sites=plan.sites, tag=tag)
-    await drive_async(gw, run, step, Deadline(timeout), _what("barrier", tag, step), site)
+    yield DriveRun(run, Deadline(timeout), _what("barrier", tag, step))

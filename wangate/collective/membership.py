@@ -17,6 +17,7 @@ owners, and returns the same array and the same contributors; the others raise.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -85,9 +86,4 @@ class Membership:
                 f"partial {self.tag!r}: {source} left {self.site} out of this step "
                 "(it arrived after the join window); it joins again at a later step"
             )
-        return Plan(
-            tuple(members),
-            tuple(w for w in chosen if w > 0),
-            self.plan.rate_bps,
-            self.plan.latency_s,
-        )
+        return replace(self.plan, sites=tuple(members), weights=tuple(w for w in chosen if w > 0))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from wangate.errors import LocalProtocolError
 
@@ -22,6 +23,8 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_RATE_BPS = 100e6
 DEFAULT_LATENCY_S = 0.030
 MAX_WEIGHT = 1e6
+MIN_CHUNK_BYTES = 1024
+MAX_CHUNK_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class Plan:
     weights: tuple[float, ...]  # one per site, > 0
     rate_bps: float = DEFAULT_RATE_BPS  # per-site WAN rate the bound assumes
     latency_s: float = DEFAULT_LATENCY_S  # one-way delay the bound assumes
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # pipelining unit; part of the plan: all cut alike
 
     def __post_init__(self) -> None:
         if len(self.sites) < 1 or list(self.sites) != sorted(set(self.sites)):
@@ -58,20 +62,25 @@ class Plan:
             raise LocalProtocolError(f"plan rate {self.rate_bps} must be positive")
         if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
             raise LocalProtocolError(f"plan latency {self.latency_s} must not be negative")
+        if not MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise LocalProtocolError(
+                f"chunk_bytes {self.chunk_bytes} is out of range "
+                f"({MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES})"
+            )
 
     @classmethod
-    def equal(cls, sites: Sequence[str]) -> Plan:
+    def equal(cls, sites: Sequence[str], **bound: Any) -> Plan:
         ordered = tuple(sorted(set(sites)))
-        return cls(ordered, (1.0,) * len(ordered))
+        return cls(ordered, (1.0,) * len(ordered), **bound)
 
     @classmethod
-    def weighted(cls, sites: Sequence[str], weights: Mapping[str, float]) -> Plan:
+    def weighted(cls, sites: Sequence[str], weights: Mapping[str, float], **bound: Any) -> Plan:
         """Weights by site name; a site left out of ``weights`` is an error."""
         ordered = tuple(sorted(set(sites)))
         missing = [s for s in ordered if s not in weights]
         if missing:
             raise LocalProtocolError(f"no collective weight for {', '.join(missing)}")
-        return cls(ordered, tuple(float(weights[s]) for s in ordered))
+        return cls(ordered, tuple(float(weights[s]) for s in ordered), **bound)
 
     def restricted(self, sites: Sequence[str]) -> Plan:
         """The same weights over a subset of the sites (partial calls)."""
@@ -80,18 +89,13 @@ class Plan:
         if unknown:
             raise LocalProtocolError(f"sites {sorted(unknown)} are not in the plan")
         pairs = [(s, w) for s, w in zip(self.sites, self.weights, strict=True) if s in keep]
-        return Plan(
-            tuple(s for s, _ in pairs),
-            tuple(w for _, w in pairs),
-            self.rate_bps,
-            self.latency_s,
-        )
+        return replace(self, sites=tuple(s for s, _ in pairs), weights=tuple(w for _, w in pairs))
 
     @property
     def digest(self) -> str:
         """8 hex digits naming this plan in wire tags (sites, weights, bound inputs)."""
         text = ";".join(f"{s}={w!r}" for s, w in zip(self.sites, self.weights, strict=True))
-        text += f";{self.rate_bps!r};{self.latency_s!r}"
+        text += f";{self.rate_bps!r};{self.latency_s!r};{self.chunk_bytes}"
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def shares(self, n_elements: int) -> list[Share]:
