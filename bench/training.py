@@ -42,7 +42,7 @@ import wangate
 import wangate.torch as wt
 from wangate.loopback import LoopbackSites
 
-CONTEXT, EMBED, HIDDEN, BATCH = 16, 24, 256, 64
+CONTEXT, EMBED, HIDDEN, BATCH = 16, 16, 128, 64
 PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 3e-3, 3_000_000, 4096
 # (name, codec for the hook or DiLoCo, DiLoCo H or 0 for DDP)
 RUNS = {

@@ -52,8 +52,12 @@ def reference_run() -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
-    with LoopbackSites(SITES, 1, directory=tmp_path_factory.mktemp("sites")) as sites:
+    sites = LoopbackSites(SITES, 1, directory=tmp_path_factory.mktemp("sites"))
+    try:
+        sites.start(timeout_s=60)  # generous: CI machines may be busy
         yield sites
+    finally:
+        sites.stop()
 
 
 def run_site_ranks(

@@ -22,8 +22,12 @@ H, OUTER_STEPS, OUTER_LR, MOMENTUM = 3, 3, 0.7, 0.9
 def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
     small = "[compression]\nmin_lossy_bytes = 1024\n"  # so int8 applies to this small model
     directory = tmp_path_factory.mktemp("sites")
-    with LoopbackSites(3, 1, directory=directory, extra_toml=small) as lab:
+    lab = LoopbackSites(3, 1, directory=directory, extra_toml=small)
+    try:
+        lab.start(timeout_s=60)  # generous: CI machines may be busy
         yield lab
+    finally:
+        lab.stop()
 
 
 def build_model(seed: int) -> torch.nn.Module:

@@ -22,8 +22,12 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
-    with LoopbackSites(2, 1, directory=tmp_path_factory.mktemp("sites")) as lab:
+    lab = LoopbackSites(2, 1, directory=tmp_path_factory.mktemp("sites"))
+    try:
+        lab.start(timeout_s=60)  # generous: CI machines may be busy
         yield lab
+    finally:
+        lab.stop()
 
 
 def shares(tensor: torch.Tensor, array: np.ndarray) -> bool:
