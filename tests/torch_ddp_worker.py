@@ -55,6 +55,9 @@ def main(args: dict[str, object]) -> None:
     client = wangate.Client(str(args["socket"])) if rank == 0 else None
     if args.get("alone"):
         alone(args, client, site, rank)
+        dist.destroy_process_group()
+        if client is not None:
+            client.close()
         return
     model = build_model(100 + 10 * site + rank)  # every rank starts elsewhere ...
     wt.sync_parameters(model, client, root=str(args["root"]))  # ... until the broadcast
