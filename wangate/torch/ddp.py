@@ -147,38 +147,29 @@ def sync_parameters(
     The state travels as its raw bytes, so every dtype arrives bit for bit."""
     site = SiteGroup(client, group)
     tensors = [*module.parameters(), *module.buffers()]
+    for t in tensors:
+        if not t.is_contiguous():
+            raise WangateError("sync_parameters needs contiguous parameters and buffers")
+    if not tensors:
+        return
     with torch.no_grad():
-        flat = torch.cat(
-            [t.detach().reshape(-1).contiguous().view(torch.uint8).cpu() for t in tensors]
-        )
+        flat = torch.cat([t.detach().reshape(-1).view(torch.uint8).cpu() for t in tensors])
         failure: BaseException | None = None
         if site.is_leader:
             assert client is not None
             try:
                 mine, _ = to_numpy(flat)
-                got: Any = client.broadcast(
-                    tag,
-                    mine if client.site == root else None,
-                    root=root,
-                    step=step,
-                    timeout=timeout_s,
-                )
+                given = mine if client.site == root else None
+                got: Any = client.broadcast(tag, given, root=root, step=step, timeout=timeout_s)
                 copy_into(flat, _same_size(got, flat.numel(), root))
             except Exception as exc:
                 failure = exc
-        if site.size > 1:
-            status = torch.tensor([0 if failure is None else 1], dtype=torch.int32)
-            site.broadcast_from_leader(status)
-            if failure is None and int(status.item()) == 0:
-                site.broadcast_from_leader(flat)
-            elif failure is None:
-                raise WangateError("the site's rank 0 failed to receive the parameters")
-        if failure is not None:
-            raise WangateError(f"parameter broadcast from {root!r} failed: {failure}") from failure
+        shared = flat.to(tensors[0].device)  # the in-site broadcast runs where the model is
+        site.share_result(shared, failure, tag=tag, step=step, what="parameter broadcast")
         offset = 0
         for t in tensors:
             n = t.numel() * t.element_size()
-            t.detach().reshape(-1).view(torch.uint8).copy_(flat[offset : offset + n])
+            t.detach().reshape(-1).view(torch.uint8).copy_(shared[offset : offset + n])
             offset += n
 
 

@@ -119,20 +119,27 @@ class SiteGroup:
         return None
 
     def share_result(
-        self, buffer: torch.Tensor, failure: BaseException | None, *, tag: str, step: int
+        self,
+        buffer: torch.Tensor,
+        failure: BaseException | None,
+        *,
+        tag: str,
+        step: int,
+        what: str = "allreduce",
     ) -> None:
         """Step 3, every rank: rank 0's result (or its failure) to the whole site."""
         if self.size > 1:
-            status = torch.tensor([0 if failure is None else 1], dtype=torch.int32)
+            flag = [0 if failure is None else 1]  # on the buffer's device: NCCL needs that
+            status = torch.tensor(flag, dtype=torch.int32, device=buffer.device)
             self.broadcast_from_leader(status)
             if int(status.item()) == 0:
                 self.broadcast_from_leader(buffer)
             elif failure is None:
                 raise CrossSiteError(
                     f"{tag!r} step {step}: the site's rank 0 failed the cross-site "
-                    "allreduce (its log has the reason)"
+                    f"{what} (its log has the reason)"
                 )
         if failure is not None:
             raise CrossSiteError(
-                f"{tag!r} step {step}: cross-site allreduce failed: {failure}"
+                f"{tag!r} step {step}: cross-site {what} failed: {failure}"
             ) from failure
