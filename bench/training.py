@@ -40,10 +40,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 import wangate
 import wangate.torch as wt
-from wangate.loopback import LoopbackSites
+from wangate.loopback import SITE_NAMES, LoopbackSites
 
 CONTEXT, EMBED, HIDDEN, BATCH = 16, 16, 128, 64
 PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 3e-3, 3_000_000, 4096
+SITES = 3
 # (name, codec for the hook or DiLoCo, DiLoCo H or 0 for DDP)
 RUNS = {
     "none": (None, 0),
@@ -183,7 +184,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     base_bytes = np.mean([by[("none", s, i)]["wan_bytes_per_step"] for s in seeds for i in sites])
     print(
         f"\nchar-MLP on the stdlib source ({sum(p.numel() for p in CharMLP().parameters()):,} "
-        f"parameters), {len(sites)} sites, {args.steps} inner steps, {args.seeds} seeds. "
+        f"parameters), {SITES} sites, {args.steps} inner steps, {args.seeds} seeds; WAN bytes "
+        f"averaged over the gateways of sites {[SITE_NAMES[i] for i in sites]}. "
         "'vs none': mean and spread (min..max) of the per-seed change in final validation "
         "loss against uncompressed DDP.\n"
     )
@@ -193,9 +195,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         losses = [by[(name, s, 0)]["valid_loss"] for s in seeds]
         change = [100 * (by[(name, s, 0)]["valid_loss"] / base[s] - 1) for s in seeds]
         wan = float(np.mean([by[(name, s, i)]["wan_bytes_per_step"] for s in seeds for i in sites]))
-        spread = f"{min(change):+.2f}..{max(change):+.2f}"
+        spread = f"{min(change):+.3f}..{max(change):+.3f}"
         print(
-            f"| {name} | {np.mean(losses):.4f} | {np.mean(change):+.2f}% ({spread}) | "
+            f"| {name} | {np.mean(losses):.4f} | {np.mean(change):+.3f}% ({spread}) | "
             f"{wan:,.0f} | {base_bytes / wan:.1f}x |"
         )
     for name in names:  # every site ends with the same model, or the run is void
@@ -210,11 +212,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument(
+        "--report", metavar="LOG", help="only tabulate the seeds complete in a saved output"
+    )
     args = parser.parse_args()
     if "none" not in args.runs.split(","):
         args.runs = "none," + args.runs
+    if args.report:  # the JSON lines site 0 prints as it goes
+        lines = Path(args.report).read_text().splitlines()
+        results = [json.loads(line) for line in lines if line.startswith("{")]
+        names = args.runs.split(",")
+        done = [
+            s
+            for s in sorted({r["seed"] for r in results})
+            if {r["run"] for r in results if r["seed"] == s} >= set(names)
+        ]
+        args.seeds = len(done)
+        report([r for r in results if r["seed"] in done], args)
+        return
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as out, LoopbackSites(3, 2, verbose=False) as lab:
+    with tempfile.TemporaryDirectory() as out, LoopbackSites(SITES, 2, verbose=False) as lab:
         sockets = [str(site.socket_path) for site in lab.sites]
         mp.spawn(site_main, args=(sockets, args, out), nprocs=len(sockets))
         results = [
