@@ -7,12 +7,13 @@ Run: .venv/bin/python -m bench.training [--steps 300] [--seeds 3] [--runs none,i
 Three real gateways on loopback (``LoopbackSites``, 2 QUIC paths between each pair), one
 trainer process per site, each its own one-rank DDP group with
 ``wangate.torch.allreduce_hook`` (the gateway's allreduce, op="mean", across sites). Model:
-a character MLP (16 characters of context, 24-wide embeddings, two 256-wide GELU layers,
-190k parameters), AdamW with cosine decay, 64 windows per site per step. DiLoCo: the same
+a character MLP (16 characters of context, 16-wide embeddings, two 128-wide GELU layers,
+63k parameters), AdamW with cosine decay, 64 windows per site per step. DiLoCo: the same
 inner optimiser on each site's own 64 windows, an outer Nesterov step (lr 0.7, momentum
 0.9) every H inner steps. Seeds fix initialisation and batches, so runs of one seed differ
 only by how gradients cross the WAN. WAN bytes: what each site's gateway sent on its paths
-(QUIC packets, all overhead included) per inner step, averaged over sites.
+(QUIC packets, all overhead included) per inner step, averaged over sites. Runs are
+deterministic per seed; ``--report LOG`` tabulates the complete seeds of a saved output.
 """
 
 from __future__ import annotations
