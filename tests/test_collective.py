@@ -227,7 +227,7 @@ def test_partial_agrees_on_contributors_and_a_site_rejoins(lab: LoopbackSites) -
         lab,
         present,
         lambda gw, s: gw.allreduce(
-            "part", inputs[s], step=10, op="mean", sites=sites, partial=True, timeout=6
+            "part", inputs[s], step=10, op="mean", sites=sites, partial=True, timeout=10
         ),
     )
     raise_any(results)
@@ -306,3 +306,32 @@ def test_shares_by_measured_capacity_are_announced_and_exact(lab: LoopbackSites)
     assert set(capacities["bj"]) == {"bj", "gz", "sh"}
     assert all(rate > 0 for rate in capacities["bj"].values())
     assert capacities["gz"] == capacities["sh"] == {}  # only the leader keeps them
+
+
+def test_async_partial_broadcast_and_barrier(lab: LoopbackSites) -> None:
+    """The asyncio client through the same scripts: a partial allreduce with hz absent,
+    then a broadcast from sz and a barrier among the four present."""
+    sites = ["bj", "gz", "hz", "sh", "sz"]
+    present = ["bj", "gz", "sh", "sz"]
+    inputs = {s: data(s, (4000,), "float64", 21) for s in sites}
+    params = data("sz", (10, 10), "int32", 21)
+
+    async def main(site: str) -> tuple[Any, np.ndarray]:
+        async with wangate.AsyncClient(lab[site].socket_path) as gw:
+            res = await gw.allreduce(
+                "apart", inputs[site], step=21, op="mean", partial=True, timeout=12
+            )
+            got = await gw.broadcast(
+                "ap", params if site == "sz" else None, root="sz", sites=present, timeout=SLOW_S
+            )
+            await gw.barrier("ab", step=21, sites=present, timeout=SLOW_S)
+        return res, got
+
+    results = on_sites(lab, present, lambda gw, s: asyncio.run(main(s)))
+    raise_any(results)
+    want = expected({s: inputs[s] for s in present}, "mean")
+    for site in present:
+        res, got = results[site]
+        assert res.contributors == tuple(present)
+        assert res.array.tobytes() == want.tobytes()
+        assert got.tobytes() == params.tobytes() and got.shape == (10, 10)
