@@ -531,3 +531,65 @@ def test_measured_shares_from_reports() -> None:
         reports.accept("bj", np.ones(2))
     with pytest.raises(CollectiveMismatch, match="malformed shares from bj"):
         reports.accept("bj", np.array([1.0, 0.0, 1.0]))
+
+
+class FakeGateway:
+    """A transport for the blocking driver: messages posted by test code, recvs that
+    time out at once when nothing matches (no clock: the deadline is never waited)."""
+
+    def __init__(self) -> None:
+        self.inbox: dict[tuple[str, str, int], np.ndarray] = {}
+        self.sent: list[tuple[str, str, int]] = []
+
+    def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        self.sent.append((peer, tag, step))
+        return len(self.sent)
+
+    def recv(
+        self, tag: str, *, source: str | None, step: int | None, timeout: float | None
+    ) -> np.ndarray:
+        from wangate.errors import RecvTimeout
+
+        assert source is not None and step is not None
+        found = self.inbox.pop((source, tag, step), None)
+        if found is None:
+            raise RecvTimeout("no message", code="timeout")
+        return found
+
+
+def test_driver_timeout_names_the_silent_sites_and_what_arrived() -> None:
+    from wangate.collective.driver import Deadline, drive
+    from wangate.errors import CollectiveTimeout
+
+    plan = Plan.equal(["bj", "gz", "sh"], rate_bps=1.0, chunk_bytes=1024)
+    run = AllreduceRun(site="bj", plan=plan, tag="g", array=np.ones(3000, np.float32))
+    gw = FakeGateway()
+    # gz sends its contributions to bj's share; sh sends nothing at all
+    every_chunk = [c for share in plan.shares(3000) for c in chunks(share, 4, 1024)]
+    bj_chunks = [(i, c) for i, c in enumerate(every_chunk) if c.owner == "bj"]
+    for index, chunk in bj_chunks:
+        gw.inbox[("gz", f"@c/rs/{plan.digest}/{index}/g", 5)] = np.ones(chunk.size, np.float32)
+    with pytest.raises(CollectiveTimeout) as caught:
+        drive(gw, run, 5, Deadline(0.0), "allreduce 'g' step 5", "bj")
+    error = caught.value
+    gz_owned = sum(1 for c in every_chunk if c.owner == "gz")
+    assert error.missing == ("sh",)
+    assert error.arrived == {"gz": len(bj_chunks)}
+    assert str(error) == (
+        "allreduce 'g' step 5 at bj timed out after 0 s: nothing arrived from sh; "
+        f"{len(bj_chunks)} of {len(bj_chunks) + gz_owned} messages from gz "
+        "(did those sites call it with the same tag, step and sites?)"
+    )  # gz's slices of bj's share arrived; gz's reduced chunks cannot come without sh
+    # bj sent its slices of gz's and sh's chunks to their owners, at step 5
+    assert {peer for peer, _, _ in gw.sent} == {"gz", "sh"}
+    assert all(step == 5 and "/rs/" in tag for _, tag, step in gw.sent)

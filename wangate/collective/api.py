@@ -1,7 +1,8 @@
 """The collectives behind ``Client`` and ``AsyncClient``: inputs checked, plan chosen, run driven.
 
-The arithmetic runs here, in the trainer's process: the daemon's core stays with the
-transport (bench/collective.py measures both placements' CPU cost).
+Each collective is one script (``steps.py``) that both clients execute. The arithmetic
+runs here, in the trainer's process: the daemon's core stays with the transport
+(bench/collective.py measures what the arithmetic costs).
 """
 
 from __future__ import annotations
@@ -9,33 +10,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
-from wangate.errors import LocalProtocolError, RecvTimeout
+from wangate.errors import LocalProtocolError
 
 from .allreduce import AllreduceRun
+from .arith import check_reducible
 from .capacity import Reports, own_capacity_mbps
-from .driver import (
-    Deadline,
-    Run,
-    collect_joins,
-    collect_joins_async,
-    drive,
-    drive_async,
-    send_all,
-    send_all_async,
-    timeout_error,
-)
-from .exchange import CollectiveTimeout, Expected, Outgoing
+from .driver import Deadline, timeout_error
+from .exchange import CollectiveTimeout, Expected
 from .feedback import HopFeedback
 from .membership import Membership
 from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
+from .steps import DriveRun, Joins, PathRows, RecvOne, Script, Send, Step, run_async, run_sync
+from .tags import check_collective_tag
+
+__all__ = ["CollectiveState", "PartialResult", "run_async", "run_sync"]
 
 MAX_STEP = (1 << 63) - 1
-T = TypeVar("T")
 ChooseSpec = Callable[[str, int, str | None, np.dtype[Any]], str]
 
 
@@ -48,7 +43,7 @@ class PartialResult:
 
 
 class CollectiveState:
-    """Per-client state: error feedback per hop."""
+    """Per-client state: error feedback per hop; as leader, the capacities reported."""
 
     def __init__(self) -> None:
         self.feedback = HopFeedback()
@@ -125,100 +120,6 @@ def _what(kind: str, tag: str, step: int) -> str:
     return f"{kind} {tag!r} step {step}"
 
 
-# -- the steps of a collective, written once for both clients -----------------------------
-#
-# A script is a generator that yields what it needs done (send, one recv, the path table,
-# drive a run, collect joins) and gets the outcome back; ``run_sync`` and ``run_async``
-# carry the steps out with a blocking or an asyncio client.
-
-
-@dataclass(frozen=True)
-class Send:
-    messages: list[Outgoing]
-    best_effort: bool = False  # a peer that cannot be reached is skipped (joins)
-
-
-@dataclass(frozen=True)
-class RecvOne:  # -> the array, or None when nothing came in ``timeout_s``
-    want: Expected
-    step: int | None
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class PathRows:  # -> the gateway's ``paths()`` rows
-    pass
-
-
-@dataclass(frozen=True)
-class DriveRun:  # -> None once the run is done; raises CollectiveTimeout
-    run: Run
-    deadline: Deadline
-    what: str
-
-
-@dataclass(frozen=True)
-class Joins:  # -> the sources whose join arrived before the window closed
-    wanted: list[Expected]
-    window: Deadline
-
-
-Step = Send | RecvOne | PathRows | DriveRun | Joins
-Script = Generator[Step, Any, T]
-
-
-def run_sync(gw: Any, site: str, step: int, script: Script[T]) -> T:
-    result: Any = None
-    while True:
-        try:
-            todo = script.send(result)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        if isinstance(todo, Send):
-            send_all(gw, todo.messages, step, todo.best_effort)
-            result = None
-        elif isinstance(todo, RecvOne):
-            w = todo.want
-            try:
-                result = gw.recv(w.tag, source=w.source, step=todo.step, timeout=todo.timeout_s)
-            except RecvTimeout:
-                result = None
-        elif isinstance(todo, PathRows):
-            result = gw.paths()
-        elif isinstance(todo, DriveRun):
-            drive(gw, todo.run, step, todo.deadline, todo.what, site)
-            result = None
-        else:
-            result = collect_joins(gw, todo.wanted, step, todo.window)
-
-
-async def run_async(gw: Any, site: str, step: int, script: Script[T]) -> T:
-    result: Any = None
-    while True:
-        try:
-            todo = script.send(result)
-        except StopIteration as stop:
-            return cast(T, stop.value)
-        if isinstance(todo, Send):
-            await send_all_async(gw, todo.messages, step, todo.best_effort)
-            result = None
-        elif isinstance(todo, RecvOne):
-            w = todo.want
-            try:
-                result = await gw.recv(
-                    w.tag, source=w.source, step=todo.step, timeout=todo.timeout_s
-                )
-            except RecvTimeout:
-                result = None
-        elif isinstance(todo, PathRows):
-            result = await gw.paths()
-        elif isinstance(todo, DriveRun):
-            await drive_async(gw, todo.run, step, todo.deadline, todo.what, site)
-            result = None
-        else:
-            result = await collect_joins_async(gw, todo.wanted, step, todo.window)
-
-
 def allreduce_script(
     site: str,
     settings: Mapping[str, Any],
@@ -239,7 +140,8 @@ def allreduce_script(
     array = np.asarray(array)
     plan = call_sites(site, settings, sites)
     measured = not settings.get("collective", {}).get("weights")
-    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)  # checks the inputs first
+    check_collective_tag(tag)  # the inputs are checked before anything is sent
+    check_reducible(array.dtype, op)
     deadline = Deadline(timeout)
     what = _what("allreduce", tag, step)
     if partial:
