@@ -56,8 +56,8 @@ def batch(site: str, rank: int, step: int, size: int = 64) -> tuple[torch.Tensor
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-def run_rank(index: int, jobs: list[tuple[str, str, int, str]], args: argparse.Namespace) -> None:
-    site_socket, init, rank, _ = jobs[index]
+def run_rank(index: int, jobs: list[tuple[str, str, int]], args: argparse.Namespace) -> None:
+    site_socket, init, rank = jobs[index]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     gw = wangate.Client(site_socket) if rank == 0 else None
@@ -101,11 +101,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the ranks talk over loopback here
 
-    def jobs_for(sockets: list[str]) -> list[tuple[str, str, int, str]]:
+    def jobs_for(sockets: list[str]) -> list[tuple[str, str, int]]:
         jobs = []
         for path in sockets:
             init = f"tcp://127.0.0.1:{free_port()}"
-            jobs += [(path, init, rank, "") for rank in range(args.ranks)]
+            jobs += [(path, init, rank) for rank in range(args.ranks)]
         return jobs
 
     if args.socket:
