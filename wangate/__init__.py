@@ -9,11 +9,15 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from wangate.client import AsyncClient, Client
+from wangate.collective import PartialResult
 from wangate.errors import (
     AccessDenied,
     AuthenticationError,
     ChecksumError,
     CodecError,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
     ConfigError,
     DeadlineExceeded,
     FrameChecksumError,
@@ -35,6 +39,9 @@ __all__ = [
     "ChecksumError",
     "Client",
     "CodecError",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
     "ConfigError",
     "DeadlineExceeded",
     "FrameChecksumError",
@@ -42,6 +49,7 @@ __all__ = [
     "GatewayUnavailable",
     "LocalProtocolError",
     "MessageFailed",
+    "PartialResult",
     "PeerUnreachable",
     "RecvTimeout",
     "RemoteProtocolError",

@@ -17,13 +17,16 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, TypeVar
 
 import numpy as np
 
-from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
+from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor, read_meta
+from wangate.collective import api as _coll
+from wangate.collective.api import CollectiveState
+from wangate.collective.tags import check_user_tag
 from wangate.errors import (
     AccessDenied,
     DeadlineExceeded,
@@ -53,6 +56,7 @@ from wangate.localapi.protocol import (
     encode_request,
 )
 from wangate.service import Buffer
+from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
 SOCKET_ENV = "WANGATE_SOCKET"
@@ -153,6 +157,7 @@ class _Session:
         self.max_message_bytes = 0
         self._policy = CodecPolicy()
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
+        self.collective = CollectiveState()  # per-hop residuals of collectives
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -179,9 +184,12 @@ class _Session:
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
     ) -> tuple[bytes, memoryview, int]:
         """Encoded meta, payload view and checksum for ``array`` under the policy."""
-        array = np.asarray(array)
+        check_user_tag(tag)
+        array, bfloat16 = as_wire_array(array)  # torch tensors: a view where possible
         spec = self._policy.choose(tag, array.nbytes, codec, array.dtype)
-        encoded = encode_tensor(array, spec, feedback=self._feedback, key=(peer, tag))
+        encoded = encode_tensor(
+            array, spec, feedback=self._feedback, key=(peer, tag), bfloat16=bfloat16
+        )
         meta = bytes(encoded.meta)
         payload = memoryview(encoded.payload).cast("B")
         if payload.nbytes > self.max_message_bytes:
@@ -192,12 +200,20 @@ class _Session:
             )
         return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
 
+    def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
+        return self._policy.choose(tag, nbytes, codec, dtype)
+
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
         # The gateway checked the transport checksum before delivery; the tensor frame
         # carries its own CRC, which decode_tensor checks: one pass over the bytes here.
         meta = _field(reply, "meta", bytes)
         _field(reply, "checksum", int)
-        return decode_tensor(meta, payload)
+        array = decode_tensor(meta, payload)
+        return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
+
+
+def _wire_or_none(array: Any) -> np.ndarray | None:
+    return None if array is None else as_wire_array(array)[0]  # torch tensors as numpy
 
 
 def _field(reply: dict[str, Any], key: str, kind: type[T]) -> T:
@@ -361,6 +377,74 @@ class Client:
         returned). Raises ``MessageFailed`` (its id, tag, step and why) if it never will
         be, ``PeerUnreachable`` while the peer is, ``RecvTimeout`` after ``timeout``."""
         self._call(lambda rid: WaitRequest(rid, peer, message_id, timeout))
+
+    def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
+        encode once for several peers)."""
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field(self._call(request, payload)[0], "message_id", int)
+
+    def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        """The reduction (``op`` "sum" or "mean") of ``array`` over the sites (all of the
+        gateway's config by default), identical on every site; with ``partial=True`` a
+        ``PartialResult`` (``.array``, ``.contributors``) over the sites present. Raises
+        ``CollectiveTimeout`` naming the sites that never answered. proto/collective.md."""
+        s = self._session
+        script = _coll.allreduce_script(
+            s.site, s.settings, s.collective, s.choose_spec, tag, as_reducible_array(array),
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+        return _coll.run_sync(self, s.site, step, script)
+
+    def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        """``root``'s array on every site (``array`` is ignored elsewhere but checked)."""
+        s, given = self._session, _wire_or_none(array)
+        script = _coll.broadcast_script(
+            s.site, s.settings, tag, given, root=root, step=step, timeout=timeout, sites=sites
+        )
+        return _coll.run_sync(self, s.site, step, script)
+
+    def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        """Return once every site has called ``barrier`` with this tag and step."""
+        s = self._session
+        script = _coll.barrier_script(
+            s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        )
+        _coll.run_sync(self, s.site, step, script)
 
     def paths(self) -> list[dict[str, Any]]:
         return _field(self._call(PathsRequest)[0], "paths", list)
@@ -532,6 +616,66 @@ class AsyncClient:
     async def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
         """As ``Client.wait``."""
         await self._call(lambda rid: WaitRequest(rid, peer, message_id, timeout))
+
+    async def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field((await self._call(request, payload))[0], "message_id", int)
+
+    async def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        s = self._session
+        script = _coll.allreduce_script(
+            s.site, s.settings, s.collective, s.choose_spec, tag, as_reducible_array(array),
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+        return await _coll.run_async(self, s.site, step, script)
+
+    async def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        s, given = self._session, _wire_or_none(array)
+        script = _coll.broadcast_script(
+            s.site, s.settings, tag, given, root=root, step=step, timeout=timeout, sites=sites
+        )
+        return await _coll.run_async(self, s.site, step, script)
+
+    async def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        s = self._session
+        script = _coll.barrier_script(
+            s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        )
+        await _coll.run_async(self, s.site, step, script)
 
     async def paths(self) -> list[dict[str, Any]]:
         return _field((await self._call(PathsRequest))[0], "paths", list)
