@@ -6,6 +6,7 @@ import pytest
 
 from bench.collectives import bound
 from bench.collectives.run import bounds, links_bps
+from bench.collectives.worker import share_slices
 from bench.lab.scenario import load_scenario
 
 MBIT = 1_000_000.0
@@ -98,3 +99,18 @@ def test_scenario_bounds_coll3() -> None:
     assert b["link_bound_s"] == pytest.approx(8 * size * 0.6 / 20e6, rel=1e-12)
     # ring bj -> sh -> gz -> bj: slowest is sh -> gz at 20 Mbit/s
     assert b["gloo_ring_bound_s"] == pytest.approx(8 * size * 4 / 3 / 20e6, rel=1e-12)
+
+
+def test_share_slices_are_contiguous_and_cover_everything() -> None:
+    pieces = share_slices(100, ["a", "b", "c"], {"a": 0.5, "b": 0.3, "c": 0.2}, 2)
+    assert pieces == {
+        "a": [slice(0, 25), slice(25, 50)],
+        "b": [slice(50, 65), slice(65, 80)],
+        "c": [slice(80, 90), slice(90, 100)],
+    }
+    # uneven cuts: 10 elements in 3 chunks; the last site ends at the last element
+    pieces = share_slices(10, ["a", "b"], {"a": 0.33, "b": 0.67}, 3)
+    assert pieces == {
+        "a": [slice(0, 1), slice(1, 2), slice(2, 3)],
+        "b": [slice(3, 5), slice(5, 7), slice(7, 10)],
+    }

@@ -31,10 +31,12 @@ def main(argv: list[str]) -> int:
         help="coll3_half: allreduce with capacity-weighted against equal shares",
     )
     parser.add_argument(
-        "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "allreduce"]
+        "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "rsag", "allreduce"]
     )
     parser.add_argument("--elements", type=int, default=ELEMENTS)
     parser.add_argument("--gloo-timeout", type=float, default=120.0)
+    parser.add_argument("--cubic-timeout", type=float, default=300.0)
+    parser.add_argument("--cubic-runs", type=int, default=None, help="default: --runs")
     parser.add_argument("--wangate-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     names = ["coll3_half"] if args.half else [f"coll{n}" for n in args.sites]
@@ -57,6 +59,8 @@ def main(argv: list[str]) -> int:
                     methods=tuple(args.methods),
                     variants=variants,
                     gloo_timeout_s=args.gloo_timeout,
+                    cubic_timeout_s=args.cubic_timeout,
+                    cubic_runs=args.cubic_runs,
                     wangate_timeout_s=args.wangate_timeout,
                 )
             )

@@ -141,6 +141,7 @@ def run_method(
 ) -> dict[str, Any]:
     """Time ``runs`` collectives; a run that passes ``timeout_s`` ends the method."""
     workers = _Workers(lab, specs, logs_dir)
+    stats_before = lab.link_stats()
     times: list[float | None] = []
     exact: list[bool] = []
     observed: list[Any] = []
@@ -162,7 +163,26 @@ def run_method(
             exact.append(all(r["exact"] for r in done.values()))
     finally:
         workers.stop()
-    return {"times_s": times, "exact": exact, "timeout_s": timeout_s, "observed": observed}
+    return {
+        "times_s": times,
+        "exact": exact,
+        "timeout_s": timeout_s,
+        "observed": observed,
+        "link_bytes": _link_deltas(stats_before, lab.link_stats()),
+    }
+
+
+def _link_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per path and direction: bytes delivered and packets dropped during a method."""
+    deltas = {}
+    for path, stats in after.items():
+        for direction in ("a_to_b", "b_to_a"):
+            now, then = stats[direction], before[path][direction]
+            deltas[f"{path} {direction}"] = {
+                key: now[key] - then[key]
+                for key in ("delivered_bytes", "dropped_queue", "dropped_loss")
+            }
+    return deltas
 
 
 def _start_gateways(lab: Lab, extra_config: str, logs_dir: Path, name: str) -> dict[str, Any]:
@@ -200,6 +220,8 @@ def run_collectives(
     methods: tuple[str, ...] = ("gloo-cubic", "gloo-bbr", "alltoall", "allreduce"),
     variants: tuple[Variant, ...] = (Variant("allreduce"),),
     gloo_timeout_s: float = 120.0,
+    cubic_timeout_s: float = 300.0,
+    cubic_runs: int | None = None,
     wangate_timeout_s: float = 60.0,
     say: Any = print,
 ) -> dict[str, Any]:
@@ -241,17 +263,29 @@ def run_collectives(
                 time.sleep(1.0)
                 return {site: siteroutes.congestion_in_use(lab, site) for site in sites}
 
-            result = run_method(lab, specs, runs, gloo_timeout_s, logs_dir, seen_cc)
+            timeout_s = cubic_timeout_s if cc == "cubic" else gloo_timeout_s
+            method_runs = cubic_runs if cc == "cubic" and cubic_runs else runs
+            for spec in specs.values():
+                spec.update(runs=method_runs, timeout_s=timeout_s + READY_TIMEOUT_S)
+            result = run_method(lab, specs, method_runs, timeout_s, logs_dir, seen_cc)
             result["congestion_control_set_by"] = how
             record["methods"][name] = result
             say(f"  {name}: {_fmt_times(result)}  (cc in use: {result['observed'][:1]})")
-        wangate_methods = [m for m in ("alltoall",) if m in methods]
-        wangate_methods += [v.name for v in variants] if "allreduce" in methods else []
-        for name in wangate_methods:
-            variant = next((v for v in variants if v.name == name), Variant(name))
+        shares = record["bounds"]
+        runs_on_wangate: list[tuple[str, Variant]] = []
+        if "alltoall" in methods:
+            runs_on_wangate.append(("alltoall", Variant("alltoall")))
+        if "rsag" in methods:
+            for label, split in (("capacity", "capacity_shares"), ("equal", None)):
+                chosen = shares[split] if split else bound.equal_shares(sites)
+                variant = Variant(f"rsag-{label}", options={"shares": chosen, "chunks": 8})
+                runs_on_wangate.append(("rsag", variant))
+        if "allreduce" in methods:
+            runs_on_wangate += [("allreduce", v) for v in variants]
+        for method, variant in runs_on_wangate:
+            name = variant.name
             gateways = _start_gateways(lab, variant.gateway_config, logs_dir, name)
             try:
-                method = "alltoall" if name == "alltoall" else "allreduce"
                 specs = {
                     site: dict(
                         base,
@@ -267,7 +301,6 @@ def run_collectives(
                 result = run_method(lab, specs, runs, wangate_timeout_s, logs_dir)
                 result["gateway_config"] = variant.gateway_config
                 result["options"] = variant.options
-                result["link_stats"] = lab.link_stats()
                 record["methods"][name] = result
                 say(f"  {name}: {_fmt_times(result)}")
             finally:

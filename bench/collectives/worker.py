@@ -17,6 +17,7 @@ summation gives exactly the same sum, which is checked bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -38,6 +39,22 @@ def expected_sum(seed: int, sites: int, run: int, elements: int) -> np.ndarray:
     for index in range(sites):
         total += site_tensor(seed, index, run, elements)
     return total
+
+
+def share_slices(
+    elements: int, sites: list[str], shares: dict[str, float], chunks: int
+) -> dict[str, list[slice]]:
+    """Each site's contiguous share of ``elements`` (in site order; the last site ends
+    exactly at ``elements``), cut into ``chunks`` nearly equal slices."""
+    pieces = {}
+    start, acc = 0, 0.0
+    for index, site in enumerate(sites):
+        acc += shares[site]
+        end = elements if index == len(sites) - 1 else round(acc * elements)
+        cuts = [start + (end - start) * k // chunks for k in range(chunks + 1)]
+        pieces[site] = [slice(a, b) for a, b in itertools.pairwise(cuts)]
+        start = end
+    return pieces
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -94,6 +111,50 @@ class _AllToAll:
         return total
 
 
+class _ReduceScatterAllGather:
+    """Reduce-scatter then all-gather out of plain send/recv, with given shares
+    (``options``: ``shares`` site -> fraction, ``chunks`` per share), pipelined: each
+    reduced chunk is sent on as soon as it is complete. A reference for the share
+    split independent of ``Client.allreduce``."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import wangate
+
+        self.client = wangate.Client(spec["socket"])
+        self.site = spec["site"]
+        self.sites = spec["sites"]
+        self.timeout_s = spec["timeout_s"]
+        self.shares = spec["options"]["shares"]
+        self.chunks = spec["options"].get("chunks", 8)
+
+    def allreduce(self, array: np.ndarray, step: int) -> np.ndarray:
+        pieces = share_slices(array.size, self.sites, self.shares, self.chunks)
+        peers = [s for s in self.sites if s != self.site]
+        result = array.copy()
+        for chunk in range(self.chunks):
+            for peer in peers:
+                part = array[pieces[peer][chunk]]
+                self.client.send(peer, f"rs{chunk}", part, step=step)
+        for chunk in range(self.chunks):
+            mine = pieces[self.site][chunk]
+            total = np.zeros(mine.stop - mine.start, dtype=array.dtype)
+            for site in self.sites:  # site order: the same sum everywhere
+                if site == self.site:
+                    total += array[mine]
+                else:
+                    total += self.client.recv(
+                        f"rs{chunk}", source=site, step=step, timeout=self.timeout_s
+                    )
+            result[mine] = total
+            for peer in peers:
+                self.client.send(peer, f"ag{chunk}", total, step=step)
+        for chunk in range(self.chunks):
+            for peer in peers:
+                got = self.client.recv(f"ag{chunk}", source=peer, step=step, timeout=self.timeout_s)
+                result[pieces[peer][chunk]] = got
+        return result
+
+
 class _Allreduce:
     def __init__(self, spec: dict[str, Any]) -> None:
         import wangate
@@ -109,7 +170,12 @@ class _Allreduce:
         return np.asarray(getattr(result, "array", result))
 
 
-METHODS = {"gloo": _Gloo, "alltoall": _AllToAll, "allreduce": _Allreduce}
+METHODS = {
+    "gloo": _Gloo,
+    "alltoall": _AllToAll,
+    "rsag": _ReduceScatterAllGather,
+    "allreduce": _Allreduce,
+}
 
 
 def main(spec: dict[str, Any]) -> None:
