@@ -9,10 +9,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from wangate.client import AsyncClient, Client
+from wangate.collective import PartialResult
 from wangate.errors import (
     AuthenticationError,
     ChecksumError,
     CodecError,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
     ConfigError,
     FrameChecksumError,
     GatewayError,
@@ -29,11 +33,15 @@ __all__ = [
     "ChecksumError",
     "Client",
     "CodecError",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveTimeout",
     "ConfigError",
     "FrameChecksumError",
     "GatewayError",
     "GatewayUnavailable",
     "LocalProtocolError",
+    "PartialResult",
     "RecvTimeout",
     "RemoteProtocolError",
     "WangateError",

@@ -15,13 +15,16 @@ import os
 import socket
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, TypeVar
 
 import numpy as np
 
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor
+from wangate.collective import api as _coll
+from wangate.collective.api import CollectiveState
+from wangate.collective.tags import check_user_tag
 from wangate.errors import (
     GatewayError,
     GatewayUnavailable,
@@ -87,6 +90,7 @@ class _Session:
         self.max_message_bytes = 0
         self._policy = CodecPolicy()
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
+        self.collective = CollectiveState()  # per-hop residuals of collectives
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -113,6 +117,7 @@ class _Session:
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
     ) -> tuple[bytes, memoryview, int]:
         """Encoded meta, payload view and checksum for ``array`` under the policy."""
+        check_user_tag(tag)
         array = np.asarray(array)
         spec = self._policy.choose(tag, array.nbytes, codec, array.dtype)
         encoded = encode_tensor(array, spec, feedback=self._feedback, key=(peer, tag))
@@ -125,6 +130,9 @@ class _Session:
                 code="too_large",
             )
         return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
+
+    def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
+        return self._policy.choose(tag, nbytes, codec, dtype)
 
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
         # The gateway checked the transport checksum before delivery; the tensor frame
@@ -236,6 +244,70 @@ class Client:
         """The oldest message with ``tag`` (and source/step if given) as an array."""
         reply, payload = self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
+        encode once for several peers)."""
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field(self._call(request, payload)[0], "message_id", int)
+
+    def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        """The reduction (``op`` "sum" or "mean") of ``array`` over the sites (all of the
+        gateway's config by default), identical on every site; with ``partial=True`` a
+        ``PartialResult`` (``.array``, ``.contributors``) over the sites present. Raises
+        ``CollectiveTimeout`` naming the sites that never answered. proto/collective.md."""
+        s = self._session
+        return _coll.allreduce(
+            self, s.site, s.settings, s.collective, s.choose_spec, tag, array,
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+
+    def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        """``root``'s array on every site (``array`` is ignored elsewhere but checked)."""
+        s = self._session
+        return _coll.broadcast(
+            self, s.site, s.settings, s.collective, tag, array,
+            root=root, step=step, timeout=timeout, sites=sites,
+        )  # fmt: skip
+
+    def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        """Return once every site has called ``barrier`` with this tag and step."""
+        s = self._session
+        _coll.barrier(self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites)
 
     def paths(self) -> list[dict[str, Any]]:
         return _field(self._call(PathsRequest)[0], "paths", list)
@@ -371,6 +443,64 @@ class AsyncClient:
     ) -> np.ndarray:
         reply, payload = await self._call(_recv_request(tag, source, step, timeout))
         return self._session.decode(reply, payload)
+
+    async def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        request = _send_request(peer, tag, step, critical, meta, checksum, None)
+        return _field((await self._call(request, payload))[0], "message_id", int)
+
+    async def allreduce(
+        self,
+        tag: str,
+        array: np.ndarray,
+        *,
+        step: int = 0,
+        op: str = "sum",
+        codec: str | None = None,
+        critical: bool = False,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+        partial: bool = False,
+    ) -> Any:
+        s = self._session
+        return await _coll.allreduce_async(
+            self, s.site, s.settings, s.collective, s.choose_spec, tag, array,
+            step=step, op=op, codec=codec, critical=critical, timeout=timeout,
+            sites=sites, partial=partial,
+        )  # fmt: skip
+
+    async def broadcast(
+        self,
+        tag: str,
+        array: np.ndarray | None,
+        *,
+        root: str,
+        step: int = 0,
+        timeout: float = 30.0,
+        sites: Iterable[str] | None = None,
+    ) -> np.ndarray:
+        s = self._session
+        return await _coll.broadcast_async(
+            self, s.site, s.settings, s.collective, tag, array,
+            root=root, step=step, timeout=timeout, sites=sites,
+        )  # fmt: skip
+
+    async def barrier(
+        self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
+    ) -> None:
+        s = self._session
+        await _coll.barrier_async(
+            self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        )
 
     async def paths(self) -> list[dict[str, Any]]:
         return _field((await self._call(PathsRequest))[0], "paths", list)

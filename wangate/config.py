@@ -9,6 +9,7 @@ Relative file paths resolve against the folder of the configuration file.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -124,6 +125,18 @@ class CriticalConfig:
 
 
 @dataclass(frozen=True)
+class CollectiveConfig:
+    """[collective]: how allreduce shares the tensor between sites (proto/collective.md)."""
+
+    # site name -> relative share; empty: shares follow measured capacity or are equal
+    weights: tuple[tuple[str, float], ...] = ()
+    chunk_bytes: int = 1 << 20  # pipelining unit; every site must use the same
+    # the bound that picks direct exchange over reduce-scatter/all-gather (Plan.direct)
+    rate_mbps: float = 100.0
+    delay_ms: float = 30.0
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     site: SiteConfig
@@ -134,6 +147,17 @@ class Config:
     metrics: MetricsConfig
     fec: FecConfig = FecConfig()
     critical: CriticalConfig = CriticalConfig()
+    collective: CollectiveConfig = CollectiveConfig()
+
+    def collective_settings(self) -> dict[str, Any]:
+        """What a trainer's client needs for collectives (sent in the hello reply)."""
+        return {
+            "peers": sorted(p.name for p in self.peers),
+            "weights": dict(self.collective.weights),
+            "chunk_bytes": self.collective.chunk_bytes,
+            "rate_mbps": self.collective.rate_mbps,
+            "delay_ms": self.collective.delay_ms,
+        }
 
     def peer(self, name: str) -> PeerConfig:
         for peer in self.peers:
@@ -290,7 +314,7 @@ class _Parser:
     # -- sections -------------------------------------------------------------------
 
     def config(self, document: dict[str, Any]) -> Config:
-        optional = {"peers", "limits", "compression", "metrics", "fec", "critical"}
+        optional = {"peers", "limits", "compression", "metrics", "fec", "critical", "collective"}
         self.table(document, "", {"site", "tls"}, optional)
         site = self.site(document["site"])
         tls = self.tls(document["tls"], site.name)
@@ -305,7 +329,52 @@ class _Parser:
             metrics=self.metrics(document.get("metrics", {})),
             fec=self.fec(document.get("fec", {})),
             critical=self.critical(document.get("critical", {})),
+            collective=self.collective(document.get("collective", {}), site, peers),
         )
+
+    def collective(
+        self, value: object, site: SiteConfig, peers: tuple[PeerConfig, ...]
+    ) -> CollectiveConfig:
+        keys = {"weights", "chunk_bytes", "rate_mbps", "delay_ms"}
+        table = self.table(value, "collective", set(), keys)
+        chunk_bytes = self.integer(
+            table.get("chunk_bytes", CollectiveConfig.chunk_bytes),
+            "collective.chunk_bytes",
+            1024,
+            1 << 30,
+        )
+        rate = self.number(table.get("rate_mbps", 100.0), "collective.rate_mbps", 1e-3, 1e7)
+        delay = self.number(table.get("delay_ms", 30.0), "collective.delay_ms", 0.0, 1e5)
+        if "weights" not in table:
+            return CollectiveConfig(chunk_bytes=chunk_bytes, rate_mbps=rate, delay_ms=delay)
+        weights = table["weights"]
+        if not isinstance(weights, dict):
+            raise self.error("collective.weights", f"expected a table, got {_type_name(weights)}")
+        sites = [site.name, *(p.name for p in peers)]
+        result = []
+        for name, weight in weights.items():
+            key = f"collective.weights.{_toml_key(name)}"
+            if name not in sites:
+                raise self.error(key, f"{name!r} is not this site or one of its [[peers]]")
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                raise self.error(key, f"expected a number, got {_type_name(weight)} {weight!r}")
+            if not (math.isfinite(weight) and 0 < weight <= 1e6):
+                raise self.error(key, f"{weight!r} is out of range (> 0 and <= 1000000)")
+            result.append((name, float(weight)))
+        missing = [s for s in sites if s not in weights]
+        if missing:
+            raise self.error(
+                "collective.weights",
+                f"no weight for {', '.join(missing)}: give every site of the config a weight",
+            )
+        return CollectiveConfig(tuple(sorted(result)), chunk_bytes, rate, delay)
+
+    def number(self, value: object, key: str, low: float, high: float) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(key, f"expected a number, got {_type_name(value)} {value!r}")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise self.error(key, f"{value!r} is out of range ({low:g}..{high:g})")
+        return float(value)
 
     def critical(self, value: object) -> CriticalConfig:
         table = self.table(value, "critical", set(), {"host_delay_target_ms"})
@@ -525,6 +594,7 @@ def _codec_spec_checker() -> Callable[[str], object] | None:
 __all__ = [
     "MAX_MTU",
     "MIN_MTU",
+    "CollectiveConfig",
     "CompressionConfig",
     "Config",
     "LimitsConfig",

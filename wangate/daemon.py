@@ -542,6 +542,7 @@ class Gateway(LinkHost):
                 "min_lossy_bytes": compression.min_lossy_bytes,
             },
             "max_message_bytes": self.max_message_bytes,
+            "collective": self.config.collective_settings(),
         }
 
 

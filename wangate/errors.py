@@ -54,3 +54,23 @@ class GatewayUnavailable(GatewayError):
 
 class RecvTimeout(GatewayError, TimeoutError):
     """No matching message arrived before the timeout."""
+
+
+class CollectiveError(WangateError):
+    """A collective call (allreduce, broadcast, barrier) failed; the message says how."""
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+    """A collective did not complete in time. ``missing`` names the sites that sent nothing
+    for it, ``arrived`` counts the messages that did come, per site."""
+
+    def __init__(
+        self, message: str, missing: tuple[str, ...] = (), arrived: dict[str, int] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.arrived = dict(arrived or {})
+
+
+class CollectiveMismatch(CollectiveError):
+    """Sites called the same collective with different tensors, roots or sites."""

@@ -20,6 +20,7 @@ def default_client_settings(max_message_bytes: int) -> dict[str, Any]:
     return {
         "compression": {"default": "none", "tags": [], "min_lossy_bytes": 0},
         "max_message_bytes": max_message_bytes,
+        "collective": {"peers": [], "weights": {}},
     }
 
 

@@ -1,0 +1,153 @@
+"""Who owns which part of the tensor, how it is cut into chunks, and which algorithm runs.
+
+A ``Plan`` is a pure value every site of a call must hold identically: the sorted site
+names and one weight per site. From it and the tensor's element count each site derives
+the same contiguous shares (largest remainder, in sorted site order), the same chunks and
+the same choice between reduce-scatter/all-gather and a direct exchange. Its ``digest``
+goes into every wire tag, so two sites holding different plans never mix their data: the
+call fails with a timeout instead of returning a wrong sum (proto/collective.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from wangate.errors import LocalProtocolError
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+# Bound inputs when nothing was measured: a WAN path of 100 Mbit/s and 30 ms one way.
+DEFAULT_RATE_BPS = 100e6
+DEFAULT_LATENCY_S = 0.030
+MAX_WEIGHT = 1e6
+MIN_CHUNK_BYTES = 1024
+MAX_CHUNK_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Share:
+    """Elements [start, stop) of the flattened tensor, reduced by ``owner``."""
+
+    owner: str
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Plan:
+    sites: tuple[str, ...]  # sorted, unique
+    weights: tuple[float, ...]  # one per site, > 0
+    rate_bps: float = DEFAULT_RATE_BPS  # per-site WAN rate the bound assumes
+    latency_s: float = DEFAULT_LATENCY_S  # one-way delay the bound assumes
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # pipelining unit; part of the plan: all cut alike
+
+    def __post_init__(self) -> None:
+        if len(self.sites) < 1 or list(self.sites) != sorted(set(self.sites)):
+            raise LocalProtocolError(f"plan sites must be sorted and unique: {self.sites}")
+        if len(self.weights) != len(self.sites):
+            raise LocalProtocolError("a plan needs one weight per site")
+        for site, weight in zip(self.sites, self.weights, strict=True):
+            if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+                raise LocalProtocolError(
+                    f"weight of {site!r} is {weight}: it must be > 0 and <= {MAX_WEIGHT:g}"
+                )
+        if not (self.rate_bps > 0 and math.isfinite(self.rate_bps)):
+            raise LocalProtocolError(f"plan rate {self.rate_bps} must be positive")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise LocalProtocolError(f"plan latency {self.latency_s} must not be negative")
+        if not MIN_CHUNK_BYTES <= self.chunk_bytes <= MAX_CHUNK_BYTES:
+            raise LocalProtocolError(
+                f"chunk_bytes {self.chunk_bytes} is out of range "
+                f"({MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES})"
+            )
+
+    @classmethod
+    def equal(cls, sites: Sequence[str], **bound: Any) -> Plan:
+        ordered = tuple(sorted(set(sites)))
+        return cls(ordered, (1.0,) * len(ordered), **bound)
+
+    @classmethod
+    def weighted(cls, sites: Sequence[str], weights: Mapping[str, float], **bound: Any) -> Plan:
+        """Weights by site name; a site left out of ``weights`` is an error."""
+        ordered = tuple(sorted(set(sites)))
+        missing = [s for s in ordered if s not in weights]
+        if missing:
+            raise LocalProtocolError(f"no collective weight for {', '.join(missing)}")
+        return cls(ordered, tuple(float(weights[s]) for s in ordered), **bound)
+
+    def restricted(self, sites: Sequence[str]) -> Plan:
+        """The same weights over a subset of the sites (partial calls)."""
+        keep = set(sites)
+        unknown = keep - set(self.sites)
+        if unknown:
+            raise LocalProtocolError(f"sites {sorted(unknown)} are not in the plan")
+        pairs = [(s, w) for s, w in zip(self.sites, self.weights, strict=True) if s in keep]
+        return replace(self, sites=tuple(s for s, _ in pairs), weights=tuple(w for _, w in pairs))
+
+    @property
+    def digest(self) -> str:
+        """8 hex digits naming this plan in wire tags (sites, weights, bound inputs)."""
+        text = ";".join(f"{s}={w!r}" for s, w in zip(self.sites, self.weights, strict=True))
+        text += f";{self.rate_bps!r};{self.latency_s!r};{self.chunk_bytes}"
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+    def shares(self, n_elements: int) -> list[Share]:
+        """Contiguous shares in sorted site order, sizes proportional to the weights
+        (largest remainder; ties go to the earlier site). Every site gets the same."""
+        total = sum(self.weights)
+        exact = [n_elements * w / total for w in self.weights]
+        sizes = [math.floor(x) for x in exact]
+        left = n_elements - sum(sizes)
+        order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))
+        for i in order[:left]:
+            sizes[i] += 1
+        result, start = [], 0
+        for site, size in zip(self.sites, sizes, strict=True):
+            result.append(Share(site, start, start + size))
+            start += size
+        return result
+
+    def direct(self, nbytes: int) -> bool:
+        """True when one direct exchange (every site sends its whole tensor to every
+        other, one WAN crossing) beats reduce-scatter + all-gather (two crossings).
+
+        Per site, reduce-scatter/all-gather sends 2(n-1)/n of the tensor and waits for two
+        one-way delays; the direct exchange sends (n-1) tensors and waits for one. Direct
+        wins when (n-1)(1 - 2/n) * bytes / rate < latency. For n = 2 the byte counts are
+        equal, so it always wins.
+        """
+        n = len(self.sites)
+        if n <= 2:
+            return True
+        extra_s = (n - 1) * (1 - 2 / n) * nbytes * 8 / self.rate_bps
+        return extra_s < self.latency_s
+
+
+def chunks(share: Share, itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Share]:
+    """``share`` cut into pieces of at most ``chunk_bytes`` (at least one element each)."""
+    per = max(1, chunk_bytes // max(1, itemsize))
+    return [
+        Share(share.owner, start, min(start + per, share.stop))
+        for start in range(share.start, share.stop, per)
+    ]
+
+
+def capacity_weights(rates_mbps: Mapping[str, float], floor: float = 0.05) -> dict[str, float]:
+    """Weights proportional to each site's capacity, no site below ``floor`` of the
+    largest (a path that measured nothing yet must not leave its site without a share)."""
+    if not rates_mbps:
+        return {}
+    top = max(rates_mbps.values())
+    if not (top > 0 and math.isfinite(top)):
+        return {site: 1.0 for site in rates_mbps}
+    return {
+        site: round(max(rate if math.isfinite(rate) else 0.0, floor * top) / top, 4)
+        for site, rate in rates_mbps.items()
+    }
