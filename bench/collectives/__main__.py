@@ -12,13 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.collectives.run import ELEMENTS, Variant, run_collectives, table
+from bench.collectives.run import ELEMENTS, run_collectives, table
 from bench.lab.scenario import load_scenario
 from wangate.errors import WangateError
-
-# Equal shares for the capacity-weighting comparison (configured weights override
-# the measured capacities).
-EQUAL_WEIGHTS = "[collective]\nweights = {{ {} }}"
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +24,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--half",
         action="store_true",
-        help="coll3_half: allreduce with capacity-weighted against equal shares",
+        help="coll3_half (gz's links half as fast) instead of coll3/coll4",
     )
     parser.add_argument(
         "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "rsag", "allreduce"]
@@ -44,20 +40,12 @@ def main(argv: list[str]) -> int:
     try:
         for name in names:
             scenario = load_scenario(name)
-            variants: tuple[Variant, ...] = (Variant("allreduce"),)
-            if args.half:
-                weights = ", ".join(f"{site} = 1.0" for site in scenario.sites)
-                variants = (
-                    Variant("allreduce"),
-                    Variant("allreduce-equal", EQUAL_WEIGHTS.format(weights)),
-                )
             records.append(
                 run_collectives(
                     scenario,
                     runs=args.runs,
                     elements=args.elements,
                     methods=tuple(args.methods),
-                    variants=variants,
                     gloo_timeout_s=args.gloo_timeout,
                     cubic_timeout_s=args.cubic_timeout,
                     cubic_runs=args.cubic_runs,

@@ -38,6 +38,17 @@ class Variant:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
+    """The wangate allreduce with shares weighted by each site's link capacity
+    (``[collective] weights``, in Mbit/s), and with equal shares (no weights)."""
+    capacities = bound.site_capacities_bps(links_bps(scenario))
+    weights = ", ".join(f"{site} = {capacities[site] / 1e6:g}" for site in scenario.sites)
+    return (
+        Variant("allreduce", f"[collective]\nweights = {{ {weights} }}"),
+        Variant("allreduce-equal"),
+    )
+
+
 def links_bps(scenario: Scenario) -> dict[tuple[str, str], float]:
     """Rate per direction between each pair of sites (sum of their paths)."""
     rates: dict[tuple[str, str], float] = {}
@@ -185,14 +196,14 @@ def _link_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dic
     return deltas
 
 
-def _start_gateways(lab: Lab, extra_config: str, logs_dir: Path, name: str) -> dict[str, Any]:
-    configs = lab.write_gateway_configs()
+def _start_gateways(
+    lab: Lab, configs: dict[str, tuple[Path, str]], extra_config: str, logs_dir: Path, name: str
+) -> dict[str, Any]:
+    """Gateways on the lab's configs (certificates made once) plus ``extra_config``."""
     gateways: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
-    for site, config in configs.items():
-        if extra_config:
-            with config.open("a") as handle:
-                handle.write("\n" + extra_config + "\n")
+    for site, (config, text) in configs.items():
+        config.write_text(text + "\n" + extra_config + "\n")
         logs[site] = logs_dir / f"gateway-{name}-{site}.log"
         with logs[site].open("wb") as log:
             gateways[site] = lab.run_in(
@@ -218,7 +229,6 @@ def run_collectives(
     runs: int,
     elements: int = ELEMENTS,
     methods: tuple[str, ...] = ("gloo-cubic", "gloo-bbr", "alltoall", "allreduce"),
-    variants: tuple[Variant, ...] = (Variant("allreduce"),),
     gloo_timeout_s: float = 120.0,
     cubic_timeout_s: float = 300.0,
     cubic_runs: int | None = None,
@@ -281,10 +291,13 @@ def run_collectives(
                 variant = Variant(f"rsag-{label}", options={"shares": chosen, "chunks": 8})
                 runs_on_wangate.append(("rsag", variant))
         if "allreduce" in methods:
-            runs_on_wangate += [("allreduce", v) for v in variants]
+            runs_on_wangate += [("allreduce", v) for v in allreduce_variants(scenario)]
+        configs = {
+            site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
+        }
         for method, variant in runs_on_wangate:
             name = variant.name
-            gateways = _start_gateways(lab, variant.gateway_config, logs_dir, name)
+            gateways = _start_gateways(lab, configs, variant.gateway_config, logs_dir, name)
             try:
                 specs = {
                     site: dict(
