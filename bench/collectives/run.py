@@ -21,7 +21,7 @@ from bench.collectives import bound
 from bench.lab import siteroutes
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
-from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description
+from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
 from wangate.errors import WangateError
 
 ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB
@@ -180,6 +180,8 @@ def run_method(
         "timeout_s": timeout_s,
         "observed": observed,
         "link_bytes": _link_deltas(stats_before, lab.link_stats()),
+        # The machine is shared: the 1-minute load average when the method ended.
+        "load_average_1min": os.getloadavg()[0],
     }
 
 
@@ -215,6 +217,10 @@ def _start_gateways(
             )
     _wait_paths_up(lab, gateways, logs)
     return gateways
+
+
+def _cpu_s(processes: dict[str, subprocess.Popen[bytes]]) -> dict[str, float]:
+    return {site: process_cpu_s(p.pid) or 0.0 for site, p in processes.items()}
 
 
 def _stop(processes: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -311,7 +317,12 @@ def run_collectives(
                     )
                     for site in sites
                 }
+                cpu_before = _cpu_s(gateways)
                 result = run_method(lab, specs, runs, wangate_timeout_s, logs_dir)
+                # Gateway CPU seconds over the method (set-up and warm-up included).
+                result["gateway_cpu_s"] = {
+                    site: cpu - cpu_before[site] for site, cpu in _cpu_s(gateways).items()
+                }
                 result["gateway_config"] = variant.gateway_config
                 result["options"] = variant.options
                 record["methods"][name] = result
