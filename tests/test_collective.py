@@ -1,8 +1,9 @@
 """Collectives on real daemons: five loopback sites, real QUIC and Unix sockets.
 
-One lab serves every test; calls over 2, 3 or 4 sites name them with ``sites=``. The
-lab's bound says no direct exchange (delay 0), so every call over three or more sites
-runs reduce-scatter/all-gather, in 4 KiB chunks.
+One lab serves every test; calls over 2, 3 or 4 sites name them with ``sites=``. Its
+bound says no direct exchange (delay 0), so every call over three or more sites runs
+reduce-scatter/all-gather, in 4 KiB chunks. Shares follow measured capacity, or the
+weights a test gives its clients' settings.
 """
 
 from __future__ import annotations
@@ -23,14 +24,26 @@ pytestmark = pytest.mark.timeout(240)
 
 NAMES = ("bj", "sh", "gz", "sz", "hz")
 CONFIG = "[collective]\nchunk_bytes = 4096\ndelay_ms = 0\n"
+WEIGHTS = {"bj": 2.0, "sh": 1.0, "gz": 1.0, "sz": 1.5, "hz": 0.5}
 SLOW_S = 60.0  # generous: the machine is shared; a failing call must not hang the test
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
     directory = tmp_path_factory.mktemp("collective")
-    with LoopbackSites(5, 1, directory=directory, mtu=9000, extra_toml=CONFIG) as sites:
+    sites = LoopbackSites(5, 1, directory=directory, mtu=9000, extra_toml=CONFIG)
+    try:
+        sites.start(timeout_s=120)  # 20 QUIC handshakes; the machine may be busy
         yield sites
+    finally:
+        sites.stop()
+
+
+def weighted(gw: wangate.Client, weights: Mapping[str, float]) -> wangate.Client:
+    """The client as a gateway with ``[collective] weights`` would configure it (the
+    hello reply's settings; config -> settings is tested in test_collective_plan)."""
+    gw.settings["collective"]["weights"] = dict(weights)
+    return gw
 
 
 def on_sites(
@@ -83,35 +96,38 @@ def raise_any(results: Mapping[str, Any]) -> None:
             raise value
 
 
-CASES = [
-    (2, (1000,), "float32", "sum"),
-    (2, (7, 3), "float64", "mean"),
-    (3, (5000,), "float32", "mean"),
-    (3, (), "int32", "sum"),
-    (3, (33, 65), "float16", "sum"),
-    (4, (2, 3, 401), "int64", "sum"),
-    (4, (3000,), "uint16", "sum"),
-    (4, (4097,), "float64", "mean"),
-    (5, (9999,), "float32", "sum"),
-    (5, (3,), "int8", "sum"),
-    (5, (0,), "float32", "mean"),
+CASES = [  # sites, shape, dtype, op, configured weights (else measured capacity)
+    (2, (1000,), "float32", "sum", False),
+    (2, (7, 3), "float64", "mean", True),
+    (3, (5000,), "float32", "mean", True),
+    (3, (), "int32", "sum", False),
+    (3, (33, 65), "float16", "sum", True),
+    (4, (2, 3, 401), "int64", "sum", True),
+    (4, (3000,), "uint16", "sum", False),
+    (4, (4097,), "float64", "mean", False),
+    (5, (9999,), "float32", "sum", True),
+    (5, (20_000,), "float16", "mean", False),
+    (5, (3,), "int8", "sum", False),
+    (5, (0,), "float32", "mean", True),
 ]
 
 
-@pytest.mark.parametrize(("n_sites", "shape", "dtype", "op"), CASES)
+@pytest.mark.parametrize(("n_sites", "shape", "dtype", "op", "weights"), CASES)
 def test_allreduce_is_exact_and_identical_on_every_site(
-    lab: LoopbackSites, n_sites: int, shape: tuple[int, ...], dtype: str, op: str
+    lab: LoopbackSites, n_sites: int, shape: tuple[int, ...], dtype: str, op: str, weights: bool
 ) -> None:
     sites = NAMES[:n_sites]
     step = len(shape) * 1000 + n_sites
     inputs = {s: data(s, shape, dtype, step) for s in sites}
     tag = f"t-{n_sites}-{dtype}-{len(shape)}"
     chosen = None if n_sites == 5 else list(sites)  # all five: the gateway's own list
-    results = on_sites(
-        lab,
-        sites,
-        lambda gw, s: gw.allreduce(tag, inputs[s], step=step, op=op, sites=chosen, timeout=SLOW_S),
-    )
+
+    def call(gw: wangate.Client, site: str) -> np.ndarray:
+        if weights:
+            weighted(gw, WEIGHTS)
+        return gw.allreduce(tag, inputs[site], step=step, op=op, sites=chosen, timeout=SLOW_S)
+
+    results = on_sites(lab, sites, call)
     raise_any(results)
     want = expected(inputs, op)
     for site in sites:
@@ -153,7 +169,7 @@ def test_weighted_lossy_allreduce_is_identical_everywhere(lab: LoopbackSites) ->
     results = on_sites(
         lab,
         sites,
-        lambda gw, s: gw.allreduce(
+        lambda gw, s: weighted(gw, WEIGHTS).allreduce(
             "lossy", inputs[s], step=7, op="mean", codec="int8", sites=sites, timeout=SLOW_S
         ),
     )
@@ -211,7 +227,7 @@ def test_partial_agrees_on_contributors_and_a_site_rejoins(lab: LoopbackSites) -
         lab,
         present,
         lambda gw, s: gw.allreduce(
-            "part", inputs[s], step=10, op="mean", sites=sites, partial=True, timeout=6
+            "part", inputs[s], step=10, op="mean", sites=sites, partial=True, timeout=10
         ),
     )
     raise_any(results)
@@ -262,3 +278,60 @@ def test_bad_calls_are_refused_clearly(lab: LoopbackSites) -> None:
             gw.broadcast("x", np.ones(3), root="xx")
         gw.ping()  # the connection is still good
     assert Plan.equal(NAMES).sites == tuple(sorted(NAMES))
+
+
+def test_shares_by_measured_capacity_are_announced_and_exact(lab: LoopbackSites) -> None:
+    """No weights configured: the leader (bj) announces shares from the rates the
+    gateways measure, each call; the others report their capacity to it."""
+    sites = ("bj", "gz", "sh")
+    capacities: dict[str, dict[str, float]] = {}
+
+    def call(gw: wangate.Client, site: str) -> list[np.ndarray]:
+        got = []
+        for step in range(4):
+            array = data(site, (50_000,), "float32", step)
+            got.append(
+                gw.allreduce("cap", array, step=step, op="mean", sites=sites, timeout=SLOW_S)
+            )
+        capacities[site] = dict(gw._session.collective.capacity_mbps)
+        return got
+
+    results = on_sites(lab, sites, call)
+    raise_any(results)
+    for step in range(4):
+        want = expected({s: data(s, (50_000,), "float32", step) for s in sites}, "mean")
+        for site in sites:
+            assert results[site][step].tobytes() == want.tobytes(), (site, step)
+    # the leader heard the others' capacities (measured by their gateways while sending)
+    assert set(capacities["bj"]) == {"bj", "gz", "sh"}
+    assert all(rate > 0 for rate in capacities["bj"].values())
+    assert capacities["gz"] == capacities["sh"] == {}  # only the leader keeps them
+
+
+def test_async_partial_broadcast_and_barrier(lab: LoopbackSites) -> None:
+    """The asyncio client through the same scripts: a partial allreduce with hz absent,
+    then a broadcast from sz and a barrier among the four present."""
+    sites = ["bj", "gz", "hz", "sh", "sz"]
+    present = ["bj", "gz", "sh", "sz"]
+    inputs = {s: data(s, (4000,), "float64", 21) for s in sites}
+    params = data("sz", (10, 10), "int32", 21)
+
+    async def main(site: str) -> tuple[Any, np.ndarray]:
+        async with wangate.AsyncClient(lab[site].socket_path) as gw:
+            res = await gw.allreduce(
+                "apart", inputs[site], step=21, op="mean", partial=True, timeout=12
+            )
+            got = await gw.broadcast(
+                "ap", params if site == "sz" else None, root="sz", sites=present, timeout=SLOW_S
+            )
+            await gw.barrier("ab", step=21, sites=present, timeout=SLOW_S)
+        return res, got
+
+    results = on_sites(lab, present, lambda gw, s: asyncio.run(main(s)))
+    raise_any(results)
+    want = expected({s: inputs[s] for s in present}, "mean")
+    for site in present:
+        res, got = results[site]
+        assert res.contributors == tuple(present)
+        assert res.array.tobytes() == want.tobytes()
+        assert got.tobytes() == params.tobytes() and got.shape == (10, 10)

@@ -482,3 +482,114 @@ def test_config_weights(tmp_path: Path) -> None:
     for text, message in bad.items():
         with pytest.raises(ConfigError, match=message):
             load("[collective]\n" + text + "\n")
+
+
+def test_golden_plan_digest_tags_and_announcement() -> None:
+    """The examples of proto/collective.md and proto/vectors/collective_*.hex."""
+    from wangate.collective.capacity import Reports
+    from wangate.collective.tags import wire_tag
+
+    plan = Plan.weighted(["bj", "gz", "sh"], {"bj": 2, "gz": 1, "sh": 1})
+    assert plan.digest == "f2ad5656"
+    assert Plan.equal(plan.sites).digest == "2739127a"
+    assert wire_tag("rs", plan.digest, 3, "bucket0") == "@c/rs/f2ad5656/3/bucket0"
+    assert plan.shares(10) == [Share("bj", 0, 5), Share("gz", 5, 8), Share("sh", 8, 10)]
+    text = Path(__file__).resolve().parent.parent / "proto/vectors/collective_plan_announcement.hex"
+    lines = [ln for ln in text.read_text().splitlines() if not ln.startswith("#")]
+    vector = bytes.fromhex(" ".join(lines))
+    reports = Reports("bj", plan, "bucket0")
+    [message] = reports.announce(plan)
+    assert message.tag == "@c/pl/2739127a/1/bucket0" and message.peers == ("gz", "sh")
+    assert message.meta + bytes(message.payload) == vector
+    meta_len = len(message.meta)
+    received = decode_tensor(vector[:meta_len], vector[meta_len:])
+    assert Reports("sh", plan, "bucket0").accept("bj", received) == plan
+
+
+def test_measured_shares_from_reports() -> None:
+    from wangate.collective.capacity import Reports, own_capacity_mbps
+
+    rows = [
+        {"peer": "gz", "state": "up", "rate_mbps": 80.0},
+        {"peer": "gz", "state": "down", "rate_mbps": 500.0},  # down: not counted
+        {"peer": "sh", "state": "degraded", "rate_mbps": 20.0},
+        {"peer": "xx", "state": "up", "rate_mbps": 900.0},  # not in the call
+        {"peer": "sh", "state": "up", "rate_mbps": float("nan")},
+    ]
+    assert own_capacity_mbps(rows, ("bj", "gz", "sh")) == 100.0
+    plan = Plan.equal(["bj", "gz", "sh"])
+    reports = Reports("bj", plan, "g")
+    assert reports.plan_from({}).weights == (1.0, 1.0, 1.0)
+    assert reports.plan_from({"bj": 100.0, "gz": 50.0, "sh": 0.0}).weights == (1.0, 0.5, 0.75)
+    assert reports.plan_from({"bj": 1000.0, "gz": 1.0, "sh": 500.0}).weights == (1.0, 0.05, 0.5)
+    [report] = Reports("sh", plan, "g").report("bj", rows)
+    assert report.peers == ("bj",) and report.tag == reports.report_tag and report.critical
+    assert reports.read_report("sh", decode_tensor(report.meta, bytes(report.payload))) == 100.0
+    with pytest.raises(CollectiveMismatch, match="malformed report from sh"):
+        reports.read_report("sh", np.array([-1.0]))
+    with pytest.raises(CollectiveMismatch, match="announced shares for other sites"):
+        reports.accept("bj", np.ones(2))
+    with pytest.raises(CollectiveMismatch, match="malformed shares from bj"):
+        reports.accept("bj", np.array([1.0, 0.0, 1.0]))
+
+
+class FakeGateway:
+    """A transport for the blocking driver: messages posted by test code, recvs that
+    time out at once when nothing matches (no clock: the deadline is never waited)."""
+
+    def __init__(self) -> None:
+        self.inbox: dict[tuple[str, str, int], np.ndarray] = {}
+        self.sent: list[tuple[str, str, int]] = []
+
+    def send_encoded(
+        self,
+        peer: str,
+        tag: str,
+        meta: bytes,
+        payload: memoryview,
+        checksum: int,
+        *,
+        step: int,
+        critical: bool,
+    ) -> int:
+        self.sent.append((peer, tag, step))
+        return len(self.sent)
+
+    def recv(
+        self, tag: str, *, source: str | None, step: int | None, timeout: float | None
+    ) -> np.ndarray:
+        from wangate.errors import RecvTimeout
+
+        assert source is not None and step is not None
+        found = self.inbox.pop((source, tag, step), None)
+        if found is None:
+            raise RecvTimeout("no message", code="timeout")
+        return found
+
+
+def test_driver_timeout_names_the_silent_sites_and_what_arrived() -> None:
+    from wangate.collective.driver import Deadline, drive
+    from wangate.errors import CollectiveTimeout
+
+    plan = Plan.equal(["bj", "gz", "sh"], rate_bps=1.0, chunk_bytes=1024)
+    run = AllreduceRun(site="bj", plan=plan, tag="g", array=np.ones(3000, np.float32))
+    gw = FakeGateway()
+    # gz sends its contributions to bj's share; sh sends nothing at all
+    every_chunk = [c for share in plan.shares(3000) for c in chunks(share, 4, 1024)]
+    bj_chunks = [(i, c) for i, c in enumerate(every_chunk) if c.owner == "bj"]
+    for index, chunk in bj_chunks:
+        gw.inbox[("gz", f"@c/rs/{plan.digest}/{index}/g", 5)] = np.ones(chunk.size, np.float32)
+    with pytest.raises(CollectiveTimeout) as caught:
+        drive(gw, run, 5, Deadline(0.0), "allreduce 'g' step 5", "bj")
+    error = caught.value
+    gz_owned = sum(1 for c in every_chunk if c.owner == "gz")
+    assert error.missing == ("sh",)
+    assert error.arrived == {"gz": len(bj_chunks)}
+    assert str(error) == (
+        "allreduce 'g' step 5 at bj timed out after 0 s: nothing arrived from sh; "
+        f"{len(bj_chunks)} of {len(bj_chunks) + gz_owned} messages from gz "
+        "(did those sites call it with the same tag, step and sites?)"
+    )  # gz's slices of bj's share arrived; gz's reduced chunks cannot come without sh
+    # bj sent its slices of gz's and sh's chunks to their owners, at step 5
+    assert {peer for peer, _, _ in gw.sent} == {"gz", "sh"}
+    assert all(step == 5 and "/rs/" in tag for _, tag, step in gw.sent)

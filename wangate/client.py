@@ -279,11 +279,12 @@ class Client:
         ``PartialResult`` (``.array``, ``.contributors``) over the sites present. Raises
         ``CollectiveTimeout`` naming the sites that never answered. proto/collective.md."""
         s = self._session
-        return _coll.allreduce(
-            self, s.site, s.settings, s.collective, s.choose_spec, tag, array,
+        script = _coll.allreduce_script(
+            s.site, s.settings, s.collective, s.choose_spec, tag, array,
             step=step, op=op, codec=codec, critical=critical, timeout=timeout,
             sites=sites, partial=partial,
         )  # fmt: skip
+        return _coll.run_sync(self, s.site, step, script)
 
     def broadcast(
         self,
@@ -297,17 +298,20 @@ class Client:
     ) -> np.ndarray:
         """``root``'s array on every site (``array`` is ignored elsewhere but checked)."""
         s = self._session
-        return _coll.broadcast(
-            self, s.site, s.settings, s.collective, tag, array,
-            root=root, step=step, timeout=timeout, sites=sites,
-        )  # fmt: skip
+        script = _coll.broadcast_script(
+            s.site, s.settings, tag, array, root=root, step=step, timeout=timeout, sites=sites
+        )
+        return _coll.run_sync(self, s.site, step, script)
 
     def barrier(
         self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
     ) -> None:
         """Return once every site has called ``barrier`` with this tag and step."""
         s = self._session
-        _coll.barrier(self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites)
+        script = _coll.barrier_script(
+            s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        )
+        _coll.run_sync(self, s.site, step, script)
 
     def paths(self) -> list[dict[str, Any]]:
         return _field(self._call(PathsRequest)[0], "paths", list)
@@ -472,11 +476,12 @@ class AsyncClient:
         partial: bool = False,
     ) -> Any:
         s = self._session
-        return await _coll.allreduce_async(
-            self, s.site, s.settings, s.collective, s.choose_spec, tag, array,
+        script = _coll.allreduce_script(
+            s.site, s.settings, s.collective, s.choose_spec, tag, array,
             step=step, op=op, codec=codec, critical=critical, timeout=timeout,
             sites=sites, partial=partial,
         )  # fmt: skip
+        return await _coll.run_async(self, s.site, step, script)
 
     async def broadcast(
         self,
@@ -489,18 +494,19 @@ class AsyncClient:
         sites: Iterable[str] | None = None,
     ) -> np.ndarray:
         s = self._session
-        return await _coll.broadcast_async(
-            self, s.site, s.settings, s.collective, tag, array,
-            root=root, step=step, timeout=timeout, sites=sites,
-        )  # fmt: skip
+        script = _coll.broadcast_script(
+            s.site, s.settings, tag, array, root=root, step=step, timeout=timeout, sites=sites
+        )
+        return await _coll.run_async(self, s.site, step, script)
 
     async def barrier(
         self, tag: str, *, step: int = 0, timeout: float = 30.0, sites: Iterable[str] | None = None
     ) -> None:
         s = self._session
-        await _coll.barrier_async(
-            self, s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
+        script = _coll.barrier_script(
+            s.site, s.settings, tag, step=step, timeout=timeout, sites=sites
         )
+        await _coll.run_async(self, s.site, step, script)
 
     async def paths(self) -> list[dict[str, Any]]:
         return _field((await self._call(PathsRequest))[0], "paths", list)

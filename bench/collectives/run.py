@@ -39,13 +39,19 @@ class Variant:
 
 
 def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
-    """The wangate allreduce with shares weighted by each site's link capacity
-    (``[collective] weights``, in Mbit/s), and with equal shares (no weights)."""
+    """The wangate allreduce with shares weighted by each site's nominal link capacity
+    (``[collective] weights`` in Mbit/s), with equal shares (all weights 1), and with
+    the shares the gateways derive from measured capacity (no weights)."""
     capacities = bound.site_capacities_bps(links_bps(scenario))
-    weights = ", ".join(f"{site} = {capacities[site] / 1e6:g}" for site in scenario.sites)
+
+    def weights(value: dict[str, float]) -> str:
+        table = ", ".join(f"{site} = {value[site]:g}" for site in scenario.sites)
+        return f"[collective]\nweights = {{ {table} }}"
+
     return (
-        Variant("allreduce", f"[collective]\nweights = {{ {weights} }}"),
-        Variant("allreduce-equal"),
+        Variant("allreduce", weights({s: c / 1e6 for s, c in capacities.items()})),
+        Variant("allreduce-equal", weights(dict.fromkeys(scenario.sites, 1.0))),
+        Variant("allreduce-measured"),
     )
 
 

@@ -1,13 +1,14 @@
 """The collectives behind ``Client`` and ``AsyncClient``: inputs checked, plan chosen, run driven.
 
-The arithmetic runs here, in the trainer's process: the daemon's core stays with the
-transport (bench/collective.py measures both placements' CPU cost).
+Each collective is one script (``steps.py``) that both clients execute. The arithmetic
+runs here, in the trainer's process: the daemon's core stays with the transport
+(bench/collective.py measures what the arithmetic costs).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,23 +17,18 @@ import numpy as np
 from wangate.errors import LocalProtocolError
 
 from .allreduce import AllreduceRun
-from .driver import (
-    AsyncTransport,
-    Deadline,
-    SyncTransport,
-    collect_joins,
-    collect_joins_async,
-    drive,
-    drive_async,
-    send_all,
-    send_all_async,
-    timeout_error,
-)
-from .exchange import CollectiveTimeout
+from .arith import check_reducible
+from .capacity import Reports, own_capacity_mbps
+from .driver import Deadline, timeout_error
+from .exchange import CollectiveTimeout, Expected
 from .feedback import HopFeedback
 from .membership import Membership
 from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
+from .steps import DriveRun, Joins, PathRows, RecvOne, Script, Send, Step, run_async, run_sync
+from .tags import check_collective_tag
+
+__all__ = ["CollectiveState", "PartialResult", "run_async", "run_sync"]
 
 MAX_STEP = (1 << 63) - 1
 ChooseSpec = Callable[[str, int, str | None, np.dtype[Any]], str]
@@ -47,10 +43,11 @@ class PartialResult:
 
 
 class CollectiveState:
-    """Per-client state: error feedback per hop."""
+    """Per-client state: error feedback per hop; as leader, the capacities reported."""
 
     def __init__(self) -> None:
         self.feedback = HopFeedback()
+        self.capacity_mbps: dict[str, float] = {}  # latest reports, as the leader saw them
 
 
 def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | None) -> Plan:
@@ -123,8 +120,7 @@ def _what(kind: str, tag: str, step: int) -> str:
     return f"{kind} {tag!r} step {step}"
 
 
-def allreduce(
-    gw: SyncTransport,
+def allreduce_script(
     site: str,
     settings: Mapping[str, Any],
     state: CollectiveState,
@@ -139,89 +135,94 @@ def allreduce(
     timeout: float,
     sites: Iterable[str] | None,
     partial: bool,
-) -> np.ndarray | PartialResult:
+) -> Script[np.ndarray | PartialResult]:
     _check_common(tag, step, timeout)
     array = np.asarray(array)
     plan = call_sites(site, settings, sites)
+    measured = not settings.get("collective", {}).get("weights")
+    check_collective_tag(tag)  # the inputs are checked before anything is sent
+    check_reducible(array.dtype, op)
     deadline = Deadline(timeout)
     what = _what("allreduce", tag, step)
-    if not partial:
-        run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
-        drive(gw, run, step, deadline, what, site)
-        return run.result()
-    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)  # checks inputs first
-    member = Membership(site=site, plan=plan, tag=tag)
-    send_all(gw, member.start(), step)
-    for source in collect_joins(gw, member.joins_wanted(), step, Deadline(timeout / 2)):
-        member.joined(source)
-    if len(member.present) < 2 and member.peers:
-        raise timeout_error(what, site, timeout, list(member.peers))
-    if member.leader == site:
-        agreed, messages = member.decide()
-        send_all(gw, messages, step)
-    else:
-        try:
-            word = gw.recv(
-                member.plan_tag, source=member.leader, step=step, timeout=deadline.left()
-            )
-        except CollectiveTimeout:
-            raise
-        except Exception as exc:
-            raise _no_plan(what, site, member.leader, timeout) from exc
-        agreed = member.accept(member.leader, word)
-    run = _allreduce_run(site, agreed, state, choose, tag, array, op, codec, critical)
-    drive(gw, run, step, deadline, what, site)
-    return PartialResult(run.result(), agreed.sites)
+    if partial:
+        plan = yield from _membership(
+            site, plan, state, tag, step, timeout, deadline, what, measured
+        )
+    elif measured and not plan.direct(array.nbytes):
+        plan = yield from _announced(site, plan, state, tag, step, deadline, what)
+    run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
+    yield DriveRun(run, deadline, what)
+    if partial:
+        return PartialResult(run.result(), plan.sites)
+    return run.result()
 
 
-async def allreduce_async(
-    gw: AsyncTransport,
+def _membership(
     site: str,
-    settings: Mapping[str, Any],
+    plan: Plan,
     state: CollectiveState,
-    choose: ChooseSpec,
     tag: str,
-    array: np.ndarray,
-    *,
     step: int,
-    op: str,
-    codec: str | None,
-    critical: bool,
     timeout: float,
-    sites: Iterable[str] | None,
-    partial: bool,
-) -> np.ndarray | PartialResult:
-    _check_common(tag, step, timeout)
-    array = np.asarray(array)
-    plan = call_sites(site, settings, sites)
-    deadline = Deadline(timeout)
-    what = _what("allreduce", tag, step)
-    if not partial:
-        run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
-        await drive_async(gw, run, step, deadline, what, site)
-        return run.result()
-    AllreduceRun(site=site, plan=plan, tag=tag, array=array, op=op)
+    deadline: Deadline,
+    what: str,
+    measured: bool,
+) -> Generator[Step, Any, Plan]:
     member = Membership(site=site, plan=plan, tag=tag)
-    await send_all_async(gw, member.start(), step)
-    window = Deadline(timeout / 2)
-    for source in await collect_joins_async(gw, member.joins_wanted(), step, window):
+    yield Send(member.start(), best_effort=True)
+    for source in (yield Joins(member.joins_wanted(), Deadline(timeout / 2))):
         member.joined(source)
     if len(member.present) < 2 and member.peers:
         raise timeout_error(what, site, timeout, list(member.peers))
-    if member.leader == site:
-        agreed, messages = member.decide()
-        await send_all_async(gw, messages, step)
-    else:
-        try:
-            word = await gw.recv(
-                member.plan_tag, source=member.leader, step=step, timeout=deadline.left()
-            )
-        except Exception as exc:
-            raise _no_plan(what, site, member.leader, timeout) from exc
-        agreed = member.accept(member.leader, word)
-    run = _allreduce_run(site, agreed, state, choose, tag, array, op, codec, critical)
-    await drive_async(gw, run, step, deadline, what, site)
-    return PartialResult(run.result(), agreed.sites)
+    reports = Reports(site, plan, tag)
+    if member.leader != site:
+        if measured:
+            yield Send(reports.report(member.leader, (yield PathRows())))
+        word = yield RecvOne(Expected(member.leader, member.plan_tag), step, deadline.left())
+        if word is None:
+            raise _no_plan(what, site, member.leader, timeout)
+        return member.accept(member.leader, word)
+    if measured:
+        member.plan = yield from _measure(reports, state, plan)
+    agreed, messages = member.decide()
+    yield Send(messages)
+    return agreed
+
+
+def _announced(
+    site: str,
+    plan: Plan,
+    state: CollectiveState,
+    tag: str,
+    step: int,
+    deadline: Deadline,
+    what: str,
+) -> Generator[Step, Any, Plan]:
+    """Shares by measured capacity: the lowest-named site announces them for this call."""
+    reports = Reports(site, plan, tag)
+    leader = plan.sites[0]
+    if site == leader:
+        measured = yield from _measure(reports, state, plan)
+        yield Send(reports.announce(measured))
+        return measured
+    yield Send(reports.report(leader, (yield PathRows())))
+    word = yield RecvOne(Expected(leader, reports.plan_tag), step, deadline.left())
+    if word is None:
+        raise _no_plan(what, site, leader, deadline.timeout_s)
+    return reports.accept(leader, word)
+
+
+def _measure(reports: Reports, state: CollectiveState, plan: Plan) -> Generator[Step, Any, Plan]:
+    """The leader's plan: its own capacity now, the others' from their latest reports
+    (drained without waiting: a report still on its way counts at the next call)."""
+    for peer in reports.peers:
+        while True:
+            word = yield RecvOne(Expected(peer, reports.report_tag), None, 0.0)
+            if word is None:
+                break
+            state.capacity_mbps[peer] = reports.read_report(peer, word)
+    state.capacity_mbps[reports.site] = own_capacity_mbps((yield PathRows()), plan.sites)
+    return reports.plan_from(state.capacity_mbps)
 
 
 def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTimeout:
@@ -234,11 +235,9 @@ def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTim
     )
 
 
-def broadcast(
-    gw: SyncTransport,
+def broadcast_script(
     site: str,
     settings: Mapping[str, Any],
-    state: CollectiveState,
     tag: str,
     array: np.ndarray | None,
     *,
@@ -246,40 +245,17 @@ def broadcast(
     step: int,
     timeout: float,
     sites: Iterable[str] | None,
-) -> np.ndarray:
+) -> Script[np.ndarray]:
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BroadcastRun(
         site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
-    drive(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
+    yield DriveRun(run, Deadline(timeout), _what("broadcast", tag, step))
     return run.result()
 
 
-async def broadcast_async(
-    gw: AsyncTransport,
-    site: str,
-    settings: Mapping[str, Any],
-    state: CollectiveState,
-    tag: str,
-    array: np.ndarray | None,
-    *,
-    root: str,
-    step: int,
-    timeout: float,
-    sites: Iterable[str] | None,
-) -> np.ndarray:
-    _check_common(tag, step, timeout)
-    plan = call_sites(site, settings, sites)
-    run = BroadcastRun(
-        site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
-    )
-    await drive_async(gw, run, step, Deadline(timeout), _what("broadcast", tag, step), site)
-    return run.result()
-
-
-def barrier(
-    gw: SyncTransport,
+def barrier_script(
     site: str,
     settings: Mapping[str, Any],
     tag: str,
@@ -287,24 +263,8 @@ def barrier(
     step: int,
     timeout: float,
     sites: Iterable[str] | None,
-) -> None:
+) -> Script[None]:
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BarrierRun(site=site, sites=plan.sites, tag=tag)
-    drive(gw, run, step, Deadline(timeout), _what("barrier", tag, step), site)
-
-
-async def barrier_async(
-    gw: AsyncTransport,
-    site: str,
-    settings: Mapping[str, Any],
-    tag: str,
-    *,
-    step: int,
-    timeout: float,
-    sites: Iterable[str] | None,
-) -> None:
-    _check_common(tag, step, timeout)
-    plan = call_sites(site, settings, sites)
-    run = BarrierRun(site=site, sites=plan.sites, tag=tag)
-    await drive_async(gw, run, step, Deadline(timeout), _what("barrier", tag, step), site)
+    yield DriveRun(run, Deadline(timeout), _what("barrier", tag, step))

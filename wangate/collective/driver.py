@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from wangate.errors import RecvTimeout
+from wangate.errors import GatewayError, GatewayUnavailable, RecvTimeout
 
 from .exchange import Arrivals, CollectiveTimeout, Expected, Outgoing
 
@@ -79,20 +79,39 @@ class Deadline:
         return max(0.0, self.at - time.monotonic())
 
 
-def send_all(gw: SyncTransport, messages: list[Outgoing], step: int) -> None:
-    for out in messages:
-        for peer in out.peers:
-            gw.send_encoded(
-                peer, out.tag, out.meta, out.payload, out.checksum, step=step, critical=out.critical
-            )
+def _peer_failed(exc: GatewayError) -> bool:
+    """A failure of one peer (unreachable, unknown), not of this site's own gateway."""
+    return not isinstance(exc, GatewayUnavailable)
 
 
-async def send_all_async(gw: AsyncTransport, messages: list[Outgoing], step: int) -> None:
+def send_all(
+    gw: SyncTransport, messages: list[Outgoing], step: int, best_effort: bool = False
+) -> None:
     for out in messages:
         for peer in out.peers:
-            await gw.send_encoded(
-                peer, out.tag, out.meta, out.payload, out.checksum, step=step, critical=out.critical
-            )
+            try:
+                gw.send_encoded(
+                    peer, out.tag, out.meta, out.payload, out.checksum,
+                    step=step, critical=out.critical,
+                )  # fmt: skip
+            except GatewayError as exc:
+                if not (best_effort and _peer_failed(exc)):
+                    raise
+
+
+async def send_all_async(
+    gw: AsyncTransport, messages: list[Outgoing], step: int, best_effort: bool = False
+) -> None:
+    for out in messages:
+        for peer in out.peers:
+            try:
+                await gw.send_encoded(
+                    peer, out.tag, out.meta, out.payload, out.checksum,
+                    step=step, critical=out.critical,
+                )  # fmt: skip
+            except GatewayError as exc:
+                if not (best_effort and _peer_failed(exc)):
+                    raise
 
 
 def drive(gw: SyncTransport, run: Run, step: int, deadline: Deadline, what: str, site: str) -> None:
@@ -102,8 +121,20 @@ def drive(gw: SyncTransport, run: Run, step: int, deadline: Deadline, what: str,
         try:
             array = gw.recv(want.tag, source=want.source, step=step, timeout=deadline.left())
         except RecvTimeout:
+            _take_what_is_there(gw, run, step)
             raise run.arrivals.timeout(what, site, deadline.timeout_s, run.wanted()) from None
         send_all(gw, run.receive(want.source, want.tag, array), step)
+
+
+def _take_what_is_there(gw: SyncTransport, run: Run, step: int) -> None:
+    """After a timeout: take what did arrive (waiting for nothing), so the error counts
+    the messages that came behind the one the driver was waiting for."""
+    for want in run.wanted():
+        try:
+            array = gw.recv(want.tag, source=want.source, step=step, timeout=0)
+        except RecvTimeout:
+            continue
+        run.receive(want.source, want.tag, array)
 
 
 async def drive_async(
@@ -143,8 +174,10 @@ def collect_joins(
     for want in wanted:
         try:
             gw.recv(want.tag, source=want.source, step=step, timeout=window.left())
-        except RecvTimeout:
-            continue
+        except GatewayError as exc:  # a timeout, or that peer is unreachable
+            if _peer_failed(exc):
+                continue
+            raise
         present.append(want.source)
     return present
 
@@ -155,8 +188,10 @@ async def collect_joins_async(
     async def one(want: Expected) -> str | None:
         try:
             await gw.recv(want.tag, source=want.source, step=step, timeout=window.left())
-        except RecvTimeout:
-            return None
+        except GatewayError as exc:  # a timeout, or that peer is unreachable
+            if _peer_failed(exc):
+                return None
+            raise
         return want.source
 
     found = await asyncio.gather(*(one(w) for w in wanted))

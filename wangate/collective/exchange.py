@@ -78,7 +78,7 @@ class Arrivals:
             parts.append(f"nothing arrived from {', '.join(missing)}")
         for s in partial:
             left = sum(1 for e in still if e.source == s)
-            parts.append(f"{s} sent {self.counts[s]} messages, {left} more never came")
+            parts.append(f"{self.counts[s]} of {self.counts[s] + left} messages from {s}")
         done = [s for s in self.expected_from if s not in waiting]
         if done:
             parts.append(f"complete from {', '.join(done)}")

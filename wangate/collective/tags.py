@@ -15,7 +15,7 @@ PREFIX = "@c/"
 MAX_TAG_BYTES = 256  # proto/localapi.md
 MAX_USER_TAG_BYTES = 200  # leaves room for the prefix, kind, digest and index
 
-KINDS = frozenset({"rs", "ag", "dx", "bc", "br", "jn", "pl"})
+KINDS = frozenset({"rs", "ag", "dx", "bc", "br", "jn", "pl", "cp"})
 
 
 def is_reserved(tag: str) -> bool:
