@@ -1,0 +1,1 @@
+"""Collectives in the WAN lab: wangate allreduce against Gloo and the naive all-to-all."""

@@ -1,0 +1,63 @@
+"""python -m bench.collectives [--sites 3|4] [--runs 3] [--half] [--methods ...]
+
+Brings up the lab scenario ``coll3`` / ``coll4`` (``coll3_half`` with ``--half``),
+gives each site a routable address, and times an allreduce of 8M float32 with Gloo
+over TCP cubic and BBR, with the naive all-to-all over wangate and with the wangate
+allreduce, in that order, in one lab; writes ``results/collectives/<scenario>.json``
+and prints the table. Needs root and /dev/net/tun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench.collectives.run import ELEMENTS, run_collectives, table
+from bench.lab.scenario import load_scenario
+from wangate.errors import WangateError
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.collectives")
+    parser.add_argument("--sites", type=int, nargs="+", choices=(3, 4), default=[3, 4])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--half",
+        action="store_true",
+        help="coll3_half (gz's links half as fast) instead of coll3/coll4",
+    )
+    parser.add_argument(
+        "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "rsag", "allreduce"]
+    )
+    parser.add_argument("--elements", type=int, default=ELEMENTS)
+    parser.add_argument("--gloo-timeout", type=float, default=120.0)
+    parser.add_argument("--cubic-timeout", type=float, default=300.0)
+    parser.add_argument("--cubic-runs", type=int, default=None, help="default: --runs")
+    parser.add_argument("--wangate-timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    names = ["coll3_half"] if args.half else [f"coll{n}" for n in args.sites]
+    records = []
+    try:
+        for name in names:
+            scenario = load_scenario(name)
+            records.append(
+                run_collectives(
+                    scenario,
+                    runs=args.runs,
+                    elements=args.elements,
+                    methods=tuple(args.methods),
+                    gloo_timeout_s=args.gloo_timeout,
+                    cubic_timeout_s=args.cubic_timeout,
+                    cubic_runs=args.cubic_runs,
+                    wangate_timeout_s=args.wangate_timeout,
+                )
+            )
+    except WangateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

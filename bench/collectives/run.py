@@ -1,0 +1,416 @@
+"""Run the collectives benchmark in one lab: Gloo (cubic, BBR), all-to-all and the
+wangate allreduce over the same emulated links, one after another, against the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import wangate
+from bench.collectives import bound
+from bench.lab import siteroutes
+from bench.lab.lab import Lab
+from bench.lab.scenario import Scenario
+from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
+from wangate.errors import WangateError
+
+ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB
+GLOO_PORT = 29500
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Variant:
+    """One wangate allreduce configuration: extra gateway TOML and call options."""
+
+    name: str
+    gateway_config: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
+    """The wangate allreduce with shares weighted by each site's nominal link capacity
+    (``[collective] weights`` in Mbit/s), with equal shares (all weights 1), and with
+    the shares the gateways derive from measured capacity (no weights)."""
+    capacities = bound.site_capacities_bps(links_bps(scenario))
+
+    def weights(value: dict[str, float]) -> str:
+        table = ", ".join(f"{site} = {value[site]:g}" for site in scenario.sites)
+        return f"[collective]\nweights = {{ {table} }}"
+
+    return (
+        Variant("allreduce", weights({s: c / 1e6 for s, c in capacities.items()})),
+        Variant("allreduce-equal", weights(dict.fromkeys(scenario.sites, 1.0))),
+        Variant("allreduce-measured"),
+    )
+
+
+def links_bps(scenario: Scenario) -> dict[tuple[str, str], float]:
+    """Rate per direction between each pair of sites (sum of their paths)."""
+    rates: dict[tuple[str, str], float] = {}
+    for path in scenario.paths:
+        for src, dst in ((path.site_a, path.site_b), (path.site_b, path.site_a)):
+            rates[(src, dst)] = rates.get((src, dst), 0.0) + path.params_from(src).rate_bps
+    return rates
+
+
+def bounds(scenario: Scenario, size_bytes: int) -> dict[str, Any]:
+    links = links_bps(scenario)
+    capacities = bound.site_capacities_bps(links)
+    weighted = bound.capacity_shares(capacities)
+    equal = bound.equal_shares(list(scenario.sites))
+    best = bound.best_site_shares(capacities)
+    sites = list(scenario.sites)
+    ring = [links[(sites[k], sites[(k + 1) % len(sites)])] for k in range(len(sites))]
+    return {
+        "size_bytes": size_bytes,
+        "capacities_bps": capacities,
+        "capacity_shares": weighted,
+        "site_bound_s": bound.site_bound_s(size_bytes, capacities, weighted),
+        "site_bound_equal_s": bound.site_bound_s(size_bytes, capacities, equal),
+        "site_bound_best_s": bound.site_bound_s(size_bytes, capacities, best),
+        "best_shares": best,
+        "link_bound_s": bound.link_bound_s(size_bytes, links, weighted),
+        "link_bound_equal_s": bound.link_bound_s(size_bytes, links, equal),
+        "gloo_ring_bound_s": bound.ring_bound_s(size_bytes, ring),
+    }
+
+
+class _Workers:
+    """One worker process per site; their stdout lines arrive on a queue per site."""
+
+    def __init__(self, lab: Lab, specs: dict[str, dict[str, Any]], logs_dir: Path) -> None:
+        self.lines: dict[str, queue.Queue[dict[str, Any] | None]] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        for site, spec in specs.items():
+            log = (logs_dir / f"{spec['method']}-{spec.get('variant', '')}-{site}.log").open("wb")
+            self._logs.append(log)
+            process = lab.run_in(
+                site,
+                [sys.executable, "-m", "bench.collectives.worker", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+            )
+            self.processes[site] = process
+            self.lines[site] = queue.Queue()
+            threading.Thread(target=self._read, args=(site, process), daemon=True).start()
+
+    def _read(self, site: str, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.lines[site].put(json.loads(line))
+        self.lines[site].put(None)
+
+    def collect(self, deadline: float) -> dict[str, dict[str, Any]] | None:
+        """The next line of every worker, or None if one fails or the deadline passes."""
+        got = {}
+        for site, lines in self.lines.items():
+            try:
+                item = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if item is None:
+                return None
+            got[site] = item
+        return got
+
+    def go(self) -> float:
+        for process in self.processes.values():
+            assert process.stdin is not None
+            process.stdin.write(b"go\n")
+            process.stdin.flush()
+        return time.monotonic()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for log in self._logs:
+            log.close()
+
+
+def run_method(
+    lab: Lab,
+    specs: dict[str, dict[str, Any]],
+    runs: int,
+    timeout_s: float,
+    logs_dir: Path,
+    on_go: Any = None,
+) -> dict[str, Any]:
+    """Time ``runs`` collectives; a run that passes ``timeout_s`` ends the method."""
+    workers = _Workers(lab, specs, logs_dir)
+    stats_before = lab.link_stats()
+    times: list[float | None] = []
+    exact: list[bool] = []
+    observed: list[Any] = []
+    try:
+        for run in range(runs):
+            if workers.collect(time.monotonic() + READY_TIMEOUT_S + timeout_s) is None:
+                raise WangateError(
+                    f"{next(iter(specs.values()))['method']}: a worker failed "
+                    f"before run {run} (see {logs_dir})"
+                )
+            go = workers.go()
+            if on_go is not None:
+                observed.append(on_go())
+            done = workers.collect(go + timeout_s)
+            if done is None:
+                times.append(None)
+                break
+            times.append(max(r["end"] for r in done.values()) - go)
+            exact.append(all(r["exact"] for r in done.values()))
+    finally:
+        workers.stop()
+    return {
+        "times_s": times,
+        "exact": exact,
+        "timeout_s": timeout_s,
+        "observed": observed,
+        "link_bytes": _link_deltas(stats_before, lab.link_stats()),
+        # The machine is shared: the 1-minute load average when the method ended.
+        "load_average_1min": os.getloadavg()[0],
+    }
+
+
+def _link_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per path and direction: bytes delivered and packets dropped during a method."""
+    deltas = {}
+    for path, stats in after.items():
+        for direction in ("a_to_b", "b_to_a"):
+            now, then = stats[direction], before[path][direction]
+            deltas[f"{path} {direction}"] = {
+                key: now[key] - then[key]
+                for key in ("delivered_bytes", "dropped_queue", "dropped_loss")
+            }
+    return deltas
+
+
+def _start_gateways(
+    lab: Lab, configs: dict[str, tuple[Path, str]], extra_config: str, logs_dir: Path, name: str
+) -> dict[str, Any]:
+    """Gateways on the lab's configs (certificates made once) plus ``extra_config``."""
+    gateways: dict[str, subprocess.Popen[bytes]] = {}
+    logs: dict[str, Path] = {}
+    for site, (config, text) in configs.items():
+        config.write_text(text + "\n" + extra_config + "\n")
+        logs[site] = logs_dir / f"gateway-{name}-{site}.log"
+        with logs[site].open("wb") as log:
+            gateways[site] = lab.run_in(
+                site,
+                [sys.executable, "-m", "wangate", "run", "-c", str(config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+    _wait_paths_up(lab, gateways, logs)
+    return gateways
+
+
+def _cpu_s(processes: dict[str, subprocess.Popen[bytes]]) -> dict[str, float]:
+    return {site: process_cpu_s(p.pid) or 0.0 for site, p in processes.items()}
+
+
+def _stop(processes: dict[str, subprocess.Popen[bytes]]) -> None:
+    from bench.lab import netns
+
+    netns.terminate(list(processes.values()))
+
+
+def run_collectives(
+    scenario: Scenario,
+    *,
+    runs: int,
+    elements: int = ELEMENTS,
+    methods: tuple[str, ...] = ("gloo-cubic", "gloo-bbr", "alltoall", "allreduce"),
+    gloo_timeout_s: float = 120.0,
+    cubic_timeout_s: float = 300.0,
+    cubic_runs: int | None = None,
+    wangate_timeout_s: float = 60.0,
+    say: Any = print,
+) -> dict[str, Any]:
+    size_bytes = 4 * elements
+    record: dict[str, Any] = {
+        "scenario": scenario.name,
+        "sites": list(scenario.sites),
+        "elements": elements,
+        "runs": runs,
+        "machine": machine_description(),
+        "bounds": bounds(scenario, size_bytes),
+        "methods": {},
+    }
+    logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    sites = list(scenario.sites)
+    base = {"sites": sites, "elements": elements, "seed": scenario.seed, "runs": runs}
+    with Lab(scenario) as lab:
+        addresses = siteroutes.add_site_addresses(lab)
+        say(f"{scenario.name}: lab {lab.run_id} up, site addresses {addresses}")
+        for offset, cc in enumerate(("cubic", "bbr")):
+            name = f"gloo-{cc}"
+            if name not in methods:
+                continue
+            how = siteroutes.set_congestion_control(lab, cc)
+            specs = {
+                site: dict(
+                    base,
+                    method="gloo",
+                    site=site,
+                    address=addresses[site],
+                    master=f"{addresses[sites[0]]}:{GLOO_PORT + offset}",
+                    timeout_s=gloo_timeout_s + READY_TIMEOUT_S,
+                )
+                for site in sites
+            }
+
+            def seen_cc() -> dict[str, list[str]]:
+                time.sleep(1.0)
+                return {site: siteroutes.congestion_in_use(lab, site) for site in sites}
+
+            timeout_s = cubic_timeout_s if cc == "cubic" else gloo_timeout_s
+            method_runs = cubic_runs if cc == "cubic" and cubic_runs else runs
+            for spec in specs.values():
+                spec.update(runs=method_runs, timeout_s=timeout_s + READY_TIMEOUT_S)
+            result = run_method(lab, specs, method_runs, timeout_s, logs_dir, seen_cc)
+            result["congestion_control_set_by"] = how
+            record["methods"][name] = result
+            say(f"  {name}: {_fmt_times(result)}  (cc in use: {result['observed'][:1]})")
+        shares = record["bounds"]
+        runs_on_wangate: list[tuple[str, Variant]] = []
+        if "alltoall" in methods:
+            runs_on_wangate.append(("alltoall", Variant("alltoall")))
+        if "rsag" in methods:
+            for label, split in (("capacity", "capacity_shares"), ("equal", None)):
+                chosen = shares[split] if split else bound.equal_shares(sites)
+                variant = Variant(f"rsag-{label}", options={"shares": chosen, "chunks": 8})
+                runs_on_wangate.append(("rsag", variant))
+        if "allreduce" in methods:
+            runs_on_wangate += [("allreduce", v) for v in allreduce_variants(scenario)]
+        configs = {
+            site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
+        }
+        for method, variant in runs_on_wangate:
+            name = variant.name
+            gateways = _start_gateways(lab, configs, variant.gateway_config, logs_dir, name)
+            try:
+                specs = {
+                    site: dict(
+                        base,
+                        method=method,
+                        variant=name,
+                        site=site,
+                        socket=str(lab.gateway_socket(site)),
+                        timeout_s=wangate_timeout_s,
+                        options=variant.options,
+                    )
+                    for site in sites
+                }
+                cpu_before = _cpu_s(gateways)
+                result = run_method(lab, specs, runs, wangate_timeout_s, logs_dir)
+                # Gateway CPU seconds over the method (set-up and warm-up included).
+                result["gateway_cpu_s"] = {
+                    site: cpu - cpu_before[site] for site, cpu in _cpu_s(gateways).items()
+                }
+                result["gateway_config"] = variant.gateway_config
+                result["options"] = variant.options
+                record["methods"][name] = result
+                say(f"  {name}: {_fmt_times(result)}")
+            finally:
+                _stop(gateways)
+    out = RESULTS_ROOT / "collectives" / f"{scenario.name}.json"
+    out.write_text(json.dumps(record, indent=1))
+    record["file"] = str(out)
+    return record
+
+
+def _fmt_times(result: dict[str, Any]) -> str:
+    timeout = result["timeout_s"]
+    return ", ".join(f"> {timeout:.0f} s" if t is None else f"{t:.2f} s" for t in result["times_s"])
+
+
+def summary(result: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(median, min, max) of the runs; the median is None if any run timed out."""
+    times = result["times_s"]
+    done = [t for t in times if t is not None]
+    if not done:
+        return None, None, None
+    median = statistics.median(done) if len(done) == len(times) else None
+    return median, min(done), max(done)
+
+
+COLUMNS = (
+    ("wangate allreduce", "allreduce"),
+    ("Gloo cubic", "gloo-cubic"),
+    ("Gloo BBR", "gloo-bbr"),
+    ("all-to-all", "alltoall"),
+)
+
+
+def _cell(result: dict[str, Any] | None, bound_s: float) -> str:
+    if result is None:
+        return "not run"
+    median, low, high = summary(result)
+    if median is None:
+        return f"> {result['timeout_s']:.0f} s (> {result['timeout_s'] / bound_s:.1f}x)"
+    inexact = "" if all(result["exact"]) else ", INEXACT"
+    return f"{median:.2f} s ({median / bound_s:.2f}x) [{low:.2f}-{high:.2f}]{inexact}"
+
+
+def table(records: list[dict[str, Any]]) -> str:
+    """Markdown, one row per scenario: median seconds (ratio to the site bound)
+    [min-max over runs] per method, and wangate's speed-up over the others."""
+    head = ["scenario", "runs", "bound (site / link)"] + [title for title, _ in COLUMNS]
+    head.append("wangate speed-up vs cubic / BBR / all-to-all")
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for record in records:
+        b = record["bounds"]
+        methods = record["methods"]
+        cells = [
+            record["scenario"],
+            str(record["runs"]),
+            f"{b['site_bound_s']:.2f} s / {b['link_bound_s']:.2f} s",
+        ]
+        cells += [_cell(methods.get(key), b["site_bound_s"]) for _, key in COLUMNS]
+        ours = summary(methods["allreduce"])[0] if "allreduce" in methods else None
+        speedups = []
+        for key in ("gloo-cubic", "gloo-bbr", "alltoall"):
+            if ours is None or key not in methods:
+                speedups.append("-")
+                continue
+            theirs = summary(methods[key])[0]
+            timeout = methods[key]["timeout_s"]
+            speedups.append(f"> {timeout / ours:.1f}" if theirs is None else f"{theirs / ours:.2f}")
+        cells.append(" / ".join(speedups))
+        rows.append("| " + " | ".join(cells) + " |")
+    extra = [
+        (r["scenario"], name, _cell(result, r["bounds"]["site_bound_s"]))
+        for r in records
+        for name, result in r["methods"].items()
+        if name not in dict((key, 0) for _, key in COLUMNS)
+    ]
+    if extra:
+        rows += ["", "| scenario | variant | time |", "|---|---|---|"]
+        rows += [f"| {scenario} | {name} | {cell} |" for scenario, name, cell in extra]
+    return "\n".join(rows)
+
+
+def version() -> str:
+    return wangate.__version__ if hasattr(wangate, "__version__") else "?"
