@@ -1,0 +1,100 @@
+"""Run the atheris harnesses, a few at a time, and account CPU time and executions.
+
+Usage (from the repository root)::
+
+    .venv/bin/python tests/fuzz/campaign.py --out /tmp/wangate-fuzz --seconds 300 \\
+        [--jobs 2] [target ...]
+
+Each target runs ``nice -n 10 python tests/fuzz/fuzz_<target>.py`` for ``--seconds`` of
+wall time with its working corpus in ``OUT/<target>/corpus`` (seeded from
+``tests/fuzz/corpus/<target>``) and crash inputs in ``OUT/<target>/``. CPU seconds come
+from the kernel's accounting of each finished child (``wait4``), executions and coverage
+from libFuzzer's final statistics. One JSON line per run is appended to ``OUT/runs.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TARGETS = sorted(path.stem.removeprefix("fuzz_") for path in HERE.glob("fuzz_*.py"))
+
+
+def start(target: str, out: Path, seconds: int) -> tuple[subprocess.Popen[bytes], Path]:
+    work = out / target
+    (work / "corpus").mkdir(parents=True, exist_ok=True)
+    log = work / f"run-{time.strftime('%H%M%S')}.log"
+    command = [
+        "nice",
+        "-n",
+        "10",
+        sys.executable,
+        str(HERE / f"fuzz_{target}.py"),
+        str(work / "corpus"),
+        str(HERE / "corpus" / target),
+        f"-max_total_time={seconds}",
+        f"-artifact_prefix={work}/",
+        "-print_final_stats=1",
+        "-rss_limit_mb=2048",
+        "-timeout=20",
+    ]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    return process, log
+
+
+def summarise(
+    target: str, log: Path, cpu_s: float, wall_s: float, status: int
+) -> dict[str, object]:
+    text = log.read_text(errors="replace")
+    execs = re.findall(r"stat::number_of_executed_units: (\d+)", text)
+    cov = re.findall(r"cov: (\d+) ft: (\d+)", text)
+    crashes = re.findall(r"Test unit written to (\S+)", text)
+    return {
+        "target": target,
+        "log": str(log),
+        "exit": status,
+        "cpu_s": round(cpu_s, 1),
+        "wall_s": round(wall_s, 1),
+        "execs": int(execs[-1]) if execs else None,
+        "cov": int(cov[-1][0]) if cov else None,
+        "ft": int(cov[-1][1]) if cov else None,
+        "crashes": crashes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seconds", type=int, default=300)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("targets", nargs="*", default=TARGETS)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    queue = list(args.targets)
+    running: dict[int, tuple[str, Path, float]] = {}
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            target = queue.pop(0)
+            process, log = start(target, args.out, args.seconds)
+            running[process.pid] = (target, log, time.monotonic())
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        target, log, began = running.pop(pid)
+        cpu_s = usage.ru_utime + usage.ru_stime
+        record = summarise(target, log, cpu_s, time.monotonic() - began, status)
+        with (args.out / "runs.jsonl").open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+        print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Write the seed corpora (tests/fuzz/corpus/<target>/) from the golden vectors.
+
+Run from the repository root: ``.venv/bin/python tests/fuzz/make_corpus.py``.
+Seeds are small, valid inputs of each format; the fuzzers mutate them from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import targets  # type: ignore[import-not-found]
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = REPO / "proto" / "vectors"
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CONTROL = ("ack", "credit", "done", "hello", "rejected", "repair_request", "route")
+DATAGRAMS = ("shard", "shard_critical", "repair", "probe")
+
+
+def hex_vector(name: str) -> bytes:
+    """A wire/localapi/probe vector: hex bytes, '#' lines are comments."""
+    text = (VECTORS / f"{name}.hex").read_text()
+    return bytes.fromhex(" ".join(line for line in text.splitlines() if not line.startswith("#")))
+
+
+def codec_vector(name: str) -> dict[str, str]:
+    fields = {}
+    for line in (VECTORS / name).read_text().splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and not line.startswith("#"):
+            fields[key] = value
+    return fields
+
+
+def seeds() -> dict[str, list[bytes]]:
+    control = [hex_vector(f"wire_{name}") for name in CONTROL]
+    localapi = [hex_vector(path.stem) for path in sorted(VECTORS.glob("localapi_*.hex"))]
+    codec = []
+    specs = []
+    for path in sorted(VECTORS.glob("codec_*.hex")):
+        fields = codec_vector(path.name)
+        meta, payload = bytes.fromhex(fields["meta"]), bytes.fromhex(fields["payload"])
+        codec.append(targets.codec_input(meta, payload))
+        specs.append(fields["spec"].encode())
+    example = (REPO / "conf" / "example-bj.toml").read_bytes()
+    return {
+        "datagram": [hex_vector(f"wire_{name}") for name in DATAGRAMS],
+        # one byte of chunk-size count, then the stream: whole, and cut in 1..3-byte pieces
+        "control_stream": [b"\x00" + frame for frame in control]
+        + [b"\x03\x00\x01\x02" + b"".join(control)],
+        "message_body": [
+            bytes([knob]) + hex_vector(name)
+            for name in ("wire_message_body", "wire_message_body_critical")
+            for knob in (0, 1)
+        ],
+        "localapi_frame": [*localapi, b"".join(localapi)],
+        "frame_assembler": [b"\x00" + frame for frame in localapi]
+        + [b"\x02\x06\x10" + b"".join(localapi)],
+        "config_file": [example],
+        "codec_frame": codec,
+        "codec_spec": sorted(set(specs)),
+        "probe_packet": [hex_vector(path.stem) for path in sorted(VECTORS.glob("probe_*.hex"))],
+    }
+
+
+def main() -> None:
+    for target, inputs in seeds().items():
+        folder = CORPUS / target
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for data in inputs:
+            (folder / hashlib.sha1(data).hexdigest()).write_bytes(data)
+        print(f"{target}: {len(inputs)} seeds")
+
+
+if __name__ == "__main__":
+    main()
