@@ -2,12 +2,12 @@
 
 Run from the repository root: ``.venv/bin/python tests/fuzz/make_corpus.py``.
 Seeds are small, valid inputs of each format; the fuzzers mutate them from there.
+Inputs that once broke a target are kept beside them as ``regression-<what>``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
 import targets  # type: ignore[import-not-found]
@@ -68,8 +68,7 @@ def seeds() -> dict[str, list[bytes]]:
 def main() -> None:
     for target, inputs in seeds().items():
         folder = CORPUS / target
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # keeps the regression-* inputs there
         for data in inputs:
             (folder / hashlib.sha1(data).hexdigest()).write_bytes(data)
         print(f"{target}: {len(inputs)} seeds")

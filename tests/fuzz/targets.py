@@ -255,10 +255,17 @@ def frame_assembler(data: bytes) -> None:
         assert failure is not None
         raise
     assert failure is None, f"split_frame fails ({failure!r}), the assembler does not"
-    assert [(p, h) for p, h, _ in got] == [(p, h) for p, h, _ in expected][: len(got)]
+    # The assembler hands out a head before its payload arrived: a skipped frame cut
+    # short at the end of the stream is one split_frame never returns.
+    assert len(expected) <= len(got) <= len(expected) + 1
+    assert [(p, h) for p, h, _ in got[: len(expected)]] == [(p, h) for p, h, _ in expected]
     for (prefix, _, payload), (_, _, whole) in zip(got, expected, strict=False):
         assert payload == (b"" if prefix.payload_bytes % 2 else whole)
-    assert len(got) == len(expected)
+    if len(got) > len(expected):
+        prefix, header, _ = got[-1]
+        assert prefix.payload_bytes % 2 and pending is None
+        assert stream[offset + 16 : offset + 16 + prefix.header_bytes] == header
+        assert len(stream) - offset < 16 + prefix.header_bytes + prefix.payload_bytes
 
 
 # ------------------------------------------------------------------ config
