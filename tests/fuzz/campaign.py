@@ -3,13 +3,14 @@
 Usage (from the repository root)::
 
     .venv/bin/python tests/fuzz/campaign.py --out /tmp/wangate-fuzz --seconds 300 \\
-        [--jobs 2] [target ...]
+        [--jobs 2] [target[:seconds] ...]
 
 Each target runs ``nice -n 10 python tests/fuzz/fuzz_<target>.py`` for ``--seconds`` of
-wall time with its working corpus in ``OUT/<target>/corpus`` (seeded from
-``tests/fuzz/corpus/<target>``) and crash inputs in ``OUT/<target>/``. CPU seconds come
-from the kernel's accounting of each finished child (``wait4``), executions and coverage
-from libFuzzer's final statistics. One JSON line per run is appended to ``OUT/runs.jsonl``.
+wall time (or the seconds given after its name) with its working corpus in
+``OUT/<target>/corpus`` (seeded from ``tests/fuzz/corpus/<target>``) and crash inputs in
+``OUT/<target>/``. CPU seconds come from the kernel's accounting of each finished child
+(``wait4``), executions and coverage from libFuzzer's final statistics. One JSON line per
+run is appended to ``OUT/runs.jsonl``; ``--report`` sums them up per target.
 """
 
 from __future__ import annotations
@@ -70,20 +71,50 @@ def summarise(
     }
 
 
+def report(runs: Path) -> None:
+    """One line per target: runs, CPU seconds, executions, best coverage, crashes."""
+    totals: dict[str, dict[str, int | float]] = {}
+    for line in runs.read_text().splitlines():
+        run = json.loads(line)
+        empty = dict.fromkeys(("runs", "cpu_s", "execs", "cov", "ft", "crashes"), 0)
+        total = totals.setdefault(run["target"], empty)
+        total["runs"] += 1
+        total["cpu_s"] += run["cpu_s"]
+        total["execs"] += run["execs"] or 0
+        total["cov"] = max(total["cov"], run["cov"] or 0)
+        total["ft"] = max(total["ft"], run["ft"] or 0)
+        total["crashes"] += len(run["crashes"])
+    print("| target | runs | CPU h | executions | cov (edges) | ft | crashes |")
+    print("|---|---|---|---|---|---|---|")
+    for target, t in sorted(totals.items()):
+        print(
+            f"| {target} | {t['runs']} | {t['cpu_s'] / 3600:.2f} | {t['execs']:,} | {t['cov']} "
+            f"| {t['ft']} | {t['crashes']} |"
+        )
+    cpu_s = sum(t["cpu_s"] for t in totals.values())
+    execs = sum(t["execs"] for t in totals.values())
+    runs_total = sum(t["runs"] for t in totals.values())
+    print(f"| total | {runs_total} | {cpu_s / 3600:.2f} | {execs:,} | | | |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seconds", type=int, default=300)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--report", action="store_true", help="sum up OUT/runs.jsonl")
     parser.add_argument("targets", nargs="*", default=TARGETS)
     args = parser.parse_args()
+    if args.report:
+        report(args.out / "runs.jsonl")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    queue = list(args.targets)
+    queue = [item.partition(":") for item in args.targets]
     running: dict[int, tuple[str, Path, float]] = {}
     while queue or running:
         while queue and len(running) < args.jobs:
-            target = queue.pop(0)
-            process, log = start(target, args.out, args.seconds)
+            target, _, seconds = queue.pop(0)
+            process, log = start(target, args.out, int(seconds or args.seconds))
             running[process.pid] = (target, log, time.monotonic())
         pid, status, usage = os.wait4(-1, 0)
         if pid not in running:
