@@ -19,7 +19,7 @@ from wangate.codec import decode_tensor, encode_tensor, parse_spec
 from wangate.codec.frame import CODEC_TOPK, FrameInfo, pack_meta
 from wangate.errors import CodecError
 
-FAST = settings(max_examples=150, deadline=None)
+FAST = settings(max_examples=100, deadline=None)
 SPECS = ["none", "zstd", "fp16", "bf16", "int8:8", "int4:8+zstd", "topk:0.3/int8:8"]
 SPECS += ["split:0.2/int4:8/fp16", "topk:0.5/fp32+zstd:1"]
 

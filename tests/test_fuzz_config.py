@@ -18,7 +18,7 @@ from tests.fuzz.strategies import mutated, seeds
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.errors import ConfigError, WangateError
 
-FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 EXAMPLE = seeds("config_file")[0]
 
 

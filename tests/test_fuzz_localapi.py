@@ -12,7 +12,7 @@ from tests.fuzz import targets
 from tests.fuzz.strategies import mutated, seeds
 from wangate.localapi import protocol
 
-FAST = settings(max_examples=150, deadline=None)
+FAST = settings(max_examples=100, deadline=None)
 TARGETS = ["localapi_frame", "frame_assembler"]
 names = st.text(min_size=1, max_size=20)
 u32 = st.integers(0, protocol.MAX_ID)

@@ -1,10 +1,13 @@
-"""Fuzzing the wire decoders in CI: datagrams, control frames, message bodies, probe packets.
+"""Fuzzing the wire decoders in CI: datagrams, control frames, message bodies, FEC blocks,
+probe packets, and the metrics endpoint's request parser.
 
 Every input either decodes or raises a ``WangateError``; whatever decodes re-encodes to
 itself (``tests/fuzz/targets.py`` holds the checks, shared with the atheris harnesses).
 """
 
 from __future__ import annotations
+
+from random import Random
 
 import pytest
 from hypothesis import given, settings
@@ -13,23 +16,26 @@ from hypothesis import strategies as st
 from tests.fuzz import targets
 from tests.fuzz.strategies import mutated, seeds
 from wangate.core import frames
+from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
 from wangate.core.message import MessageHeader, message_checksum
 from wangate.probe import packets
 
-FAST = settings(max_examples=150, deadline=None)
+WIRE = ["datagram", "control_stream", "message_body", "fec_block", "probe_packet"]
+WIRE += ["metrics_request_head"]
+FAST = settings(max_examples=100, deadline=None)
 u64 = st.integers(0, 2**64 - 1)
 u32 = st.integers(0, 2**32 - 1)
 names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", fullmatch=True)
 
 
-@pytest.mark.parametrize("target", ["datagram", "control_stream", "message_body", "probe_packet"])
+@pytest.mark.parametrize("target", WIRE)
 @FAST
 @given(data=st.binary(max_size=200))
 def test_arbitrary_bytes_decode_or_raise_wangate_errors(target: str, data: bytes) -> None:
     targets.run(target, data)
 
 
-@pytest.mark.parametrize("target", ["datagram", "control_stream", "message_body", "probe_packet"])
+@pytest.mark.parametrize("target", WIRE)
 @FAST
 @given(data=st.data())
 def test_mutated_golden_vectors_decode_or_raise_wangate_errors(
@@ -38,7 +44,7 @@ def test_mutated_golden_vectors_decode_or_raise_wangate_errors(
     targets.run(target, data.draw(mutated(seeds(target))))
 
 
-@pytest.mark.parametrize("target", ["datagram", "control_stream", "message_body", "probe_packet"])
+@pytest.mark.parametrize("target", WIRE)
 def test_every_seed_decodes(target: str) -> None:
     for seed in seeds(target):
         targets.TARGETS[target](seed)  # valid inputs: no error at all
@@ -120,3 +126,19 @@ def test_probe_packet_round_trip(
     encoded = packets.encode(packet)
     assert packets.decode(encoded) == packet
     targets.probe_packet(encoded)
+
+
+@FAST
+@given(st.integers(1, 40), st.integers(1, 24), st.randoms(use_true_random=False))
+def test_any_k_symbols_rebuild_the_block(k: int, symbol_bytes: int, rng: Random) -> None:
+    sources = [rng.randbytes(symbol_bytes) for _ in range(k)]
+    encoder = BlockEncoder(k, symbol_bytes)
+    for index, source in enumerate(sources):
+        encoder.add_source(index, source)
+    chosen = rng.sample(range(MAX_SYMBOLS), k)
+    symbols = {i: sources[i] if i < k else encoder.repair(i) for i in chosen}
+    decoder = BlockDecoder(k, symbol_bytes)
+    for index, symbol in symbols.items():
+        decoder.add(index, symbol)
+    assert decoder.recover() == {i: sources[i] for i in range(k) if i not in symbols}
+    targets.fec_block(targets.fec_input(k, symbol_bytes, symbols))

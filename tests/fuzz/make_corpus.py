@@ -12,6 +12,8 @@ from pathlib import Path
 
 import targets  # type: ignore[import-not-found]
 
+from wangate.core.fec import BlockEncoder
+
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "proto" / "vectors"
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -44,6 +46,18 @@ def seeds() -> dict[str, list[bytes]]:
         meta, payload = bytes.fromhex(fields["meta"]), bytes.fromhex(fields["payload"])
         codec.append(targets.codec_input(meta, payload))
         specs.append(fields["spec"].encode())
+    fec = []
+    for k, symbol_bytes, received in ((1, 4, (0,)), (3, 8, (0, 3, 5)), (4, 16, (4, 5, 6, 7))):
+        encoder = BlockEncoder(k, symbol_bytes)
+        for i in range(k):
+            encoder.add_source(i, bytes((i * 37 + j) % 256 for j in range(symbol_bytes)))
+        symbols = {
+            i: encoder.repair(i)
+            if i >= k
+            else bytes((i * 37 + j) % 256 for j in range(symbol_bytes))
+            for i in received
+        }
+        fec.append(targets.fec_input(k, symbol_bytes, symbols))
     example = (REPO / "conf" / "example-bj.toml").read_bytes()
     return {
         "datagram": [hex_vector(f"wire_{name}") for name in DATAGRAMS],
@@ -61,6 +75,11 @@ def seeds() -> dict[str, list[bytes]]:
         "config_file": [example],
         "codec_frame": codec,
         "codec_spec": sorted(set(specs)),
+        "fec_block": fec,
+        "metrics_request_head": [
+            b"GET /metrics HTTP/1.1\r\nHost: bj:9464\r\nAccept: */*\r\n\r\n",
+            b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",
+        ],
         "probe_packet": [hex_vector(path.stem) for path in sorted(VECTORS.glob("probe_*.hex"))],
     }
 

@@ -26,10 +26,12 @@ from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.frame import CODEC_NONE
 from wangate.config import load_config
 from wangate.core import frames
+from wangate.core.fec import BlockDecoder, BlockEncoder
 from wangate.core.message import HEAD_BYTES, decode_header, verify_body
 from wangate.errors import WangateError
 from wangate.localapi import protocol
 from wangate.localapi.framing import FrameAssembler
+from wangate.metrics_http import parse_request_head
 from wangate.probe import packets
 
 MAX_PAYLOAD_BYTES = 1 << 20  # local API payload limit the local API targets use
@@ -358,6 +360,62 @@ def probe_packet(data: bytes) -> None:
     assert packets.encode(packet) == data
 
 
+# ------------------------------------------------------------------ FEC blocks
+
+
+def fec_input(k: int, symbol_bytes: int, symbols: dict[int, bytes]) -> bytes:
+    """The fec_block target's input for these symbols (corpus files and tests use it)."""
+    records = b"".join(bytes([i, len(data)]) + data for i, data in symbols.items())
+    return bytes([k - 1, symbol_bytes - 1]) + records
+
+
+def fec_block(data: bytes) -> None:
+    """``BlockDecoder``: symbols as the wire delivers them rebuild the block they imply.
+
+    Input: k - 1 u8, symbol_bytes - 1 u8 (mod 32), then (index u8, length u8, bytes)
+    records. Whatever k symbols the decoder uses fix the whole block (an MDS code), so
+    re-encoding the rebuilt sources must give back each of those symbols.
+    """
+    if len(data) < 2:
+        return
+    k, symbol_bytes = data[0] % 255 + 1, data[1] % 32 + 1
+    decoder = BlockDecoder(k, symbol_bytes)
+    kept: dict[int, bytes] = {}
+    pos = 2
+    while pos + 2 <= len(data):
+        index, length = data[pos], data[pos + 1]
+        symbol = data[pos + 2 : pos + 2 + length]
+        pos += 2 + length
+        decoder.add(index, symbol)
+        if index not in kept and (index < k or len(kept) < k):
+            kept[index] = symbol.ljust(symbol_bytes, b"\0")
+    assert decoder.symbol_count == len(kept)
+    if not decoder.can_decode:
+        return
+    recovered = decoder.recover()
+    assert sorted(recovered) == decoder.missing_sources()
+    sources = {i: kept[i] for i in range(k) if i in kept} | recovered
+    assert sorted(sources) == list(range(k))
+    assert all(len(symbol) == symbol_bytes for symbol in sources.values())
+    encoder = BlockEncoder(k, symbol_bytes)
+    for index, symbol in sources.items():
+        encoder.add_source(index, symbol)
+    for index in sorted(kept)[:k]:
+        if index >= k:
+            assert encoder.repair(index) == kept[index]
+
+
+# ------------------------------------------------------------------ metrics HTTP
+
+
+def metrics_request_head(data: bytes) -> None:
+    """``parse_request_head``: (method, path) or None for any bytes, never an exception."""
+    parsed = parse_request_head(data)
+    if parsed is not None:
+        method, path = parsed
+        assert method.isalpha() and path.startswith("/") and "?" not in path
+
+
 TARGETS = {
     "datagram": datagram,
     "control_stream": control_stream,
@@ -368,6 +426,8 @@ TARGETS = {
     "codec_frame": codec_frame,
     "codec_spec": codec_spec,
     "probe_packet": probe_packet,
+    "fec_block": fec_block,
+    "metrics_request_head": metrics_request_head,
 }
 
 
