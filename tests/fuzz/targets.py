@@ -16,7 +16,9 @@ repairs a checksum) so that the fuzzer gets past CRCs and explores the code behi
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import shutil
 import struct
 import tempfile
 import zlib
@@ -283,6 +285,7 @@ def config_dir() -> Path:
         from wangate.certs import create_ca, issue_site_certificate
 
         folder = Path(tempfile.mkdtemp(prefix="wangate-fuzz-config-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         create_ca(folder / "certs")
         issue_site_certificate(folder / "certs", "bj")
         issue_site_certificate(folder / "certs", "sh")
