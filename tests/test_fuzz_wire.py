@@ -1,5 +1,5 @@
 """Fuzzing the wire decoders in CI: datagrams, control frames, message bodies, FEC blocks,
-probe packets, and the metrics endpoint's request parser.
+reassembly, probe packets, and the metrics endpoint's request parser.
 
 Every input either decodes or raises a ``WangateError``; whatever decodes re-encodes to
 itself (``tests/fuzz/targets.py`` holds the checks, shared with the atheris harnesses).
@@ -20,7 +20,7 @@ from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
 from wangate.core.message import MessageHeader, message_checksum
 from wangate.probe import packets
 
-WIRE = ["datagram", "control_stream", "message_body", "fec_block", "probe_packet"]
+WIRE = ["datagram", "control_stream", "message_body", "fec_block", "reassembly", "probe_packet"]
 WIRE += ["metrics_request_head"]
 FAST = settings(max_examples=100, deadline=None)
 u64 = st.integers(0, 2**64 - 1)

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import targets  # type: ignore[import-not-found]
 
+from wangate.core.coding import CodingShape
 from wangate.core.fec import BlockEncoder
+from wangate.core.frames import encode_repair, encode_shard
+from wangate.core.message import MessageHeader, message_checksum
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "proto" / "vectors"
@@ -34,6 +37,31 @@ def codec_vector(name: str) -> dict[str, str]:
         if sep and not line.startswith("#"):
             fields[key] = value
     return fields
+
+
+def reassembly_seeds() -> list[bytes]:
+    """One 100-byte message as shards in order, and with FEC (16-byte symbols, k=4)
+    standing in for lost shards, and with a repair symbol that is wrong."""
+    meta, payload = b"\x01\x02", bytes(range(75))
+    body = MessageHeader("t", 1, False, message_checksum(meta, payload), meta).encode() + payload
+    shape = CodingShape(len(body), 16, 4)
+    shards = {
+        offset: encode_shard(offset // 16, 0, 7, len(body), offset, body[offset : offset + 16])
+        for offset in range(0, len(body), 16)
+    }
+    repairs = []
+    for block in range(shape.blocks):
+        encoder = BlockEncoder(shape.block_k(block), 16)
+        for index in range(shape.block_k(block)):
+            start, end = shape.symbol_range(block, index)
+            encoder.add_source(index, body[start:end])
+        index = shape.block_k(block)
+        repairs.append(
+            encode_repair(50 + block, 0, 7, len(body), block, index, 4, encoder.repair(index))
+        )
+    lossy = [shards[0], shards[32], shards[48], shards[80], shards[96], *repairs]
+    bad = [*lossy[:-1], lossy[-1][:-1] + bytes([lossy[-1][-1] ^ 1])]
+    return [targets.reassembly_input(d) for d in (list(shards.values()), lossy, bad)]
 
 
 def seeds() -> dict[str, list[bytes]]:
@@ -76,6 +104,7 @@ def seeds() -> dict[str, list[bytes]]:
         "codec_frame": codec,
         "codec_spec": sorted(set(specs)),
         "fec_block": fec,
+        "reassembly": reassembly_seeds(),
         "metrics_request_head": [
             b"GET /metrics HTTP/1.1\r\nHost: bj:9464\r\nAccept: */*\r\n\r\n",
             b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",

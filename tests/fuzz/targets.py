@@ -22,15 +22,18 @@ import shutil
 import struct
 import tempfile
 import zlib
+from collections import deque
 from pathlib import Path
 
 from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.frame import CODEC_NONE
 from wangate.config import load_config
 from wangate.core import frames
+from wangate.core.events import Event, MessageReceived
 from wangate.core.fec import BlockDecoder, BlockEncoder
-from wangate.core.message import HEAD_BYTES, decode_header, verify_body
-from wangate.errors import WangateError
+from wangate.core.inbound import Reassembly
+from wangate.core.message import HEAD_BYTES, decode_header, message_checksum, verify_body
+from wangate.errors import RemoteProtocolError, WangateError
 from wangate.localapi import protocol
 from wangate.localapi.framing import FrameAssembler
 from wangate.metrics_http import parse_request_head
@@ -408,6 +411,53 @@ def fec_block(data: bytes) -> None:
             assert encoder.repair(index) == kept[index]
 
 
+# ------------------------------------------------------------------ reassembly
+
+REASSEMBLY_MAX_MESSAGE_BYTES = 4096
+REASSEMBLY_WINDOW_BYTES = 16384
+
+
+def reassembly_input(datagrams: list[bytes]) -> bytes:
+    """The reassembly target's input for these datagrams."""
+    return b"".join(struct.pack("!H", len(d)) + d for d in datagrams)
+
+
+def reassembly(data: bytes) -> None:
+    """``Reassembly``: what a peer's datagrams (shards and FEC repair symbols) build.
+
+    Input: (length u16, datagram) records, one second apart. Datagrams that do not
+    decode are dropped, as the session drops them. Every message delivered must verify,
+    and the bytes held stay within the window.
+    """
+    events: deque[Event] = deque()
+    inbound = Reassembly(
+        REASSEMBLY_MAX_MESSAGE_BYTES, REASSEMBLY_WINDOW_BYTES, events, idle_timeout_s=30.0
+    )
+    pos = 0
+    now = 0.0
+    while pos + 2 <= len(data):
+        (size,) = struct.unpack_from("!H", data, pos)
+        raw = data[pos + 2 : pos + 2 + size]
+        pos += 2 + size
+        now += 1.0
+        try:
+            datagram = frames.decode_datagram(raw)
+        except RemoteProtocolError:
+            continue
+        if isinstance(datagram, frames.ShardDatagram):
+            inbound.accept_shard(datagram, now)
+        elif isinstance(datagram, frames.RepairDatagram):
+            inbound.accept_repair(datagram, now)
+        inbound.expire(now)
+        limit = REASSEMBLY_WINDOW_BYTES + REASSEMBLY_MAX_MESSAGE_BYTES
+        assert 0 <= inbound.held_bytes <= limit
+    for event in events:
+        if isinstance(event, MessageReceived):
+            header = event.header
+            assert message_checksum(header.meta, event.payload) == header.checksum
+            assert event.msg_id in inbound.completed
+
+
 # ------------------------------------------------------------------ metrics HTTP
 
 
@@ -430,6 +480,7 @@ TARGETS = {
     "codec_spec": codec_spec,
     "probe_packet": probe_packet,
     "fec_block": fec_block,
+    "reassembly": reassembly,
     "metrics_request_head": metrics_request_head,
 }
 
