@@ -7,6 +7,7 @@ itself (``tests/fuzz/targets.py`` holds the checks, shared with the atheris harn
 
 from __future__ import annotations
 
+from collections import deque
 from random import Random
 
 import pytest
@@ -16,7 +17,10 @@ from hypothesis import strategies as st
 from tests.fuzz import targets
 from tests.fuzz.strategies import mutated, seeds
 from wangate.core import frames
+from wangate.core.coding import CodingShape
+from wangate.core.events import Event, MessageReceived
 from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
+from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader, message_checksum
 from wangate.probe import packets
 
@@ -142,3 +146,47 @@ def test_any_k_symbols_rebuild_the_block(k: int, symbol_bytes: int, rng: Random)
         decoder.add(index, symbol)
     assert decoder.recover() == {i: sources[i] for i in range(k) if i not in symbols}
     targets.fec_block(targets.fec_input(k, symbol_bytes, symbols))
+
+
+@FAST
+@given(
+    st.binary(max_size=200),
+    st.integers(8, 32),
+    st.integers(1, 8),
+    st.randoms(use_true_random=False),
+)
+def test_a_message_with_lost_shards_is_rebuilt_from_repair_symbols(
+    payload: bytes, symbol_bytes: int, k: int, rng: Random
+) -> None:
+    meta = b"\x01"
+    header = MessageHeader("t", 3, False, message_checksum(meta, payload), meta)
+    body = header.encode() + payload
+    shape = CodingShape(len(body), symbol_bytes, k)
+    datagrams = []
+    for block in range(shape.blocks):
+        block_k = shape.block_k(block)
+        encoder = BlockEncoder(block_k, symbol_bytes)
+        lost = set(rng.sample(range(block_k), rng.randint(0, block_k)))
+        for index in range(block_k):
+            start, end = shape.symbol_range(block, index)
+            encoder.add_source(index, body[start:end])
+            if index not in lost:
+                datagrams.append(frames.encode_shard(0, 0, 9, len(body), start, body[start:end]))
+        for index in rng.sample(range(block_k, MAX_SYMBOLS), len(lost)):
+            symbol = encoder.repair(index)
+            datagrams.append(frames.encode_repair(0, 0, 9, len(body), block, index, k, symbol))
+    rng.shuffle(datagrams)
+    events: deque[Event] = deque()
+    inbound = Reassembly(4096, 16384, events)
+    for datagram in datagrams:
+        decoded = frames.decode_datagram(datagram)
+        if isinstance(decoded, frames.ShardDatagram):
+            assert inbound.accept_shard(decoded, 1.0)
+        else:
+            assert isinstance(decoded, frames.RepairDatagram)
+            assert inbound.accept_repair(decoded, 1.0)
+    assert len(events) == 1
+    received = events[0]
+    assert isinstance(received, MessageReceived)
+    assert (received.msg_id, received.header, bytes(received.payload)) == (9, header, payload)
+    targets.reassembly(targets.reassembly_input(datagrams))
