@@ -22,6 +22,10 @@ REPO = HERE.parents[1]
 MODULES = [
     "wangate/core/frames.py",
     "wangate/core/message.py",
+    "wangate/core/inbound.py",
+    "wangate/core/coding.py",
+    "wangate/core/fec.py",
+    "wangate/metrics_http.py",
     "wangate/localapi/protocol.py",
     "wangate/localapi/framing.py",
     "wangate/config.py",
@@ -42,6 +46,7 @@ MODULES = [
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--coverage", action="store_true")
+    parser.add_argument("--missing", action="store_true", help="list uncovered lines")
     parser.add_argument("--out", type=Path)
     parser.add_argument("targets", nargs="*")
     args = parser.parse_args()
@@ -75,7 +80,7 @@ def main() -> int:
         print(f"{name}: {len(inputs)} inputs, {decoded} decoded, the rest wangate errors")
     if cov is not None:
         cov.stop()
-        cov.report(show_missing=False)
+        cov.report(show_missing=args.missing)
     return 1 if failures else 0
 
 
