@@ -22,6 +22,7 @@ from wangate.core.events import Event, MessageReceived
 from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
 from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader, message_checksum
+from wangate.errors import LocalProtocolError, RemoteProtocolError
 from wangate.probe import packets
 
 WIRE = ["datagram", "control_stream", "message_body", "fec_block", "reassembly", "probe_packet"]
@@ -190,3 +191,14 @@ def test_a_message_with_lost_shards_is_rebuilt_from_repair_symbols(
     assert isinstance(received, MessageReceived)
     assert (received.msg_id, received.header, bytes(received.payload)) == (9, header, payload)
     targets.reassembly(targets.reassembly_input(datagrams))
+
+
+# ------------------------------------------------------------------ findings
+
+
+def test_a_name_with_a_trailing_newline_is_refused() -> None:
+    # "$" matches before a final newline: route and hello names "bj\n" were accepted.
+    with pytest.raises(RemoteProtocolError, match=r"route path 'bj\\n' is not a valid name"):
+        frames.ControlStreamDecoder().feed(bytes.fromhex("050000000403626a0a"))
+    with pytest.raises(LocalProtocolError, match="is not a valid name"):
+        frames.encode_control(frames.RouteChosen("bj\n"))
