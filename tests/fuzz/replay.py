@@ -54,7 +54,9 @@ def main() -> int:
     if args.coverage:
         import coverage
 
-        cov = coverage.Coverage(branch=True, include=[str(REPO / m) for m in MODULES])
+        cov = coverage.Coverage(
+            data_file=None, branch=True, include=[str(REPO / m) for m in MODULES]
+        )
         cov.start()
     import targets  # type: ignore[import-not-found]
 
