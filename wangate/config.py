@@ -203,6 +203,8 @@ def parse_config(text: str, path: Path) -> Config:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: TOML syntax error: {exc}") from exc
+    except RecursionError:  # tomllib recurses once per level of nested arrays and tables
+        raise ConfigError(f"{path}: TOML nested too deeply") from None
     return _Parser(path).config(document)
 
 
@@ -292,7 +294,10 @@ class _Parser:
         return text
 
     def file_path(self, value: object, key: str) -> Path:
-        return self.base / Path(self.string(value, key))
+        text = self.string(value, key)
+        if "\0" in text:  # no file has one; open() would raise ValueError
+            raise self.error(key, f"{text!r} contains a NUL character")
+        return self.base / Path(text)
 
     # -- addresses ------------------------------------------------------------------
 

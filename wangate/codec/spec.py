@@ -19,6 +19,7 @@ Grammar (whitespace not allowed)::
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from wangate.errors import CodecError
@@ -33,6 +34,7 @@ MAX_BLOCK = 65536
 TOPK_VALUE_KINDS = ("fp16", "bf16", "fp32", "int8", "int4")
 SPLIT_REST_KINDS = ("int8", "int4", "fp16", "bf16")
 SPLIT_KEY_KINDS = ("fp32", "fp16")
+_INT_RE = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def _bad(spec: str, why: str) -> CodecError:
 
 
 def _parse_int(spec: str, text: str, what: str) -> int:
-    if not text or not text.lstrip("-").isdigit() or len(text) > 8:
+    # ASCII digits only: str.isdigit() also accepts "²" and friends, which int() refuses.
+    if len(text) > 8 or not _INT_RE.fullmatch(text):
         raise _bad(spec, f"{what} must be an integer, got {text!r}")
     return int(text)
 

@@ -187,6 +187,12 @@ def decode_tensor(
         return _decode(meta, payload, max_decoded_bytes)
     except CodecError:
         raise
+    except MemoryError:
+        # A frame may declare (and checksum) sizes far beyond this host's memory.
+        raise CodecError(
+            "frame declares more memory than this process can allocate "
+            f"(limit max_decoded_bytes={max_decoded_bytes})"
+        ) from None
     except (
         TypeError,
         ValueError,

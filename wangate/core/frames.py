@@ -336,7 +336,7 @@ ControlFrame = (
 
 
 def _name_bytes(name: str, what: str) -> bytes:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):  # match() would let a trailing newline through
         raise LocalProtocolError(f"{what} {name!r} is not a valid name")
     return name.encode()
 
@@ -401,7 +401,7 @@ def _decode_name(body: bytes, pos: int, frame: str, what: str) -> tuple[str, int
         name = raw.decode()
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(f"{frame} {what} is not UTF-8") from exc
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):  # match() would let a trailing newline through
         raise RemoteProtocolError(f"{frame} {what} {name!r} is not a valid name")
     return name, pos + 1 + n
 

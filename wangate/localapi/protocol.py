@@ -203,6 +203,8 @@ def _unpack_map(data: bytes | bytearray | memoryview) -> dict[str, Any]:
         raise FrameError("bad_header", f"header is not valid msgpack: {exc}") from None
     if not isinstance(obj, dict):
         raise FrameError("bad_header", f"header must be a msgpack map, got {type(obj).__name__}")
+    if not all(type(key) is str for key in obj):  # strict_map_key lets bin keys through
+        raise FrameError("bad_header", "header keys must be msgpack strings")
     return obj
 
 

@@ -1,0 +1,6 @@
+"""Coverage-guided fuzzing (atheris) of targets.codec_spec; see README.md."""
+
+from atheris_main import main
+
+if __name__ == "__main__":
+    main("codec_spec")

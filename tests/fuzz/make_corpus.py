@@ -1,0 +1,126 @@
+"""Write the seed corpora (tests/fuzz/corpus/<target>/) from the golden vectors.
+
+Run from the repository root: ``.venv/bin/python tests/fuzz/make_corpus.py``.
+Seeds are small, valid inputs of each format; the fuzzers mutate them from there.
+Inputs that once broke a target are kept beside them as ``regression-<what>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import targets  # type: ignore[import-not-found]
+
+from wangate.core.coding import CodingShape
+from wangate.core.fec import BlockEncoder
+from wangate.core.frames import encode_repair, encode_shard
+from wangate.core.message import MessageHeader, message_checksum
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = REPO / "proto" / "vectors"
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CONTROL = ("ack", "credit", "done", "hello", "rejected", "repair_request", "route")
+DATAGRAMS = ("shard", "shard_critical", "repair", "probe")
+
+
+def hex_vector(name: str) -> bytes:
+    """A wire/localapi/probe vector: hex bytes, '#' lines are comments."""
+    text = (VECTORS / f"{name}.hex").read_text()
+    return bytes.fromhex(" ".join(line for line in text.splitlines() if not line.startswith("#")))
+
+
+def codec_vector(name: str) -> dict[str, str]:
+    fields = {}
+    for line in (VECTORS / name).read_text().splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and not line.startswith("#"):
+            fields[key] = value
+    return fields
+
+
+def reassembly_seeds() -> list[bytes]:
+    """One 100-byte message as shards in order, and with FEC (16-byte symbols, k=4)
+    standing in for lost shards, and with a repair symbol that is wrong."""
+    meta, payload = b"\x01\x02", bytes(range(75))
+    body = MessageHeader("t", 1, False, message_checksum(meta, payload), meta).encode() + payload
+    shape = CodingShape(len(body), 16, 4)
+    shards = {
+        offset: encode_shard(offset // 16, 0, 7, len(body), offset, body[offset : offset + 16])
+        for offset in range(0, len(body), 16)
+    }
+    repairs = []
+    for block in range(shape.blocks):
+        encoder = BlockEncoder(shape.block_k(block), 16)
+        for index in range(shape.block_k(block)):
+            start, end = shape.symbol_range(block, index)
+            encoder.add_source(index, body[start:end])
+        index = shape.block_k(block)
+        repairs.append(
+            encode_repair(50 + block, 0, 7, len(body), block, index, 4, encoder.repair(index))
+        )
+    lossy = [shards[0], shards[32], shards[48], shards[80], shards[96], *repairs]
+    bad = [*lossy[:-1], lossy[-1][:-1] + bytes([lossy[-1][-1] ^ 1])]
+    return [targets.reassembly_input(d) for d in (list(shards.values()), lossy, bad)]
+
+
+def seeds() -> dict[str, list[bytes]]:
+    control = [hex_vector(f"wire_{name}") for name in CONTROL]
+    localapi = [hex_vector(path.stem) for path in sorted(VECTORS.glob("localapi_*.hex"))]
+    codec = []
+    specs = []
+    for path in sorted(VECTORS.glob("codec_*.hex")):
+        fields = codec_vector(path.name)
+        meta, payload = bytes.fromhex(fields["meta"]), bytes.fromhex(fields["payload"])
+        codec.append(targets.codec_input(meta, payload))
+        specs.append(fields["spec"].encode())
+    fec = []
+    for k, symbol_bytes, received in ((1, 4, (0,)), (3, 8, (0, 3, 5)), (4, 16, (4, 5, 6, 7))):
+        encoder = BlockEncoder(k, symbol_bytes)
+        for i in range(k):
+            encoder.add_source(i, bytes((i * 37 + j) % 256 for j in range(symbol_bytes)))
+        symbols = {
+            i: encoder.repair(i)
+            if i >= k
+            else bytes((i * 37 + j) % 256 for j in range(symbol_bytes))
+            for i in received
+        }
+        fec.append(targets.fec_input(k, symbol_bytes, symbols))
+    example = (REPO / "conf" / "example-bj.toml").read_bytes()
+    return {
+        "datagram": [hex_vector(f"wire_{name}") for name in DATAGRAMS],
+        # one byte of chunk-size count, then the stream: whole, and cut in 1..3-byte pieces
+        "control_stream": [b"\x00" + frame for frame in control]
+        + [b"\x03\x00\x01\x02" + b"".join(control)],
+        "message_body": [
+            bytes([knob]) + hex_vector(name)
+            for name in ("wire_message_body", "wire_message_body_critical")
+            for knob in (0, 1)
+        ],
+        "localapi_frame": [*localapi, b"".join(localapi)],
+        "frame_assembler": [b"\x00" + frame for frame in localapi]
+        + [b"\x02\x06\x10" + b"".join(localapi)],
+        "config_file": [example],
+        "codec_frame": codec,
+        "codec_spec": sorted(set(specs)),
+        "fec_block": fec,
+        "reassembly": reassembly_seeds(),
+        "metrics_request_head": [
+            b"GET /metrics HTTP/1.1\r\nHost: bj:9464\r\nAccept: */*\r\n\r\n",
+            b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",
+        ],
+        "probe_packet": [hex_vector(path.stem) for path in sorted(VECTORS.glob("probe_*.hex"))],
+    }
+
+
+def main() -> None:
+    for target, inputs in seeds().items():
+        folder = CORPUS / target
+        folder.mkdir(parents=True, exist_ok=True)  # keeps the regression-* inputs there
+        for data in inputs:
+            (folder / hashlib.sha1(data).hexdigest()).write_bytes(data)
+        print(f"{target}: {len(inputs)} seeds")
+
+
+if __name__ == "__main__":
+    main()
