@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -53,27 +51,6 @@ def _poll(condition: Callable[[], Any], timeout_s: float) -> Any:
             return value
         time.sleep(0.02)
     return None
-
-
-def _kill(lab: LoopbackSites, name: str) -> float:
-    process = lab[name].process
-    assert process is not None
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=10)
-    return time.monotonic()
-
-
-def _restart(lab: LoopbackSites, name: str) -> float:
-    site = lab[name]
-    with site.log_path.open("ab") as log:
-        site.process = subprocess.Popen(
-            [sys.executable, "-m", "wangate", "-v", "run", "-c", str(site.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-    lab.wait_all_paths_up(30)
-    return time.monotonic()
 
 
 def _what(outcome: object) -> str:
@@ -121,7 +98,7 @@ def kill_scenario(directory: Path, sender_site: str = "bj", victim: str = "sh") 
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
         _poll(lambda: len(calls) >= 5, 20)
-        killed_at = _kill(lab, victim)
+        killed_at = lab.kill(victim)
         seen_state: float | None = None
         paths_not_up: float | None = None
         with lab[sender_site].client() as gw:
@@ -168,8 +145,8 @@ def held_scenario(directory: Path) -> dict[str, Any]:
         with lab["bj"].client() as gw:
             ids = [gw.send("sh", "held", np.full(1000, s, np.float32), step=s) for s in range(10)]
             _poll(lambda: gw.status()["peers"]["sh"].get("messages_sent", 0) >= 10, 20)
-        _kill(lab, "sh")
-        up_at = _restart(lab, "sh")
+        lab.kill("sh")
+        up_at = lab.restart("sh", 30)
         with lab["bj"].client() as gw:
             outcomes: list[str] = []
             for msg_id in ids:

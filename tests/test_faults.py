@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,27 +40,6 @@ def poll(condition: Callable[[], Any], timeout_s: float = 15.0, what: str = "con
             return value
         assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
         time.sleep(0.02)
-
-
-def kill(lab: LoopbackSites, name: str) -> float:
-    process = lab[name].process
-    assert process is not None
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=10)
-    return time.monotonic()
-
-
-def restart(lab: LoopbackSites, name: str) -> None:
-    """Start ``name``'s daemon again (a new instance) and wait for its paths."""
-    site = lab[name]
-    with site.log_path.open("ab") as log:
-        site.process = subprocess.Popen(
-            [sys.executable, "-m", "wangate", "-v", "run", "-c", str(site.config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-    lab.wait_all_paths_up(20)
 
 
 def peer_status(lab: LoopbackSites, site: str, peer: str) -> dict[str, Any]:
@@ -123,7 +98,7 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
         sender = threading.Thread(target=send_forever)
         sender.start()
         poll(lambda: len(taken) >= 3, what="transfer under way")
-        killed_at = kill(lab, "sh")
+        killed_at = lab.kill("sh")
 
         poll(lambda: len(errors) == 2, timeout_s=PEER_DEAD_S + 5, what="recvs failed")
         first_failure = poll(
@@ -175,7 +150,7 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
         ]
 
         # it comes back: traffic resumes by itself
-        restart(lab, "sh")
+        lab.restart("sh")
         assert peer_status(lab, "bj", "sh")["state"] in ("restarted", "up")
         with lab["bj"].client() as gw, lab["sh"].client() as sh:
             msg_id = gw.send("sh", "again", array, step=7)
@@ -197,8 +172,8 @@ def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path
             poll(lambda: gw.status()["peers"]["sh"]["messages_held"] == 10, what="confirmed")
             assert gw.status()["peers"]["sh"]["messages_sent"] == 11
 
-        kill(lab, "sh")
-        restart(lab, "sh")
+        lab.kill("sh")
+        lab.restart("sh")
         with lab["bj"].client() as gw:
             poll(lambda: gw.status()["peers"]["sh"]["state"] == "restarted", what="restart seen")
             for step, msg_id in enumerate(ids):

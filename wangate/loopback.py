@@ -151,18 +151,36 @@ class LoopbackSites:
         raise KeyError(name)
 
     def start(self, timeout_s: float = 20.0) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
         for site in self.sites:
-            log = site.log_path.open("wb")
-            argv = [sys.executable, "-m", "wangate"] + (["-v"] if self.verbose else [])
-            site.process = subprocess.Popen(
+            site.process = self.launch(site, log_mode="wb")
+        self.wait_all_paths_up(timeout_s)
+
+    def launch(
+        self, site: SiteProcess, *, log_mode: str = "ab", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a daemon for ``site`` (its log appended to unless ``log_mode="wb"``)."""
+        argv = [sys.executable, "-m", "wangate"] + (["-v"] if self.verbose else [])
+        with site.log_path.open(log_mode) as log:
+            return subprocess.Popen(
                 [*argv, "run", "-c", str(site.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
             )
-            log.close()
+
+    def kill(self, name: str) -> float:
+        """SIGKILL ``name``'s daemon; returns when it is gone (``time.monotonic()``)."""
+        process = self[name].process
+        assert process is not None
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        return time.monotonic()
+
+    def restart(self, name: str, timeout_s: float = 20.0) -> float:
+        """Start ``name``'s daemon again (a new instance); returns once every path is up."""
+        self[name].process = self.launch(self[name])
         self.wait_all_paths_up(timeout_s)
+        return time.monotonic()
 
     def wait_all_paths_up(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
