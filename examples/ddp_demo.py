@@ -16,44 +16,16 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import zlib
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from regression_task import batch, make_model
 from torch.nn.parallel import DistributedDataParallel
 
 import wangate
 import wangate.torch as wt
 from wangate.loopback import LoopbackSites
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 4),
-    )
-
-
-def batch(site: str, rank: int, step: int, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each (site, rank) sees its own slice of one regression task."""
-    rng = np.random.default_rng([zlib.crc32(site.encode()), rank, step])
-    x = rng.standard_normal((size, 16)).astype(np.float32)
-    y = np.stack(
-        [
-            np.sin(x[:, 0] + x[:, 1]),
-            x[:, 2] * x[:, 3],
-            np.tanh(x[:, 4:8].sum(1)),
-            np.cos(x[:, 8]) * x[:, 9],
-        ],
-        axis=1,
-    ).astype(np.float32)
-    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def run_rank(index: int, jobs: list[tuple[str, str, int]], args: argparse.Namespace) -> None:

@@ -14,42 +14,14 @@ pseudo-gradient per site every H steps instead of one gradient per step.
 from __future__ import annotations
 
 import argparse
-import zlib
 
-import numpy as np
 import torch
 import torch.multiprocessing as mp
+from regression_task import batch, make_model
 
 import wangate
 import wangate.torch as wt
 from wangate.loopback import LoopbackSites
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(16, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 4),
-    )
-
-
-def batch(site: str, step: int, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each site sees its own slice of one regression task."""
-    rng = np.random.default_rng([zlib.crc32(site.encode()), step])
-    x = rng.standard_normal((size, 16)).astype(np.float32)
-    y = np.stack(
-        [
-            np.sin(x[:, 0] + x[:, 1]),
-            x[:, 2] * x[:, 3],
-            np.tanh(x[:, 4:8].sum(1)),
-            np.cos(x[:, 8]) * x[:, 9],
-        ],
-        axis=1,
-    ).astype(np.float32)
-    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def run_site(index: int, sockets: list[str], args: argparse.Namespace) -> None:
