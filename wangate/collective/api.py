@@ -2,7 +2,7 @@
 
 Each collective is one script (``steps.py``) that both clients execute. The arithmetic
 runs here, in the trainer's process: the daemon's core stays with the transport
-(bench/collective.py measures what the arithmetic costs).
+(bench/collectives/loopback.py measures what the arithmetic costs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Allreduce across loopback sites against a naive all-to-all over send/recv.
 
-    python -m bench.collective [--sites 3] [--elements 8388608] [--repeat 3] [--paths 2]
+    python -m bench.collectives.loopback [--sites 3] [--elements 8388608] [--repeat 3] [--paths 2]
 
 Real daemons (``LoopbackSites``), one trainer process per site. Each trial starts with a
 barrier, then every site reduces the same float32 tensor (``--elements``) either with
@@ -70,7 +70,7 @@ def worker(conn: Connection, socket_path: str, site: str, sites: list[str], n: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.collective")
+    parser = argparse.ArgumentParser(prog="python -m bench.collectives.loopback")
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--paths", type=int, default=2)
     parser.add_argument("--elements", type=int, default=8 << 20)
