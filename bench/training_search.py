@@ -108,7 +108,13 @@ def site_run(
         model = CharMLP()
     data = np.random.default_rng([seed, index])
     peak = float(options.pop("inner_lr", PEAK_LR))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=peak)
+    optimizer: torch.optim.Optimizer
+    kind_of_optimizer = options.pop("optimizer", "adamw")
+    if kind_of_optimizer.startswith("sgd"):  # "sgd": momentum 0.9; "sgd0": none
+        momentum = 0.0 if kind_of_optimizer == "sgd0" else 0.9
+        optimizer = torch.optim.SGD(model.parameters(), lr=peak, momentum=momentum)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=peak)
     diloco = state = None
     if kind == "diloco":
         diloco = wt.DiLoCo(model, optimizer, client, **options)  # type: ignore[arg-type]
