@@ -102,8 +102,19 @@ def test_direct_exchange_by_the_bound() -> None:
 
 
 def test_capacity_weights_floor_and_scale() -> None:
-    assert capacity_weights({"a": 100.0, "b": 50.0, "c": 0.0}) == {"a": 1.0, "b": 0.5, "c": 0.05}
+    # water-filling: the sites with a share finish together (t = 4/160: s = 0.5, 0.5, 0)
+    assert capacity_weights({"bj": 60.0, "sh": 60.0, "gz": 40.0}) == {
+        "bj": 1.0,
+        "sh": 1.0,
+        "gz": 0.05,
+    }
+    # four sites, all own a share: t = 6/310, s = (t C - 1) / 2 = .468, .274, .081, .177
+    four = capacity_weights({"a": 100.0, "b": 80.0, "c": 60.0, "d": 70.0})
+    assert four == {"a": 1.0, "b": 0.5862, "c": 0.1724, "d": 0.3793}
+    assert capacity_weights({"a": 100.0, "b": 50.0, "c": 0.0}) == {"a": 1.0, "b": 0.05, "c": 0.05}
+    assert capacity_weights({"a": 5.0, "b": 5.0, "c": 5.0}) == {"a": 1.0, "b": 1.0, "c": 1.0}
     assert capacity_weights({"a": 0.0, "b": 0.0}) == {"a": 1.0, "b": 1.0}
+    assert capacity_weights({"a": 10.0, "b": 90.0}) == {"a": 1.0, "b": 1.0}  # direct exchange
     assert capacity_weights({}) == {}
 
 
@@ -520,8 +531,10 @@ def test_measured_shares_from_reports() -> None:
     plan = Plan.equal(["bj", "gz", "sh"])
     reports = Reports("bj", plan, "g")
     assert reports.plan_from({}).weights == (1.0, 1.0, 1.0)
-    assert reports.plan_from({"bj": 100.0, "gz": 50.0, "sh": 0.0}).weights == (1.0, 0.5, 0.75)
-    assert reports.plan_from({"bj": 1000.0, "gz": 1.0, "sh": 500.0}).weights == (1.0, 0.05, 0.5)
+    # sh unmeasured counts as the mean (75): bj and sh own shares, gz the floor
+    assert reports.plan_from({"bj": 100.0, "gz": 50.0, "sh": 0.0}).weights == (1.0, 0.05, 0.4)
+    # t = 4/240: shares 1/2, 1/3, 1/6
+    assert reports.plan_from({"bj": 90.0, "gz": 80.0, "sh": 70.0}).weights == (1.0, 0.6667, 0.3333)
     [report] = Reports("sh", plan, "g").report("bj", rows)
     assert report.peers == ("bj",) and report.tag == reports.report_tag and report.critical
     decoded = decode_tensor(report.meta, bytes(report.payload))
