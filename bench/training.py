@@ -2,15 +2,16 @@
 library's own source, trained across three loopback sites through the DDP hook with each
 codec and with DiLoCo, against uncompressed DDP; final validation loss and WAN bytes.
 
-Run: .venv/bin/python -m bench.training [--steps 300] [--seeds 3] [--runs none,int8,...]
+Run: .venv/bin/python -m bench.training [--steps 1000] [--seeds 3] [--runs none,int8,...]
 
 Three real gateways on loopback (``LoopbackSites``, 2 QUIC paths between each pair), one
 trainer process per site, each its own one-rank DDP group with
 ``wangate.torch.allreduce_hook`` (the gateway's allreduce, op="mean", across sites). Model:
 a character MLP (16 characters of context, 16-wide embeddings, two 128-wide GELU layers,
-63k parameters), AdamW with cosine decay, 64 windows per site per step. DiLoCo: the same
-inner optimiser on each site's own 64 windows, an outer Nesterov step (lr 0.7, momentum
-0.9) every H inner steps. Seeds fix initialisation and batches, so runs of one seed differ
+63k parameters), AdamW with cosine decay from a peak lr of 8e-3 (the best of 3, 6, 8 and
+12e-3 for uncompressed DDP: ``bench.training_search``), 64 windows per site per step.
+DiLoCo: the same inner optimiser on each site's own 64 windows, ``wangate.torch.DiLoCo``'s
+outer step with its defaults (Nesterov, lr 0.7, momentum 0.5) every H inner steps. Seeds fix initialisation and batches, so runs of one seed differ
 only by how gradients cross the WAN. WAN bytes: what each site's gateway sent on its paths
 (QUIC packets, all overhead included) per inner step, averaged over sites. Runs are
 deterministic per seed; ``--report LOG`` tabulates the complete seeds of a saved output.
@@ -44,7 +45,7 @@ import wangate.torch as wt
 from wangate.loopback import SITE_NAMES, LoopbackSites
 
 CONTEXT, EMBED, HIDDEN, BATCH = 16, 16, 128, 64
-PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 3e-3, 3_000_000, 4096
+PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 8e-3, 3_000_000, 4096
 SITES = 3
 # (name, codec for the hook or DiLoCo, DiLoCo H or 0 for DDP)
 RUNS = {
@@ -210,7 +211,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument(
