@@ -63,9 +63,14 @@ class DatagramBatcher:
         if run:
             self._flush(run, run_addr)
 
+    def _queued(self) -> int:
+        """Bytes the transport holds unsent (a transport that never queues: 0)."""
+        size = getattr(self._transport, "get_write_buffer_size", None)
+        return int(size()) if size is not None else 0
+
     def _flush(self, run: list[bytes], addr: Any) -> None:
         sock = self._sock
-        if sock is None or len(run) == 1 or self._transport.get_write_buffer_size():
+        if sock is None or len(run) == 1 or self._queued():
             for data in run:
                 self._transport.sendto(data, addr)
             return
