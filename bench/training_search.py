@@ -33,7 +33,6 @@ from wangate.collective.feedback import HopFeedback
 from wangate.collective.plan import Plan
 from wangate.loopback import SITE_NAMES
 
-
 INIT = threading.Lock()
 
 
@@ -145,7 +144,9 @@ def site_run(
         out[index] = float(torch.nn.functional.cross_entropy(model(valid[0]), valid[1]))
 
 
-def run(codes: np.ndarray, seed: int, steps: int, kind: str, options: dict[str, Any]) -> dict[str, Any]:
+def run(
+    codes: np.ndarray, seed: int, steps: int, kind: str, options: dict[str, Any]
+) -> dict[str, Any]:
     sites = list(SITE_NAMES[:3])
     hub = Hub(sites)
     out: dict[int, float] = {}

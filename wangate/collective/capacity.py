@@ -54,7 +54,9 @@ def capacities_mbps(
             totals.append(sum(out.get(j, 0.0) for j in others))
         if out is not None or all(j in rates for j in others):
             mine = out or {}
-            totals.append(sum(rates[j].get(i, 0.0) if j in rates else mine.get(j, 0.0) for j in others))
+            totals.append(
+                sum(rates[j].get(i, 0.0) if j in rates else mine.get(j, 0.0) for j in others)
+            )
         result[i] = min(totals) if totals else 0.0
     return result
 
