@@ -6,7 +6,7 @@ import pytest
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
-from wangate.net.pacing import PACING_QUANTUM_S, BurstablePacer, install_burstable_pacer
+from wangate.net.pacing import BurstablePacer, install_burstable_pacer
 
 
 def paced() -> BurstablePacer:
@@ -24,23 +24,6 @@ def test_paced_like_aioquic_when_no_burst() -> None:
     for _ in range(3):
         pacer.update_after_send(1.0)
     assert pacer.next_send_time(1.0) == pytest.approx(1.01)
-
-
-def test_a_fast_path_waits_for_a_quantum_and_then_sends_it() -> None:
-    """At 100 datagrams per 10 ms (one every 0.1 ms) an empty bucket waits 1 ms, not
-    0.1 ms, and then lets ten datagrams go back to back."""
-    pacer = BurstablePacer(max_datagram_size=1452)
-    pacer.update_rate(congestion_window=145200, smoothed_rtt=0.01)
-    assert pacer.packet_time == pytest.approx(0.0001)
-    assert pacer.bucket_max == pytest.approx(0.0016)  # 16 datagrams
-    while pacer.next_send_time(1.0) is None:
-        pacer.update_after_send(1.0)  # drain what filled while idle
-    assert pacer.next_send_time(1.0) == pytest.approx(1.0 + PACING_QUANTUM_S)
-    sent = 0
-    while pacer.next_send_time(1.001) is None:
-        pacer.update_after_send(1.001)
-        sent += 1
-    assert sent == 10
 
 
 def test_burst_sends_at_once_and_keeps_the_bucket() -> None:

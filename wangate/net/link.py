@@ -20,7 +20,6 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
 from wangate.errors import RemoteProtocolError, WangateError
-from wangate.net.batching import DatagramBatcher
 from wangate.net.pacing import install_burstable_pacer
 from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
@@ -91,7 +90,6 @@ class PathLink(QuicConnectionProtocol):
         self._pacer = install_burstable_pacer(quic._loss)
         self._after_receive: asyncio.Handle | None = None
         self._datagrams_handled = False
-        self._batcher: DatagramBatcher | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
         self._handshake_done: asyncio.Future[None] = self._loop.create_future()
@@ -240,25 +238,9 @@ class PathLink(QuicConnectionProtocol):
     def _report_closed(self, reason: str) -> None:
         if not self._closed_reported:
             self._closed_reported = True
-            if self._batcher is not None:
-                self._batcher.close()
             self.host.link_closed(self, reason)
 
     # ------------------------------------------------------------- sending
-
-    def _send_batched(self) -> None:
-        """aioquic's ``transmit()`` with the datagrams sent in batches (net/batching.py)."""
-        if self._batcher is None:
-            self._batcher = DatagramBatcher(cast(asyncio.DatagramTransport, self._transport))
-        self._transmit_task = None
-        self._batcher.send(self._quic.datagrams_to_send(now=self._loop.time()))
-        timer_at = self._quic.get_timer()  # re-arm the timer, as aioquic does
-        if self._timer is not None and self._timer_at != timer_at:
-            self._timer.cancel()
-            self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
 
     def transmit(self) -> None:
         session, path = self.session, self.path
@@ -282,7 +264,7 @@ class PathLink(QuicConnectionProtocol):
                 quic.send_datagram_frame(datagram)
                 added += 1
             self._pacer.burst = critical or session.has_critical_for(path)
-            self._send_batched()
+            super().transmit()
             if added == 0 or pending:
                 break  # nothing more to send, or aioquic's window/pacer is full
         else:

@@ -9,22 +9,12 @@ one message is well inside any bottleneck buffer sized for the path's BDP. The b
 acks also show the controller the path's real bottleneck rate, which paced, app-limited
 critical traffic never would.
 
-When the bucket is empty, aioquic wakes up again after one packet's time, so a busy
-path sends one datagram per timer and per system call (about 13 000 a second at
-150 Mbit/s). This pacer waits for a quantum instead: at least ``PACING_QUANTUM_S`` of
-sending (never more than the bucket holds), like Linux's fq and TSO autosizing, so each
-wake-up sends a few datagrams at once, which the link hands the kernel in one segmented
-batch (net/batching.py). The average rate is unchanged; bursts grow to about 1 ms of
-data (6 datagrams at 50 Mbit/s), far inside any queue sized for a WAN path.
-
 Pure: aioquic passes ``now``.
 """
 
 from __future__ import annotations
 
 from aioquic.quic.recovery import QuicPacketPacer, QuicPacketRecovery
-
-PACING_QUANTUM_S = 0.001
 
 
 class BurstablePacer(QuicPacketPacer):
@@ -34,12 +24,9 @@ class BurstablePacer(QuicPacketPacer):
 
     # aioquic annotates this as float, but returns None whenever a packet may go now
     def next_send_time(self, now: float) -> float | None:  # type: ignore[override]
-        if self.burst or self.packet_time is None:
+        if self.burst:
             return None
-        self.update_bucket(now=now)
-        if self.bucket_time > 0:
-            return None
-        return now + min(self.bucket_max, max(self.packet_time, PACING_QUANTUM_S))
+        return super().next_send_time(now)
 
     def update_after_send(self, now: float) -> None:
         if not self.burst:
