@@ -180,6 +180,9 @@ def run_method(
                 times.append(None)
                 break
             times.append(max(r["end"] for r in done.values()) - go)
+            rates = {site: r["rates_mbps"] for site, r in done.items() if r.get("rates_mbps")}
+            if rates:  # the measured plan's inputs, as the leader held them
+                observed.append(rates)
             exact.append(all(r["exact"] for r in done.values()))
     finally:
         workers.stop()
