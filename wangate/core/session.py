@@ -574,7 +574,9 @@ class PeerSession:
         a frame with no handler here (a second ``Hello``) is the peer's error."""
         handler = _CONTROL_HANDLERS.get(type(frame))
         if handler is None:
-            raise RemoteProtocolError(f"unexpected {type(frame).__name__.lower()} frame on path {path}")
+            raise RemoteProtocolError(
+                f"unexpected {type(frame).__name__.lower()} frame on path {path}"
+            )
         record = self._paths.get(path)
         if record is not None:
             self._heard(path, record, now)

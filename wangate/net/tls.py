@@ -25,7 +25,13 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.certs import load_ca_certificates, verify_site_certificate
 from wangate.config import Config
-from wangate.errors import AuthenticationError, ConfigError, LocalProtocolError, WangateError
+from wangate.errors import (
+    AuthenticationError,
+    ConfigError,
+    LinkError,
+    LocalProtocolError,
+    WangateError,
+)
 from wangate.net import aioquic_compat as compat
 from wangate.net.congestion import CONGESTION_CONTROL_NAME
 
@@ -34,7 +40,7 @@ IDLE_TIMEOUT_S = 10.0
 MAX_DATAGRAM_FRAME_SIZE = 65536
 # Application error code closing a connection whose peer failed site authentication.
 # 0x2A mirrors the TLS alert bad_certificate(42) (RFC 8446 section 6.2).
-AUTHENTICATION_FAILED_ERROR_CODE = 0x2A
+AUTHENTICATION_FAILED_ERROR_CODE = LinkError.AUTHENTICATION_FAILED
 
 
 def server_quic_configuration(config: Config, *, max_datagram_size: int) -> QuicConfiguration:
