@@ -219,11 +219,6 @@ class Gateway:
             await self._metrics_server.close()
         await asyncio.sleep(0)  # let the close frames go out
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # -------------------------------------------------------------- reload
 
     def apply_reload(self, plan: ReloadPlan) -> None:

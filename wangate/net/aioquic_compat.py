@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import aioquic
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.recovery import QuicPacketPacer
 
 from wangate.errors import WangateError
@@ -30,7 +30,10 @@ _CONNECTION_ATTRIBUTES = (
     ("_initialize", "the hook that makes a server ask for a client certificate"),
     ("_handshake_complete", "authenticating a peer only after its handshake"),
     ("_loss", "the recovery state holding the pacer"),
+    ("_state", "forgetting a refused half-open connection"),
+    ("_close_pending", "forgetting a refused half-open connection"),
 )
+_OPEN_STATES = (QuicConnectionState.FIRSTFLIGHT, QuicConnectionState.CONNECTED)
 _PACER_ATTRIBUTES = (
     "_max_datagram_size",
     "bucket_max",
@@ -113,6 +116,11 @@ def peer_certificate_chain(tls: Any) -> list[Any]:
 
 def handshake_complete(connection: QuicConnection) -> bool:
     return bool(getattr(connection, "_handshake_complete", False))
+
+
+def closing(connection: QuicConnection) -> bool:
+    """Closed, or its close is on its way out."""
+    return connection._state not in _OPEN_STATES or connection._close_pending
 
 
 def datagrams_pending(connection: QuicConnection) -> deque[bytes]:
