@@ -82,7 +82,7 @@ class Gateway:
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
         self.peers: dict[str, PeerDriver] = {
-            peer.name: self._new_peer_state(peer.name, now) for peer in config.peers
+            peer.name: self._new_driver(peer.name, now) for peer in config.peers
         }
         self._dial_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._servers: list[PeerListener] = []
@@ -95,7 +95,7 @@ class Gateway:
         self.local_messages = 0
         self._metrics_server: MetricsServer | None = None
 
-    def _new_peer_state(self, peer: str, now: float) -> PeerDriver:
+    def _new_driver(self, peer: str, now: float) -> PeerDriver:
         config = self.config
         target_ms = config.critical.host_delay_target_ms
         host_delay_target_s = target_ms / 1000 if target_ms else math.inf
@@ -234,7 +234,7 @@ class Gateway:
             self.add_path(peer, path)
 
     def add_peer(self, peer: PeerConfig) -> None:
-        self.peers[peer.name] = self._new_peer_state(peer.name, time.monotonic())
+        self.peers[peer.name] = self._new_driver(peer.name, time.monotonic())
         for path in peer.paths:
             self._start_dialing(peer.name, path)
 

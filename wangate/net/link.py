@@ -98,6 +98,7 @@ class PathLink(QuicConnectionProtocol):
         self._protocol_errors = 0
         self.pacer = install_burstable_pacer(quic)
         self.pending = compat.datagrams_pending(quic)  # aioquic's DATAGRAM queue
+        self.send_datagram = quic.send_datagram_frame  # per datagram: no wrapper call
         self._after_receive: asyncio.Handle | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
@@ -273,9 +274,6 @@ class PathLink(QuicConnectionProtocol):
 
     def send_control(self, data: bytes) -> None:
         self._quic.send_stream_data(CONTROL_STREAM_ID, data)
-
-    def send_datagram(self, data: bytes) -> None:
-        self._quic.send_datagram_frame(data)
 
 
 def _fmt(host: str, port: int) -> str:
