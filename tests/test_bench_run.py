@@ -190,3 +190,28 @@ def test_a_baseline_whose_sender_prints_nothing_is_a_failed_row(
     assert rec.results_rows(record)[1] == ("tcp-cubic", None, f"failed: {failed['error']}")
     row = rec.combined_table([record]).splitlines()[2].split(" | ")
     assert row[4:6] == ["failed", f"{bbr['time_s']:.2f} s ({bbr['time_s']:.2f})"]
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_problem is not None, reason=f"WAN lab unavailable: {_problem}")
+def test_baselines_carry_two_flows_between_the_same_sites(tmp_path: Path) -> None:
+    """A critical flow and a bulk flow from bj to sh share the best path: each baseline
+    gives each flow a receiver of its own, and both arrive whole."""
+    two_flows = TINY.replace(
+        '[[workload.flows.messages]]\nname = "bulk"',
+        '[[workload.flows]]\nsrc = "bj"\ndst = "sh"\nsteps = 4\ninterval_s = 0.3\n'
+        '[[workload.flows.messages]]\nname = "bulk"',
+    )
+    scenario_file = tmp_path / "two.toml"
+    scenario_file.write_text(two_flows)
+    scenario = load_scenario(scenario_file)
+    assert [len(f.messages) for f in scenario.flows] == [1, 1]
+    with Lab(scenario, run_id="f" + secrets.token_hex(2)) as lab:
+        report = baselines.run_baselines(lab, timeout_s=30.0, only=("tcp-bbr",))
+    (bbr,) = report["baselines"]
+    assert bbr["error"] is None, bbr["error"]
+    assert bbr["delivered_bytes"] == bbr["total_bytes"] == 4 * (65536 + 1_000_003)
+    assert bbr["time_s"] is not None
+    assert set(bbr["detail"]) == {"bj->sh #0", "bj->sh #1"}
+    assert [d["cc"] for d in bbr["detail"].values()] == ["bbr", "bbr"]

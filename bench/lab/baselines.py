@@ -20,6 +20,8 @@ from bench.lab.lab import Lab
 from bench.lab.scenario import Flow, PathSpec, Scenario
 
 BASE_PORT = 9100
+FLOW_PORT_STEP = 16  # flow i of a baseline listens on its port + i * 16: two flows between
+# the same sites share the best path and its address, so they need ports of their own
 BASELINES = (
     ("tcp-cubic", "tcp", "cubic"),
     ("tcp-bbr", "tcp", "bbr"),
@@ -100,7 +102,8 @@ def run_baseline(
 ) -> BaselineResult:
     scenario = lab.scenario
     receivers, senders, flows = [], [], scenario.flows
-    for flow in flows:
+    ports = [port + index * FLOW_PORT_STEP for index in range(len(flows))]
+    for flow, flow_port in zip(flows, ports, strict=True):
         path = best_path(scenario, flow)
         receiver = lab.run_in(
             flow.dst,
@@ -112,7 +115,7 @@ def run_baseline(
                 "--proto",
                 proto,
                 "--bind",
-                f"{path.address_of(flow.dst)}:{port}",
+                f"{path.address_of(flow.dst)}:{flow_port}",
                 "--messages",
                 str(len(schedule(flow))),
             ],
@@ -122,7 +125,7 @@ def run_baseline(
         receiver.stdout.readline()  # ready
         receivers.append(receiver)
     lab.start_timeline()
-    for flow in flows:
+    for flow, flow_port in zip(flows, ports, strict=True):
         path = best_path(scenario, flow)
         argv = [
             sys.executable,
@@ -134,7 +137,7 @@ def run_baseline(
             "--bind",
             path.address_of(flow.src),
             "--to",
-            f"{path.address_of(flow.dst)}:{port}",
+            f"{path.address_of(flow.dst)}:{flow_port}",
             "--schedule",
             json.dumps(schedule(flow)),
         ]
@@ -145,8 +148,10 @@ def run_baseline(
     finish_times, latencies, delivered, detail = [], [], 0, {}
     errors: list[str] = []
     complete = True
-    for flow, sender, receiver in zip(flows, senders, receivers, strict=True):
-        route = f"{flow.src}->{flow.dst}"
+    routes = [f"{flow.src}->{flow.dst}" for flow in flows]
+    if len(set(routes)) < len(routes):  # several flows between the same sites
+        routes = [f"{route} #{index}" for index, route in enumerate(routes)]
+    for flow, sender, receiver, route in zip(flows, senders, receivers, routes, strict=True):
         try:
             out, err = sender.communicate(timeout=max(1.0, deadline - time.monotonic()))
             sent = _report_line(out) or {}
@@ -173,7 +178,7 @@ def run_baseline(
         start = float(sent["started"])
         finish_times.append(completed[-1] - start)
         latencies += [done - (start + at) for (at, _), done in zip(plan, completed, strict=True)]
-        detail[f"{flow.src}->{flow.dst}"] = {
+        detail[route] = {
             "path": best_path(scenario, flow).name,
             "cc": sent.get("cc"),
             "time_s": completed[-1] - start,
