@@ -3,7 +3,7 @@ library's own source, trained across three loopback sites through the DDP hook w
 codec and with DiLoCo, against uncompressed DDP; final validation loss and WAN bytes.
 
 Run: .venv/bin/python -m bench.training [--steps 1000] [--seeds 3] [--runs none,int8,...]
-     sudo .venv/bin/python -m bench.training --lab coll_quarter3 --runs none,diloco  # WAN lab
+     sudo .venv/bin/python -m bench.training --lab coll_3_quarter --runs none,diloco  # WAN lab
 
 Three real gateways on loopback (``LoopbackSites``, 2 QUIC paths between each pair), one
 trainer process per site, each its own one-rank DDP group with
