@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import wangate
+from tests.selfsite import default_client_settings
 from tests.test_localapi_server import GatewayThread, raw_connect, read_reply
 from wangate.codec import encode_tensor
 from wangate.localapi.protocol import SendRequest, encode_request
-from wangate.localapi.selfsite import default_client_settings
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_status_paths_ping_and_site(gateway: GatewayThread) -> None:
         gw.send("bj", "s", np.zeros(1))
         status = gw.status()
         assert status["site"] == "bj" and status["version"] == wangate.__version__
-        assert status["messages"]["submitted"] == 1 and status["messages"]["queued"] == 1
+        assert status["local_messages"] == 1 and status["inbox"]["queued"] == 1
         assert gw.paths() == []
         gw.ping()
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import wangate
+from tests.selfsite import SelfSiteService, default_client_settings
 from wangate.errors import GatewayError
 from wangate.localapi.framing import SyncFrameReader
 from wangate.localapi.inbox import Inbox
@@ -28,7 +29,6 @@ from wangate.localapi.protocol import (
     encode_prefix,
     encode_request,
 )
-from wangate.localapi.selfsite import SelfSiteService, default_client_settings
 from wangate.localapi.server import MAX_REQUESTS_IN_FLIGHT, LocalApiServer
 from wangate.service import Submission
 

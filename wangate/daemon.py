@@ -49,7 +49,8 @@ from wangate.errors import (
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.server import LocalApiServer
-from wangate.metrics import GatewayMetrics
+from wangate.metrics import GatewayCollector, GatewayMetrics
+from wangate.metrics import render as render_metrics
 from wangate.metrics_http import MetricsServer
 from wangate.net.link import (
     DATAGRAM_OVERHEAD_BYTES,
@@ -68,6 +69,7 @@ from wangate.net.tls import (
     server_quic_configuration,
 )
 from wangate.reload import ReloadPlan
+from wangate.rows import GatewayStatus, PathRow, PeerStatus
 from wangate.service import Delivery, Submission, local_delivery
 from wangate.systemd import inherited_unix_listener
 
@@ -212,9 +214,8 @@ class Gateway(LinkHost):
             raise self._startup_error("site.socket", str(exc)) from None
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)
         if self.config.metrics.listen is not None:
-            self._metrics_server = MetricsServer(
-                lambda: self.metrics.render(self.paths(), self.status())
-            )
+            collector = GatewayCollector(self.metrics, lambda: (self.paths(), self.status()))
+            self._metrics_server = MetricsServer(lambda: render_metrics(collector))
             try:
                 await self._metrics_server.start(*self.config.metrics.listen)
             except GatewayError as exc:
@@ -737,11 +738,12 @@ class Gateway(LinkHost):
                     code="timeout",
                 ) from None
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self) -> list[PathRow]:
         now = time.monotonic()
-        rows: list[dict[str, Any]] = []
+        rows: list[PathRow] = []
         for peer in self.config.peers:
             state = self.peers[peer.name]
+            session = state.session
             for path in peer.paths:
                 link = state.links.get(path.name)
                 row: dict[str, Any] = {
@@ -749,55 +751,45 @@ class Gateway(LinkHost):
                     "path": path.name,
                     "local": link.local_address if link else (path.local or "*"),
                     "remote": link.remote_address if link else _fmt_remote(path),
-                    "state": "down",
-                    "state_reason": "not connected",
-                    "srtt_ms": None,
-                    "min_rtt_ms": None,
-                    "jitter_ms": None,
-                    "loss": None,
-                    "loss_samples": 0,
-                    "rate_mbps": None,
-                    "sent_bytes": 0,
-                    "recv_bytes": 0,
-                    "role": "bulk",
                 }
-                if path.name in state.session.path_names:
-                    snap = state.session.path_snapshot(path.name, now)
-                    row.update({k: snap[k] for k in snap if k != "usable"})
+                if path.name in session.path_names:
+                    row.update(session.path_snapshot(path.name, now))
                     if link is None:
-                        row["state"] = "down"
-                        row["state_reason"] = "not connected"
-                row["peer_state"] = state.session.peer_state(now)[0]
-                rows.append(row)
+                        row.update(state="down", state_reason="not connected")
+                    rows.append(
+                        PathRow.from_dict({**row, "peer_state": session.peer_state(now)[0]})
+                    )
+                else:
+                    rows.append(PathRow.not_connected(**row, peer_state=session.peer_state(now)[0]))
             self._drain_events(state)
         return rows
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GatewayStatus:
         now = time.monotonic()
         rows = self.paths()
-        peers: dict[str, Any] = {}
+        peers: dict[str, PeerStatus] = {}
         for name, state in self.peers.items():
             liveness = state.session.liveness(now)
             self._drain_events(state)
-            peers[name] = {
-                **liveness,
-                "paths_up": sorted(
-                    r["path"] for r in rows if r["peer"] == name and r["state"] != "down"
-                ),
-                **state.session.status(),
-                "recent_failures": list(state.failures),
-            }
-        return {
-            "site": self.site_name,
-            "version": __version__,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "peers": peers,
-            "local_messages": self.local_messages,
-            "inbox": {
-                "queued": self.inbox.mailbox.queued_count(),
-                "waiting_recvs": self.inbox.mailbox.waiter_count(),
-            },
-        }
+            peers[name] = PeerStatus.from_dict(
+                {
+                    **liveness,
+                    "paths_up": sorted(
+                        r.path for r in rows if r.peer == name and r.state != "down"
+                    ),
+                    **state.session.status(),
+                    "recent_failures": list(state.failures),
+                }
+            )
+        return GatewayStatus(
+            site=self.site_name,
+            version=__version__,
+            uptime_s=round(time.monotonic() - self.started_at, 3),
+            peers=peers,
+            local_messages=self.local_messages,
+            inbox_queued=self.inbox.mailbox.queued_count(),
+            inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
+        )
 
     def reset_path(self, peer: str, path: str) -> None:
         state = self.peers.get(peer)

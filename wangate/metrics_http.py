@@ -2,7 +2,9 @@
 
 One request per connection (``Connection: close``), a bounded request head, a read
 timeout and a cap on concurrent connections, so a stray client cannot hold the daemon's
-memory or its event loop. The body is rendered by a callback at request time.
+memory or its event loop. The body is rendered by a callback at request time, on the
+event loop that owns the gateway's state (prometheus_client's own servers run in a
+thread, which would read that state while the loop changes it).
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ def response_bytes(
 
 
 class MetricsServer:
-    """Serves ``render()`` at ``GET /metrics`` on one TCP address."""
+    """Serves ``render()`` (the exposition text, encoded) at ``GET /metrics``."""
 
     def __init__(
         self,
-        render: Callable[[], str],
+        render: Callable[[], bytes],
         *,
         max_request_bytes: int = MAX_REQUEST_BYTES,
         read_timeout_s: float = READ_TIMEOUT_S,
@@ -143,7 +145,7 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return response_bytes(405, b"only GET\n", extra_headers=("Allow: GET, HEAD",))
         try:
-            body = self._render().encode("utf-8")
+            body = self._render()
         except Exception:
             log.exception("rendering metrics failed")
             return response_bytes(500, b"rendering metrics failed\n")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from wangate.rows import GatewayStatus, PathRow
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -89,11 +91,11 @@ class GatewayService(Protocol):
         """
         ...
 
-    def paths(self) -> list[dict[str, Any]]:
-        """One row per path, keys as in the contract (``wangate paths --json``)."""
+    def paths(self) -> list[PathRow]:
+        """One row per configured path (``wangate paths``)."""
         ...
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GatewayStatus:
         """Site name, version, uptime, peers and their state, message counters."""
         ...
 

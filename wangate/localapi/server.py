@@ -444,9 +444,9 @@ class _Connection:
                 client_settings=service.client_settings(),
             ), b""
         if isinstance(request, PathsRequest):
-            return ok_reply(rid, paths=service.paths()), b""
+            return ok_reply(rid, paths=[row.to_dict() for row in service.paths()]), b""
         if isinstance(request, StatusRequest):
-            return ok_reply(rid, status=service.status()), b""
+            return ok_reply(rid, status=service.status().to_dict()), b""
         if isinstance(request, ResetPathRequest):
             service.reset_path(request.peer, request.path)
             return ok_reply(rid), b""
