@@ -27,6 +27,7 @@ from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tens
 from wangate.collective import api as _coll
 from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
+from wangate.core.buffer import Buffer
 from wangate.errors import (
     AccessDenied,
     DeadlineExceeded,
@@ -55,7 +56,6 @@ from wangate.localapi.protocol import (
     decode_reply,
     encode_request,
 )
-from wangate.service import Buffer
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"

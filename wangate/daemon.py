@@ -8,7 +8,6 @@ turns session events into deliveries for trainers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import math
@@ -52,6 +51,7 @@ from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayCollector, GatewayMetrics
 from wangate.metrics import render as render_metrics
 from wangate.metrics_http import MetricsServer
+from wangate.net.address import host_port
 from wangate.net.link import (
     DATAGRAM_OVERHEAD_BYTES,
     ERROR_DUPLICATE,
@@ -62,6 +62,7 @@ from wangate.net.link import (
     PathLink,
 )
 from wangate.net.listener import PeerListener, listen_for_peers
+from wangate.net.sockbuf import enlarge_socket_buffers
 from wangate.net.tls import (
     authenticate_peer,
     client_quic_configuration,
@@ -78,7 +79,6 @@ log = logging.getLogger("wangate.daemon")
 DIAL_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
-SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
 MAX_OUTCOMES = 65536  # finished messages per peer whose outcome Client.wait can still tell
 RECENT_FAILURES = 10
 
@@ -188,12 +188,12 @@ class Gateway(LinkHost):
                 )
             except OSError as exc:
                 raise self._startup_error(
-                    f"site.listen[{index}]", f"cannot listen on {_fmt(host, port)}", exc
+                    f"site.listen[{index}]", f"cannot listen on {host_port(host, port)}", exc
                 ) from None
             if server.transport is not None:
                 enlarge_socket_buffers(server.transport.get_extra_info("socket"))
             self._servers.append(server)
-            log.info("listening for peer gateways on %s", _fmt(host, port))
+            log.info("listening for peer gateways on %s", host_port(host, port))
         for peer in self.config.peers:
             for path in peer.paths:
                 self._start_dialing(peer.name, path)
@@ -222,7 +222,7 @@ class Gateway(LinkHost):
                 cause = exc.__cause__
                 if not isinstance(cause, OSError):
                     raise self._startup_error("metrics.listen", str(exc)) from None
-                where = _fmt(*self.config.metrics.listen)
+                where = host_port(*self.config.metrics.listen)
                 raise self._startup_error(
                     "metrics.listen", f"cannot listen on {where}", cause
                 ) from None
@@ -842,38 +842,5 @@ def _log_failures(peer: str, failed: list[MessageFailed]) -> None:
     )
 
 
-def _fmt(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _fmt_remote(path: PathConfig) -> str:
-    return _fmt(*path.remote) if path.remote else "(peer dials)"
-
-
-async def run_gateway(config: Config, *, ready: Any = None) -> None:
-    """Run until cancelled (SIGTERM/SIGINT handling lives in the CLI)."""
-    gateway = Gateway(config)
-    await gateway.start()
-    if ready is not None:
-        ready(gateway)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        with contextlib.suppress(Exception):
-            await gateway.close()
-
-
-def enlarge_socket_buffers(sock: socket.socket | None) -> None:
-    """Room for bursts: the kernel's default UDP buffers drop packets at high rates.
-
-    As root, SO_*BUFFORCE goes past net.core.[rw]mem_max; otherwise we get what the
-    limit allows.
-    """
-    if sock is None:
-        return
-    for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):  # SO_*BUFFORCE
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER_BYTES)
-        except OSError:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, SOCKET_BUFFER_BYTES)
+    return host_port(*path.remote) if path.remote else "(peer dials)"

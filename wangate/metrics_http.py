@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from wangate.errors import GatewayError
 from wangate.metrics import CONTENT_TYPE
+from wangate.net.address import host_port
 
 log = logging.getLogger("wangate.metrics")
 
@@ -96,12 +97,12 @@ class MetricsServer:
             )
         except OSError as exc:
             raise GatewayError(
-                f"metrics: cannot listen on {_fmt(host, port)}: {exc.strerror or exc}; "
+                f"metrics: cannot listen on {host_port(host, port)}: {exc.strerror or exc}; "
                 "check [metrics] listen"
             ) from exc
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
-        log.info("metrics at http://%s/metrics", _fmt(*self.address))
+        log.info("metrics at http://%s/metrics", host_port(*self.address))
 
     async def close(self) -> None:
         if self._server is not None:
@@ -150,7 +151,3 @@ class MetricsServer:
             log.exception("rendering metrics failed")
             return response_bytes(500, b"rendering metrics failed\n")
         return response_bytes(200, body, CONTENT_TYPE, send_body=method == "GET")
-
-
-def _fmt(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from wangate.core.buffer import Buffer
 from wangate.rows import GatewayStatus, PathRow
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)

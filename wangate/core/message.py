@@ -11,6 +11,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MESSAGE_VERSION = 1
@@ -21,7 +22,6 @@ FLAG_CRITICAL = 0x01
 # version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32
 _HEAD = struct.Struct("!BBHqII")
 HEAD_BYTES = _HEAD.size  # 20
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from wangate import __version__
+from wangate.core.buffer import Buffer
 from wangate.errors import GatewayError
 from wangate.localapi.access import (
     AccessPolicy,
@@ -62,7 +63,7 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.service import Buffer, GatewayService, Submission
+from wangate.service import GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
 

@@ -20,6 +20,7 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
 from wangate.errors import RemoteProtocolError, WangateError
+from wangate.net.address import host_port
 from wangate.net.pacing import install_burstable_pacer
 from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
@@ -104,7 +105,7 @@ class PathLink(QuicConnectionProtocol):
         paths = self._quic._network_paths
         if paths:
             host, port = paths[0].addr[:2]
-            return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+            return host_port(str(host), port)
         return "?"
 
     @property
@@ -112,7 +113,7 @@ class PathLink(QuicConnectionProtocol):
         if self._transport is None:
             return "?"
         host, port = self._transport.get_extra_info("sockname")[:2]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        return host_port(str(host), port)
 
     # ------------------------------------------------------------- events
 
