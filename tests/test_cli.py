@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -65,11 +66,19 @@ def test_paths_watch_refreshes_until_interrupted(sites: LoopbackSites) -> None:
          "--watch", "--interval", "0.2"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2.0)
+    assert process.stdout is not None
+    seen: list[str] = []
+    for line in process.stdout:  # until the third table (the module's timeout bounds it)
+        seen.append(line)
+        if sum("PEER  PATH" in x for x in seen) == 3:
+            break
     process.terminate()
-    out, _ = process.communicate(timeout=10)
-    assert out.count("PEER  PATH") >= 3  # refreshed several times
-    assert "site bj" in out
+    process.communicate(timeout=10)
+    assert process.returncode == -signal.SIGTERM
+    text = "".join(seen)
+    assert text.count("\033[2J\033[H") == 3 and text.count(" site bj\n") == 3  # cleared each time
+    rows = [line.split()[:2] for line in seen if line.startswith("sh ")]
+    assert rows == [["sh", "fiber-a"], ["sh", "fiber-b"]] * 2  # two whole tables before the third
 
 
 def test_status_and_a_missing_socket(sites: LoopbackSites, tmp_path: Path) -> None:

@@ -247,7 +247,7 @@ def test_async_cancelled_call_leaves_connection_usable(gateway: GatewayThread) -
     async def scenario() -> None:
         async with wangate.AsyncClient(gateway.path) as gw:
             waiting = asyncio.create_task(gw.recv("never", timeout=None))
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(gateway.wait_for_waiters, 1)  # the gateway holds the recv
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -280,7 +280,7 @@ def test_async_gateway_going_away_fails_pending_calls(sock_path: Path) -> None:
     async def scenario() -> None:
         async with wangate.AsyncClient(sock_path) as gw:
             waiting = asyncio.create_task(gw.recv("x", timeout=None))
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(gateway.wait_for_waiters, 1)
             await asyncio.get_running_loop().run_in_executor(None, gateway.__exit__)
             with pytest.raises(wangate.GatewayUnavailable):
                 await asyncio.wait_for(waiting, 5)

@@ -109,7 +109,8 @@ def test_timeline_changes_delay_during_a_run() -> None:
         timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),),
     )
     with Lab(scenario, run_id=_run_id()) as lab:
-        lab.start_timeline()
-        time.sleep(1.0)
+        # the timeline started 1 s ago: the forwarders apply the change at 0.5 s as they
+        # take the start command, before any packet of the blast reaches them
+        lab.start_timeline(time.monotonic() - 1.0)
         late = blast(lab, [("a", 2.0, 200, 0.0)])[0]
     assert abs(late.received["delay_median_ms"] - 40.0) < 3.0
