@@ -94,12 +94,12 @@ class PeerStatus:
     messages_held: int  # done, but no trainer there took them yet
     paths_up: tuple[str, ...]  # paths not down, by name
     # the session's counters (messages_sent, bytes_received, fec_bytes, ...): flat in the map
-    counters: Mapping[str, int] = field(default_factory=dict)
+    counters: Mapping[str, int | float] = field(default_factory=dict)
     # the last messages that failed: msg_id, tag, step, reason
     recent_failures: tuple[Mapping[str, Any], ...] = ()
 
-    def counter(self, name: str) -> int:
-        return int(self.counters.get(name, 0))
+    def counter(self, name: str) -> int | float:
+        return self.counters.get(name, 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,7 +116,7 @@ class PeerStatus:
     def from_dict(cls, info: Mapping[str, Any]) -> PeerStatus:
         named = {f.name for f in dataclasses.fields(cls)} - {"counters"}
         counters = {
-            k: v for k, v in info.items() if k not in named and _is_int(v) and isinstance(k, str)
+            k: v for k, v in info.items() if k not in named and _is_number(v) and isinstance(k, str)
         }
         base = {k: info[k] for k in named if k in info}
         base.setdefault("paths_up", ())
@@ -208,8 +208,8 @@ def _checked(name: str, annotation: str, value: Any, what: str) -> Any:
     return float(value) if isinstance(value, int | float) and base == "float" else value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _map(value: Any, what: str = "gateway status: a peer") -> dict[str, Any]:

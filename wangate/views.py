@@ -19,7 +19,7 @@ def fmt_num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def fmt_bytes(value: int) -> str:
+def fmt_bytes(value: float) -> str:
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024:
