@@ -483,3 +483,16 @@ def test_a_running_gateway_serves_its_paths_as_metrics(tmp_path: Any) -> None:
         for p in ("fiber-a", "fiber-b")
     )
     assert sent >= 4 * 50_000  # the bulk message's body crossed some path
+
+
+def test_byte_counters_stay_exact_and_floats_lose_only_conversion_noise() -> None:
+    big = (1 << 50) + 1  # 1 PiB and a byte: more digits than 12
+    row = PathRow.from_dict({**ROW_UP, "sent_bytes": big, "srtt_ms": 0.1 + 0.2})
+    status = GatewayStatus.from_dict(
+        {**STATUS, "uptime_s": 1 / 3, "peers": {"sh": {**STATUS["peers"]["sh"], "silent_s": 2 / 3}}}
+    )
+    _, series = parse(GatewayMetrics().render([row], status).decode("utf-8"))
+    assert value(series, "wangate_path_sent_bytes_total", peer="sh", path="fiber-a") == big
+    assert value(series, "wangate_path_srtt_seconds", peer="sh", path="fiber-a") == 0.0003
+    assert value(series, "wangate_uptime_seconds") == 0.333333333333
+    assert value(series, "wangate_peer_silent_seconds", peer="sh") == 0.666666666667

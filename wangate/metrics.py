@@ -153,9 +153,11 @@ def _le(bound: float) -> str:
 
 
 def _clean(value: float) -> float:
-    """12 significant digits: drops unit-conversion noise (12.3 ms -> 0.0123 s, not
-    0.012300000000000002)."""
-    return float(f"{value:.12g}") if math.isfinite(value) else value
+    """A float to 12 significant digits: drops unit-conversion noise (12.3 ms -> 0.0123 s,
+    not 0.012300000000000002). Integers (byte counters) stay exact."""
+    if isinstance(value, int) or not math.isfinite(value):
+        return value
+    return float(f"{value:.12g}")
 
 
 def _family(
@@ -173,7 +175,9 @@ def _site_families(status: GatewayStatus) -> Iterator[Metric]:
     info.add_metric((status.site, status.version), 1)
     yield info
     yield GaugeMetricFamily(
-        "wangate_uptime_seconds", "Seconds since the gateway started.", value=status.uptime_s
+        "wangate_uptime_seconds",
+        "Seconds since the gateway started.",
+        value=_clean(status.uptime_s),
     )
     yield CounterMetricFamily(
         "wangate_local_messages_total",
@@ -241,7 +245,9 @@ def _path_families(rows: Sequence[PathRow]) -> Iterator[Metric]:
         for row in rows:
             value: float | None = getattr(row, key)
             if value is not None:
-                family.add_metric((row.peer, row.path), _clean(value * factor))
+                family.add_metric(
+                    (row.peer, row.path), _clean(value if factor == 1 else value * factor)
+                )
         yield family
 
 
@@ -298,13 +304,13 @@ def _peer_families(peers: Mapping[str, PeerStatus], metrics: GatewayMetrics) -> 
         paths_up.add_metric((peer,), len(info.paths_up))
         for state in PEER_STATES:
             states.add_metric((peer, state), info.state == state)
-        silent.add_metric((peer,), info.silent_s)
+        silent.add_metric((peer,), _clean(info.silent_s))
     yield from (paths_up, states, silent)
     for name, kind, help_text, key in _PEER_VALUES:
         family = _family(name, kind, help_text, ("peer",))
         for peer, info in peers.items():
             value = info.messages_held if key == "messages_held" else info.counter(key)
-            family.add_metric((peer,), value)
+            family.add_metric((peer,), _clean(value))
         yield family
     failed = CounterMetricFamily(
         "wangate_peer_messages_failed_total",
