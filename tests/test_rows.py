@@ -172,3 +172,11 @@ def test_status_text_names_peers_paths_and_failures() -> None:
         "  peer sh: up (ok); paths up: fiber-a; sent 5 messages (5.0 MiB), received 4 (2.0 KiB)",
         "    failed: message 9 (tag 'g', step 3): deadline",
     ]
+
+
+def test_a_paths_reply_that_is_not_a_list_of_maps_is_refused() -> None:
+    assert PathRow.from_dicts([UP]) == [PathRow.from_dict(UP)]
+    with pytest.raises(RemoteProtocolError, match="path rows must be a list, not dict"):
+        PathRow.from_dicts({"rows": []})
+    with pytest.raises(RemoteProtocolError, match="path row must be a map, not str"):
+        PathRow.from_dicts(["sh"])

@@ -109,7 +109,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
     with Client(_socket_from(args)) as gw:
         while True:
-            rows = [PathRow.from_dict(row) for row in gw.paths()]
+            rows = PathRow.from_dicts(gw.paths())
             if args.json:
                 text = json.dumps([row.to_dict() for row in rows], indent=None if args.watch else 2)
                 print(text, flush=True)

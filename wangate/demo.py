@@ -100,7 +100,7 @@ def run_demo(sites: int = 3, paths: int = 3, size_mib: int = 32) -> int:
         for site in lab.sites:
             with site.client() as gw:
                 print(f"\nsite {site.name}: wangate paths")
-                print(format_paths_table([PathRow.from_dict(r) for r in gw.paths()]))
+                print(format_paths_table(PathRow.from_dicts(gw.paths())))
         expected = len(names) * (len(names) - 1) * (SMALL_MESSAGES + 1)
         print(
             f"\n{tally.messages} of {expected} messages crossed, {tally.bytes / 2**20:.1f} MiB "

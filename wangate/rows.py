@@ -83,6 +83,13 @@ class PathRow:
     def from_dict(cls, row: Mapping[str, Any]) -> PathRow:
         return _from_dict(cls, row, "path row")
 
+    @classmethod
+    def from_dicts(cls, rows: Any) -> list[PathRow]:
+        """The rows of a ``paths`` reply (``Client.paths()``)."""
+        if not isinstance(rows, list | tuple):
+            raise RemoteProtocolError(f"path rows must be a list, not {type(rows).__name__}")
+        return [cls.from_dict(row) for row in rows]
+
 
 @dataclass(frozen=True)
 class PeerStatus:
@@ -175,6 +182,8 @@ _CHECKS: dict[str, tuple[type, ...]] = {
 
 
 def _from_dict(cls: type[_T], row: Mapping[str, Any], what: str) -> _T:
+    if not isinstance(row, Mapping):
+        raise RemoteProtocolError(f"{what} must be a map, not {type(row).__name__}")
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name not in row:

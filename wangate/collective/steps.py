@@ -81,7 +81,7 @@ def run_sync(gw: Any, site: str, step: int, script: Script[T]) -> T:
             except RecvTimeout:
                 result = None
         elif isinstance(todo, PathRows):
-            result = [PathRow.from_dict(row) for row in gw.paths()]
+            result = PathRow.from_dicts(gw.paths())
         elif isinstance(todo, DriveRun):
             drive(gw, todo.run, step, todo.deadline, todo.what, site)
             result = None
@@ -108,7 +108,7 @@ async def run_async(gw: Any, site: str, step: int, script: Script[T]) -> T:
             except RecvTimeout:
                 result = None
         elif isinstance(todo, PathRows):
-            result = [PathRow.from_dict(row) for row in await gw.paths()]
+            result = PathRow.from_dicts(await gw.paths())
         elif isinstance(todo, DriveRun):
             await drive_async(gw, todo.run, step, todo.deadline, todo.what, site)
             result = None
