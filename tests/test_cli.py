@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from wangate.loopback import LoopbackSites
+from wangate.rows import GatewayStatus, PathRow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,8 +45,10 @@ def test_paths_json_has_the_contract_keys(sites: LoopbackSites) -> None:
         if any(r["role"] == "critical" for r in rows) or time.monotonic() > deadline:
             break
     assert [(r["peer"], r["path"]) for r in rows] == [("sh", "fiber-a"), ("sh", "fiber-b")]
+    every_key = [f.name for f in dataclasses.fields(PathRow)]
     for row in rows:
         assert row.keys() >= CONTRACT_KEYS
+        assert list(row) == every_key  # every row has every key, in the documented order
         assert row["state"] in ("up", "degraded")
         assert row["role"] in ("critical", "backup", "bulk")
         assert row["local"].startswith("127.0.10.")
@@ -84,6 +88,7 @@ def test_paths_watch_refreshes_until_interrupted(sites: LoopbackSites) -> None:
 def test_status_and_a_missing_socket(sites: LoopbackSites, tmp_path: Path) -> None:
     result = wangate("status", "-s", str(sites["bj"].socket_path), "--json")
     status = json.loads(result.stdout)
+    assert GatewayStatus.from_dict(status).to_dict() == status  # nothing lost or added
     assert status["site"] == "bj"
     assert status["peers"]["sh"]["paths_up"] == ["fiber-a", "fiber-b"]
     missing = wangate("status", "-s", str(tmp_path / "nope.sock"))
