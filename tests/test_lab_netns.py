@@ -44,7 +44,13 @@ def test_measured_link_matches_configuration() -> None:
     serialisation_ms = (1200 + 28) * 8 / 20e6 * 1000
     assert abs(result["delay_median_ms"] - (20.0 + serialisation_ms)) < 3.0
     assert result["sent_packets"] == 6000
-    assert abs(result["loss"] - 0.02) < 0.01
+    # the emulator's own loss decisions over every packet that reached it (both blasts):
+    # what the model is configured for, whatever the machine's load
+    a = result["forwarder_stats"]["a"]["a_to_b"]
+    model_loss = a["dropped_loss"] / (a["pushed_packets"] - a["dropped_queue"])
+    assert abs(model_loss - 0.02) < 0.005, a
+    # end to end a busy host can drop more at its own sockets, not (beyond sampling) less
+    assert model_loss - 0.01 < result["loss"] < 0.10
     assert abs(result["saturated_received_mbps"] - 20.0 * 0.98) < 0.1 * 19.6
     assert result["blackhole_sent"] == 500
     assert result["blackhole_received"] == 0
