@@ -447,6 +447,7 @@ class Client:
         _coll.run_sync(self, s.site, step, script)
 
     def paths(self) -> list[dict[str, Any]]:
+        """One map per path (proto/localapi.md); ``wangate.rows.PathRow.from_dicts`` types them."""
         return _field(self._call(PathsRequest)[0], "paths", list)
 
     def status(self) -> dict[str, Any]:
