@@ -180,3 +180,22 @@ def test_a_paths_reply_that_is_not_a_list_of_maps_is_refused() -> None:
         PathRow.from_dicts({"rows": []})
     with pytest.raises(RemoteProtocolError, match="path row must be a map, not str"):
         PathRow.from_dicts(["sh"])
+
+
+def test_a_gateway_reports_its_unconnected_paths_as_rows(tmp_path: Path) -> None:
+    from wangate.config import load_config
+    from wangate.daemon import Gateway
+    from wangate.loopback import write_site_configs
+
+    bj, _ = write_site_configs(tmp_path, 2, 2, mtu=1500)
+    gateway = Gateway(load_config(bj.config_path))  # not started: nothing connected
+    rows = gateway.paths()
+    assert [(r.peer, r.path, r.state, r.state_reason) for r in rows] == [
+        ("sh", "fiber-a", "down", "not connected"),
+        ("sh", "fiber-b", "down", "not connected"),
+    ]
+    assert all(r.srtt_ms is None and r.sent_bytes == 0 and r.role == "bulk" for r in rows)
+    status = gateway.status()
+    assert status.site == "bj" and list(status.peers) == ["sh"]
+    assert status.peers["sh"].paths_up == () and status.peers["sh"].counter("messages_sent") == 0
+    assert GatewayStatus.from_dict(status.to_dict()) == status
