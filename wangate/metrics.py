@@ -86,6 +86,7 @@ class GatewayMetrics:
     def __init__(self, bounds_s: Sequence[float] = DELIVERY_BUCKETS_S) -> None:
         self._bounds_s = tuple(bounds_s)
         Histogram(self._bounds_s)  # validate once, early
+        self._le = [_le(bound) for bound in (*self._bounds_s, math.inf)]  # bucket labels
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._failed: dict[str, int] = {}
 
@@ -118,7 +119,8 @@ class GatewayMetrics:
         for peer in status.peers:
             for message_class in MESSAGE_CLASSES:
                 histogram = self.latency(peer, message_class)
-                buckets = [(_le(bound), n) for bound, n in histogram.cumulative_counts()]
+                counts = (n for _, n in histogram.cumulative_counts())
+                buckets = list(zip(self._le, counts, strict=True))
                 delivery.add_metric((peer, message_class), buckets, _clean(histogram.sum))
         yield delivery
 
