@@ -17,10 +17,12 @@ from wangate.errors import RemoteProtocolError
 from wangate.localapi.access import AccessPolicy, PeerCredentials, connection_cap_refusal
 from wangate.localapi.protocol import (
     MAX_HEADER_BYTES,
+    OPS,
     FrameError,
     HelloRequest,
     PingRequest,
     RecvRequest,
+    ResetPathRequest,
     SendRequest,
     WaitRequest,
     decode_prefix,
@@ -271,6 +273,7 @@ REQUEST_VECTORS = {
     ),
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
     "wait_request": (WaitRequest(9, "sh", 41, 30.0), b""),
+    "reset_path_request": (ResetPathRequest(11, "sh", "fiber-a"), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
@@ -308,6 +311,14 @@ REPLY_VECTORS = {
     ),
     "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
     "wait_reply": ({"ok": True, "id": 9, "outcome": "taken"}, b""),
+    "reset_path_reply": ({"ok": True, "id": 11}, b""),
+    "unknown_path_reply": (
+        error_reply(
+            11, "unknown_path", "no path 'fiber-x' to peer 'sh' in /etc/wangate/wangate.toml"
+        ),
+        b"",
+    ),
+    "path_down_reply": (error_reply(11, "path_down", "path sh/fiber-a is not connected"), b""),
     "wait_failed_reply": (
         error_reply(
             9,
@@ -390,6 +401,24 @@ def test_reply_vectors_decode_and_reencode_exactly(name: str) -> None:
     assert decode_reply(frame.header) == expected
     assert frame.payload == payload
     assert encode_header(expected, len(payload)) + payload == raw
+
+
+def test_every_op_is_documented_and_every_vector_is_tested() -> None:
+    doc = (VECTORS.parent / "localapi.md").read_text()
+    for op in OPS:
+        assert f"\n| `{op}`" in doc, op
+    for code in ("unknown_path", "path_down"):
+        assert f"| `{code}`" in doc, code
+    on_disk = {
+        p.name.removeprefix("localapi_").removesuffix(".hex") for p in VECTORS.glob("localapi_*")
+    }
+    assert on_disk == set(REQUEST_VECTORS) | set(REPLY_VECTORS)
+    decoded = set()
+    for name in REQUEST_VECTORS:
+        frame = split_frame(load_vector(name), LIMIT)
+        assert frame is not None
+        decoded.add(decode_request(frame.header, len(frame.payload)).__class__.__name__)
+    assert "ResetPathRequest" in decoded
 
 
 def test_send_vector_checksum_matches_its_payload() -> None:

@@ -27,6 +27,7 @@ from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tens
 from wangate.collective import api as _coll
 from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
+from wangate.core.buffer import Buffer
 from wangate.errors import (
     AccessDenied,
     DeadlineExceeded,
@@ -54,7 +55,6 @@ from wangate.localapi.protocol import (
     decode_reply,
     encode_request,
 )
-from wangate.service import Buffer
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
@@ -446,6 +446,7 @@ class Client:
         _coll.run_sync(self, s.site, step, script)
 
     def paths(self) -> list[dict[str, Any]]:
+        """One map per path (proto/localapi.md); ``wangate.rows.PathRow.from_dicts`` types them."""
         return _field(self._call(PathsRequest)[0], "paths", list)
 
     def status(self) -> dict[str, Any]:

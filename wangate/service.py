@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Buffer = bytes | bytearray | memoryview
+from wangate.core.buffer import Buffer
+from wangate.rows import GatewayStatus, PathRow
 
 
 @dataclass(frozen=True)
@@ -90,11 +91,11 @@ class GatewayService(Protocol):
         """
         ...
 
-    def paths(self) -> list[dict[str, Any]]:
-        """One row per path, keys as in the contract (``wangate paths --json``)."""
+    def paths(self) -> list[PathRow]:
+        """One row per configured path (``wangate paths``)."""
         ...
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GatewayStatus:
         """Site name, version, uptime, peers and their state, message counters."""
         ...
 

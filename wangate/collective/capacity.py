@@ -17,24 +17,25 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
+
+from wangate.rows import PathRow
 
 from .exchange import CollectiveMismatch, Outgoing
 from .plan import MAX_WEIGHT, Plan, capacity_weights
 from .tags import wire_tag
 
 
-def out_rates_mbps(rows: Sequence[Mapping[str, Any]], sites: Sequence[str]) -> dict[str, float]:
+def out_rates_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> dict[str, float]:
     """The measured rate of this gateway's live paths to each of ``sites``, summed per site
     (a site with no live path measured: 0)."""
     totals = dict.fromkeys(sites, 0.0)
     for row in rows:
-        rate, peer = row.get("rate_mbps"), row.get("peer")
-        live = peer in totals and row.get("state") != "down"
-        if live and isinstance(rate, float) and math.isfinite(rate) and rate > 0:
-            totals[str(peer)] += rate
+        rate = row.rate_mbps
+        live = row.peer in totals and row.state != "down"
+        if live and rate is not None and math.isfinite(rate) and rate > 0:
+            totals[row.peer] += rate
     return totals
 
 
@@ -69,7 +70,7 @@ class Reports:
         self.report_tag = wire_tag("cp", names, 0, tag)
         self.plan_tag = wire_tag("pl", names, 1, tag)
 
-    def report(self, leader: str, rows: Sequence[Mapping[str, Any]]) -> list[Outgoing]:
+    def report(self, leader: str, rows: Sequence[PathRow]) -> list[Outgoing]:
         rates = out_rates_mbps(rows, self.peers)
         value = np.array([rates.get(s, 0.0) for s in self.plan.sites], dtype=np.float64)
         return [Outgoing.small((leader,), self.report_tag, value, True)]

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wangate.core.buffer import Buffer
 from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
 from wangate.core.rangeset import RangeSet
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MESSAGE_VERSION = 1
@@ -22,7 +23,6 @@ FLAG_CRITICAL = 0x01
 _HEAD = struct.Struct("!BBHqII")
 HEAD_BYTES = _HEAD.size  # 20
 MAX_HEADER_BYTES = HEAD_BYTES + MAX_TAG_BYTES + MAX_META_BYTES  # a body's bytes before the payload
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import (
     Event,
@@ -77,8 +78,6 @@ DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again aft
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
 MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from wangate import __version__
+from wangate.core.buffer import Buffer
 from wangate.errors import GatewayError
 from wangate.localapi.access import (
     AccessPolicy,
@@ -62,7 +63,7 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.service import Buffer, GatewayService, Submission
+from wangate.service import GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
 
@@ -444,9 +445,9 @@ class _Connection:
                 client_settings=service.client_settings(),
             ), b""
         if isinstance(request, PathsRequest):
-            return ok_reply(rid, paths=service.paths()), b""
+            return ok_reply(rid, paths=[row.to_dict() for row in service.paths()]), b""
         if isinstance(request, StatusRequest):
-            return ok_reply(rid, status=service.status()), b""
+            return ok_reply(rid, status=service.status().to_dict()), b""
         if isinstance(request, ResetPathRequest):
             service.reset_path(request.peer, request.path)
             return ok_reply(rid), b""
