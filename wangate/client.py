@@ -16,13 +16,13 @@ import socket
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, TypeVar
 
 import numpy as np
 
+from wangate.checksum import checksum_with_prefix
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor, read_meta
 from wangate.collective import api as _coll
 from wangate.collective.api import CollectiveState
@@ -198,7 +198,8 @@ class _Session:
                 f"max_message_bytes of {self.max_message_bytes}: split the tensor",
                 code="too_large",
             )
-        return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
+        # the encoder read the payload once; both checksums derive from that pass
+        return meta, payload, checksum_with_prefix(meta, encoded.payload_crc, payload.nbytes)
 
     def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
         return self._policy.choose(tag, nbytes, codec, dtype)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from wangate.checksum import crc32
 from wangate.errors import CodecError
 
 from . import dense, zstd
@@ -44,6 +45,7 @@ _CODEC_DENSE = {ident: name for name, ident in _DENSE_CODEC.items()}
 class EncodedTensor:
     meta: bytes  # <= 4096 bytes, self-describing and versioned (proto/codec.md)
     payload: bytes | bytearray | memoryview  # the bulk
+    payload_crc: int  # CRC-32 of the payload alone: other checksums derive from it
 
 
 def validate_codec_spec(spec: str) -> None:
@@ -120,7 +122,8 @@ def _seal(info: FrameInfo, body: memoryview, zstd_level: int | None) -> EncodedT
         zstd=zstd_level is not None,
         bfloat16=info.bfloat16,
     )
-    return EncodedTensor(pack_meta(info, memoryview(payload)), payload)
+    payload_crc = crc32(payload)  # the one pass over the encoded bytes
+    return EncodedTensor(pack_meta(info, payload_crc), payload, payload_crc)
 
 
 def _encode_lossy(

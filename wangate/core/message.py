@@ -11,6 +11,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from wangate.checksum import crc32
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MESSAGE_VERSION = 1
@@ -68,7 +69,7 @@ def decode_header(body: Buffer) -> tuple[MessageHeader, int]:
 
 
 def message_checksum(meta: Buffer, payload: Buffer) -> int:
-    return zlib.crc32(payload, zlib.crc32(meta))
+    return crc32(payload, zlib.crc32(meta))
 
 
 def verify_body(body: Buffer) -> tuple[MessageHeader, memoryview]:
