@@ -205,11 +205,11 @@ class _Session:
         return self._policy.choose(tag, nbytes, codec, dtype)
 
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
-        # The gateway checked the transport checksum before delivery; the tensor frame
-        # carries its own CRC, which decode_tensor checks: one pass over the bytes here.
+        # The gateway checked the transport checksum against the bytes before delivery;
+        # the frame's own CRC is checked against it without another pass over them.
         meta = _field(reply, "meta", bytes)
-        _field(reply, "checksum", int)
-        array = decode_tensor(meta, payload)
+        checksum = _field(reply, "checksum", int)
+        array = decode_tensor(meta, payload, transport_checksum=checksum)
         return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
 
 

@@ -15,7 +15,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from wangate.checksum import checksum_with_prefix, crc32
+from wangate.checksum import checksum_with_prefix, crc32, crc32_combine
 from wangate.errors import CodecError, FrameChecksumError
 
 from .dtypes import DTYPE_BY_CODE, UINT16_CODE
@@ -140,4 +140,20 @@ def verify_checksum(meta: bytes | bytearray | memoryview, payload: memoryview) -
     meta = bytes(meta)
     (declared,) = _CRC.unpack_from(meta, len(meta) - _CRC.size)
     if frame_checksum(meta[: -_CRC.size], payload) != declared:
+        raise FrameChecksumError("frame checksum does not match its meta and payload")
+
+
+def verify_by_transport(
+    meta: bytes | bytearray | memoryview, transport_checksum: int, payload_bytes: int
+) -> None:
+    """``verify_checksum`` without reading the payload, given ``transport_checksum``:
+    the CRC-32 of ``meta`` followed by the payload, already checked against the bytes
+    (by the gateway that delivered them, proto/localapi.md). Both CRCs cover the same
+    payload after different prefixes, so they differ by the prefixes' difference
+    carried over ``payload_bytes`` (CRC-32 is linear: zlib's crc32_combine).
+    """
+    meta = bytes(meta)
+    (declared,) = _CRC.unpack_from(meta, len(meta) - _CRC.size)
+    prefixes = zlib.crc32(meta) ^ zlib.crc32(meta[: -_CRC.size])
+    if transport_checksum ^ crc32_combine(prefixes, 0, payload_bytes) != declared:
         raise FrameChecksumError("frame checksum does not match its meta and payload")

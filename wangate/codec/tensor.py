@@ -27,6 +27,7 @@ from .frame import (
     FrameInfo,
     pack_meta,
     parse_meta,
+    verify_by_transport,
     verify_checksum,
 )
 from .spec import CodecSpec, DenseKind, parse_spec, selected_count
@@ -182,12 +183,16 @@ def decode_tensor(
     payload: bytes | bytearray | memoryview,
     *,
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    transport_checksum: int | None = None,
 ) -> np.ndarray:
     """The array ``encode_tensor`` was given (shape, dtype; values exact or within the codec's
     error). Raises CodecError for anything malformed. A bfloat16 frame returns uint16 bits.
-    A lossless frame whose payload is writable may come back as a view of it."""
+    A lossless frame whose payload is writable may come back as a view of it.
+
+    ``transport_checksum``, a CRC-32 of meta then payload that was already verified
+    against the bytes, replaces the pass over the payload for the frame's own CRC."""
     try:
-        return _decode(meta, payload, max_decoded_bytes)
+        return _decode(meta, payload, max_decoded_bytes, transport_checksum)
     except CodecError:
         raise
     except MemoryError:
@@ -211,6 +216,7 @@ def _decode(
     meta: bytes | bytearray | memoryview,
     payload: bytes | bytearray | memoryview,
     max_decoded_bytes: int,
+    transport_checksum: int | None = None,
 ) -> np.ndarray:
     info = parse_meta(meta)
     view = memoryview(payload)
@@ -219,7 +225,10 @@ def _decode(
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes != info.payload_size:
         raise CodecError(f"payload is {view.nbytes} bytes, the meta declares {info.payload_size}")
-    verify_checksum(meta, view)
+    if transport_checksum is None:
+        verify_checksum(meta, view)
+    else:
+        verify_by_transport(meta, transport_checksum, view.nbytes)
     n = info.element_count
     if info.decoded_bytes > max_decoded_bytes:
         raise CodecError(

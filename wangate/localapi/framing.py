@@ -14,13 +14,16 @@ drivers of it, and the gateway's local API server drives it from readiness callb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
+from wangate.localapi.segments import close_all, recv_with_fds
 
 # Allocated when bytes arrive and dropped once they are consumed; it grows (doubling)
 # only while one frame's prefix and header do not fit, so at most about twice
@@ -196,6 +199,18 @@ class _FrameReader:
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
         self._frames = FrameAssembler(max_payload_bytes)
+        # descriptors that came with the frames (SCM_RIGHTS), oldest first: a frame
+        # naming a segment takes the next one
+        self.fds: deque[int] = deque()
+
+    def _recv(self, target: memoryview) -> int:
+        received, fds = recv_with_fds(self._sock, target)
+        self.fds.extend(fds)
+        return received
+
+    def close_fds(self) -> None:
+        close_all(self.fds)
+        self.fds.clear()
 
     @property
     def max_payload_bytes(self) -> int:
@@ -222,7 +237,7 @@ class SyncFrameReader(_FrameReader):
             if remaining_s <= 0:
                 raise TimeoutError("timed out")
             self._sock.settimeout(remaining_s)
-        received = self._sock.recv_into(self._frames.writable())
+        received = self._recv(self._frames.writable())
         self._frames.wrote(received)
         return received
 
@@ -259,15 +274,32 @@ class AsyncFrameReader(_FrameReader):
         received: int | None = None
         if self._eager_bytes < EAGER_READ_BYTES:
             try:
-                received = self._sock.recv_into(target)
+                received = self._recv(target)
                 self._eager_bytes += received
             except (BlockingIOError, InterruptedError):
                 pass
-        if received is None:
+        while received is None:
             self._eager_bytes = 0
-            received = await self._loop.sock_recv_into(self._sock, target)
+            await self._readable()
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                received = self._recv(target)
         self._frames.wrote(received)
         return received
+
+    async def _readable(self) -> None:
+        # loop.sock_recv_into cannot take descriptors: wait, then recvmsg ourselves
+        ready: asyncio.Future[None] = self._loop.create_future()
+        fileno = self._sock.fileno()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_reader(fileno, wake)
+        try:
+            await ready
+        finally:
+            self._loop.remove_reader(fileno)
 
     async def read_head(self) -> tuple[FramePrefix, bytes] | None:
         """Prefix and header of the next frame; None on a clean close between frames."""

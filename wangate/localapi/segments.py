@@ -1,0 +1,179 @@
+"""Shared-memory segments: payloads that reach the gateway (or a trainer) without
+passing through the Unix socket (proto/localapi.md, "Shared-memory segments").
+
+A segment is a memfd (memfd_create(2)) passed as SCM_RIGHTS ancillary data with the
+frame that names it (unix(7)). The size of a segment the gateway reads from must be
+sealed (F_SEAL_SHRINK, F_SEAL_GROW; fcntl(2) "File Seals"), so the client cannot
+truncate it under the gateway's mapping (which would be SIGBUS, not an error). Its
+bytes are the client's to change until the message is confirmed; a change shows as a
+checksum failure of that one message at the receiving gateway. Segments the gateway
+hands to a trainer are sealed against writing (F_SEAL_FUTURE_WRITE): the trainer maps
+them privately, so its array is writable and copy-on-write.
+
+Each segment is made for one message and given away: whoever holds the last
+descriptor or mapping frees it, so a process that dies leaks nothing. Nothing here
+knows about the event loop; the descriptors could as well go to a worker process.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import mmap
+import os
+import socket
+import stat
+from collections.abc import Iterable
+
+from wangate.errors import GatewayError
+
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)  # Linux 5.1; not in 3.11
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+HANDED_SEALS = SIZE_SEALS | F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL
+MAX_FDS_PER_MESSAGE = 4  # ancillary room per receive; a frame carries at most one
+FD_SPACE = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+SEND_NAME = "wangate-send"  # what /proc/PID/fd and /proc/PID/maps show
+RECV_NAME = "wangate-recv"
+
+# Measured (bench/localapi_shm.py, RESULTS.md "Shared-memory payloads"): from here on a
+# segment hands a payload over faster than the socket carries it.
+SEGMENT_MIN_BYTES = 1 << 20
+
+
+class SegmentError(GatewayError):
+    """A descriptor that is not a usable segment (code ``bad_segment``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="bad_segment")
+
+
+def new_segment(size_bytes: int, name: str) -> tuple[int, mmap.mmap]:
+    """A fresh memfd of ``size_bytes`` and a shared writable mapping of it."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size_bytes)
+        return fd, mmap.mmap(fd, max(size_bytes, 1))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def seal(fd: int, seals: int = HANDED_SEALS) -> None:
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+
+
+def map_segment(fd: int, offset: int, length: int) -> memoryview:
+    """A read-only view of ``length`` bytes at ``offset`` of a client's segment.
+
+    Checks first that ``fd`` is a memfd whose size is sealed and that holds that range;
+    raises ``SegmentError`` naming what is wrong. The descriptor stays the caller's.
+    """
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        raise SegmentError(f"cannot inspect the segment: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise SegmentError("the descriptor is not a shared-memory segment (not a regular file)")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # EINVAL: a file that cannot carry seals, so not a memfd
+        raise SegmentError("the descriptor is not a memfd (it cannot carry seals)") from None
+    if seals & SIZE_SEALS != SIZE_SEALS:
+        raise SegmentError(
+            "the segment's size is not sealed (F_SEAL_SHRINK and F_SEAL_GROW are required)"
+        )
+    if offset < 0 or length < 0 or offset + length > info.st_size:
+        raise SegmentError(
+            f"the segment holds {info.st_size} bytes, the request names {length} bytes "
+            f"at offset {offset}"
+        )
+    if length == 0:
+        return memoryview(b"")
+    try:
+        mapping = mmap.mmap(fd, offset + length, mmap.MAP_SHARED, mmap.PROT_READ)
+    except (OSError, ValueError) as exc:
+        raise SegmentError(f"cannot map the segment: {exc}") from None
+    return memoryview(mapping)[offset:]
+
+
+def map_delivered(fd: int, offset: int, length: int) -> memoryview:
+    """A trainer's writable, copy-on-write view of a segment the gateway handed it."""
+    if length == 0:
+        return memoryview(bytearray())
+    mapping = mmap.mmap(fd, offset + length, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    return memoryview(mapping)[offset:]
+
+
+def fds_from_ancillary(ancdata: Iterable[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors in ``recvmsg`` ancillary data (SCM_RIGHTS)."""
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(data[: len(data) - len(data) % received.itemsize])
+            fds.extend(received)
+    return fds
+
+
+def fd_ancillary(fds: Iterable[int]) -> list[tuple[int, int, bytes]]:
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+
+
+def close_all(fds: Iterable[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class InboundSegments:
+    """The gateway's bodies of large inbound messages, each in a segment of its own.
+
+    The reassembly writes into ``allocate``'s buffer; once the message is verified,
+    ``claim`` seals the segment and gives away its descriptor (the mapping lives as
+    long as views of it do). ``free`` forgets a body that will not be delivered.
+    """
+
+    def __init__(self, min_bytes: int = SEGMENT_MIN_BYTES) -> None:
+        self.min_bytes = min_bytes
+        self._open: dict[int, int] = {}  # id(mapping) -> its descriptor
+        self.made = 0
+
+    @property
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def allocate(self, size_bytes: int) -> bytearray | memoryview:
+        if size_bytes < self.min_bytes:
+            return bytearray(size_bytes)
+        fd, mapping = new_segment(size_bytes, RECV_NAME)
+        self._open[id(mapping)] = fd
+        self.made += 1
+        return memoryview(mapping)
+
+    def claim(self, payload: memoryview) -> int | None:
+        """The sealed descriptor of the segment ``payload`` lies in, now the caller's."""
+        fd = self._open.pop(id(payload.obj), None)
+        if fd is not None:
+            seal(fd)
+        return fd
+
+    def free(self, body: bytearray | memoryview) -> None:
+        if isinstance(body, memoryview):
+            fd = self._open.pop(id(body.obj), None)
+            if fd is not None:
+                os.close(fd)
+
+
+def recv_with_fds(sock: socket.socket, target: memoryview) -> tuple[int, list[int]]:
+    """``sock.recv_into(target)``, also returning descriptors that came with the bytes.
+
+    Raises ``SegmentError`` (after closing what did arrive) if more descriptors came at
+    once than a frame may carry: the kernel dropped the rest.
+    """
+    received, ancdata, flags, _ = sock.recvmsg_into([target], FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+    fds = fds_from_ancillary(ancdata) if ancdata else []
+    if flags & socket.MSG_CTRUNC:
+        close_all(fds)
+        raise SegmentError(f"more than {MAX_FDS_PER_MESSAGE} descriptors came in one message")
+    return received, fds
