@@ -38,7 +38,12 @@ from wangate.errors import (
     RecvTimeout,
     TooManyConnections,
 )
-from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, SyncFrameReader
+from wangate.localapi.framing import (
+    AsyncFrameReader,
+    ConnectionClosed,
+    SyncFrameReader,
+    sock_sendall_with_fd,
+)
 from wangate.localapi.protocol import (
     MAX_ID,
     VERSION,
@@ -54,7 +59,9 @@ from wangate.localapi.protocol import (
     WaitRequest,
     decode_reply,
     encode_request,
+    segment_field,
 )
+from wangate.localapi.segments import SEND_NAME, map_delivered, new_segment, seal
 from wangate.service import Buffer
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
@@ -174,6 +181,11 @@ class _Session:
         self.site = _field(reply, "site", str)
         self.settings = settings
         self.max_message_bytes = int(settings["max_message_bytes"])
+        segments = settings.get("segments")
+        # payloads from this size on go in shared memory, if the gateway takes them
+        self.segment_min_bytes: int | None = (
+            int(segments["min_bytes"]) if isinstance(segments, dict) else None
+        )
         self._policy = CodecPolicy(
             compression.get("default", "none"),
             tuple(tuple(rule) for rule in compression.get("tags", ())),
@@ -244,9 +256,9 @@ _ERRORS: dict[str, type[GatewayError]] = {
 
 
 def _recv_request(
-    tag: str, source: str | None, step: int | None, timeout: float | None
+    tag: str, source: str | None, step: int | None, timeout: float | None, segments: bool = False
 ) -> Callable[[int], Request]:
-    return lambda rid: RecvRequest(rid, tag, source, step, timeout)
+    return lambda rid: RecvRequest(rid, tag, source, step, timeout, segments)
 
 
 def _send_request(
@@ -257,8 +269,48 @@ def _send_request(
     meta: bytes,
     checksum: int,
     deadline_s: float | None,
+    segment_bytes: int | None = None,
 ) -> Callable[[int], Request]:
-    return lambda rid: SendRequest(rid, peer, tag, step, critical, meta, checksum, deadline_s)
+    segment = None if segment_bytes is None else (0, segment_bytes)
+    return lambda rid: SendRequest(
+        rid, peer, tag, step, critical, meta, checksum, deadline_s, segment
+    )
+
+
+def _payload_segment(session: _Session, payload: memoryview) -> int | None:
+    """A sealed shared-memory copy of ``payload`` (its descriptor, the caller's to
+    close once sent), or None when the payload goes in-band (small, or a gateway
+    that takes no segments). The bytes are copied once, here, instead of through the
+    socket; the gateway sends straight from them."""
+    threshold = session.segment_min_bytes
+    if threshold is None or payload.nbytes < threshold or payload.nbytes == 0:
+        return None
+    fd, mapping = new_segment(payload.nbytes, SEND_NAME)
+    try:
+        mapping[:] = payload
+        mapping.close()  # the descriptor keeps the bytes; the gateway maps its own view
+        seal(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _segment_payload(reply: dict[str, Any], fds: Any) -> memoryview | None:
+    """The payload of a reply that came as a segment, mapped copy-on-write."""
+    segment = reply.get("segment")
+    if segment is None:
+        return None
+    if not fds:
+        raise GatewayError("malformed reply from the gateway: a segment without a descriptor")
+    fd = fds.popleft()
+    try:
+        offset, length = segment_field(segment, reply.get("id"))
+        return map_delivered(fd, offset, length)
+    except (FrameError, OSError, ValueError) as exc:
+        raise GatewayError(f"malformed reply from the gateway: segment: {exc}") from None
+    finally:
+        os.close(fd)
 
 
 def _unix_socket() -> socket.socket:
@@ -357,9 +409,9 @@ class Client:
         say why); without, it keeps trying while the peer is there.
         """
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
-        reply, _ = self._call(request, payload)
-        return _field(reply, "message_id", int)
+        return self.send_encoded(
+            peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
+        )
 
     def recv(
         self,
@@ -370,7 +422,8 @@ class Client:
         timeout: float | None = None,
     ) -> np.ndarray:
         """The oldest message with ``tag`` (and source/step if given) as an array."""
-        reply, payload = self._call(_recv_request(tag, source, step, timeout))
+        segments = self._session.segment_min_bytes is not None
+        reply, payload = self._call(_recv_request(tag, source, step, timeout, segments))
         return self._session.decode(reply, payload)
 
     def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
@@ -389,11 +442,21 @@ class Client:
         *,
         step: int,
         critical: bool,
+        deadline_s: float | None = None,
     ) -> int:
         """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
         encode once for several peers)."""
-        request = _send_request(peer, tag, step, critical, meta, checksum, None)
-        return _field(self._call(request, payload)[0], "message_id", int)
+        fd = _payload_segment(self._session, payload)
+        if fd is None:
+            request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+            return _field(self._call(request, payload)[0], "message_id", int)
+        try:
+            request = _send_request(
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes
+            )
+            return _field(self._call(request, fd=fd)[0], "message_id", int)
+        finally:
+            os.close(fd)
 
     def allreduce(
         self,
@@ -472,7 +535,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+    def _call(
+        self, build: Callable[[int], Request], payload: Buffer = b"", fd: int | None = None
+    ) -> Reply:
         with self._lock:
             sock = self._sock
             if sock is None:
@@ -481,6 +546,8 @@ class Client:
             body = memoryview(payload).cast("B")
             head = encode_request(build(rid), body.nbytes)
             try:
+                if fd is not None:  # the segment goes with the frame's first byte
+                    head = head[socket.send_fds(sock, [head], [fd]) :]
                 sock.sendall(head)
                 if body.nbytes:
                     sock.sendall(body)
@@ -508,7 +575,8 @@ class Client:
             reply = decode_reply(header)
         except FrameError as exc:
             raise _lost(self._session.path, f"protocol error: {exc}") from None
-        return reply, self._reader.read_payload(prefix.payload_bytes)
+        payload = self._reader.read_payload(prefix.payload_bytes)
+        return reply, _segment_payload(reply, self._reader.fds) or payload
 
     def _broken(self) -> None:
         if self._sock is not None:
@@ -599,9 +667,9 @@ class AsyncClient:
         deadline_s: float | None = None,
     ) -> int:
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
-        reply, _ = await self._call(request, payload)
-        return _field(reply, "message_id", int)
+        return await self.send_encoded(
+            peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
+        )
 
     async def recv(
         self,
@@ -611,7 +679,8 @@ class AsyncClient:
         step: int | None = None,
         timeout: float | None = None,
     ) -> np.ndarray:
-        reply, payload = await self._call(_recv_request(tag, source, step, timeout))
+        segments = self._session.segment_min_bytes is not None
+        reply, payload = await self._call(_recv_request(tag, source, step, timeout, segments))
         return self._session.decode(reply, payload)
 
     async def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
@@ -628,9 +697,19 @@ class AsyncClient:
         *,
         step: int,
         critical: bool,
+        deadline_s: float | None = None,
     ) -> int:
-        request = _send_request(peer, tag, step, critical, meta, checksum, None)
-        return _field((await self._call(request, payload))[0], "message_id", int)
+        fd = _payload_segment(self._session, payload)
+        if fd is None:
+            request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+            return _field((await self._call(request, payload))[0], "message_id", int)
+        try:
+            request = _send_request(
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes
+            )
+            return _field((await self._call(request, fd=fd))[0], "message_id", int)
+        finally:
+            os.close(fd)
 
     async def allreduce(
         self,
@@ -709,7 +788,9 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+    async def _call(
+        self, build: Callable[[int], Request], payload: Buffer = b"", fd: int | None = None
+    ) -> Reply:
         if self._failure is not None:
             raise self._failure
         if self._sock is None:
@@ -722,20 +803,23 @@ class AsyncClient:
         self._pending[rid] = future
         try:
             # Shielded: a caller cancelled mid-write must not leave half a frame behind.
-            await asyncio.shield(asyncio.ensure_future(self._write(head, body)))
+            await asyncio.shield(asyncio.ensure_future(self._write(head, body, fd)))
             reply, reply_payload = await future
         finally:
             self._pending.pop(rid, None)
         _raise_for(reply)
         return reply, reply_payload
 
-    async def _write(self, head: bytes, body: memoryview) -> None:
+    async def _write(self, head: bytes, body: memoryview, fd: int | None = None) -> None:
         loop = asyncio.get_running_loop()
         sock = self._sock
         assert sock is not None
         async with self._write_lock:
             try:
-                await loop.sock_sendall(sock, head)
+                if fd is None:
+                    await loop.sock_sendall(sock, head)
+                else:
+                    await sock_sendall_with_fd(loop, sock, head, fd)
                 if body.nbytes:
                     await loop.sock_sendall(sock, body)
             except OSError as exc:  # every pending call learns it through its future
@@ -751,6 +835,7 @@ class AsyncClient:
                 prefix, header = head
                 reply = decode_reply(header)
                 payload = await self._reader.read_payload(prefix.payload_bytes)
+                payload = _segment_payload(reply, self._reader.fds) or payload
                 if reply["id"] is None:  # a refusal, or a frame it could not attribute
                     _raise_for_hello(reply)
                 future = self._pending.pop(reply["id"], None)

@@ -48,6 +48,7 @@ from wangate.errors import (
 )
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
+from wangate.localapi.segments import InboundSegments
 from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayMetrics
 from wangate.metrics_http import MetricsServer
@@ -115,6 +116,7 @@ class Gateway(LinkHost):
         self.max_message_bytes = config.limits.max_message_bytes
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
+        self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
         now = time.monotonic()
         self.peers: dict[str, PeerState] = {
             peer.name: self._new_peer_state(peer.name, now) for peer in config.peers
@@ -135,7 +137,7 @@ class Gateway(LinkHost):
         config = self.config
         target_ms = config.critical.host_delay_target_ms
         host_delay_target_s = target_ms / 1000 if target_ms else math.inf
-        return PeerState(
+        state = PeerState(
             PeerSession(
                 self.site_name,
                 peer,
@@ -154,6 +156,9 @@ class Gateway(LinkHost):
                 configured_paths=len(config.peer(peer).paths),
             )
         )
+        segments = self.inbound_segments
+        state.session.use_body_buffers(segments.allocate, segments.free)
+        return state
 
     # ----------------------------------------------------------- lifecycle
 
@@ -553,6 +558,7 @@ class Gateway(LinkHost):
             payload=event.payload,
             checksum=header.checksum,
             msg_id=event.msg_id,
+            segment_fd=self.inbound_segments.claim(event.payload),
         )
         if not self.inbox.try_deliver(delivery):
             self._spawn(self.inbox.deliver(delivery))
@@ -821,6 +827,7 @@ class Gateway(LinkHost):
             },
             "max_message_bytes": self.max_message_bytes,
             "collective": self.config.collective_settings(),
+            "segments": {"min_bytes": self.inbound_segments.min_bytes},
         }
 
 

@@ -195,6 +195,35 @@ class FrameAssembler:
         self._skip_bytes = size_bytes - self._staging.discard(size_bytes)
 
 
+async def _wait(loop: asyncio.AbstractEventLoop, fileno: int, *, write: bool) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fileno, wake)
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fileno)
+
+
+async def sock_sendall_with_fd(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes, fd: int
+) -> None:
+    """``loop.sock_sendall`` with ``fd`` attached to the first byte (SCM_RIGHTS): the
+    loop has no sendmsg, so wait for room ourselves."""
+    while True:
+        try:
+            sent = socket.send_fds(sock, [data], [fd])
+            break
+        except (BlockingIOError, InterruptedError):
+            await _wait(loop, sock.fileno(), write=True)
+    if sent < len(data):
+        await loop.sock_sendall(sock, data[sent:])
+
+
 class _FrameReader:
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
@@ -280,26 +309,11 @@ class AsyncFrameReader(_FrameReader):
                 pass
         while received is None:
             self._eager_bytes = 0
-            await self._readable()
+            await _wait(self._loop, self._sock.fileno(), write=False)
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 received = self._recv(target)
         self._frames.wrote(received)
         return received
-
-    async def _readable(self) -> None:
-        # loop.sock_recv_into cannot take descriptors: wait, then recvmsg ourselves
-        ready: asyncio.Future[None] = self._loop.create_future()
-        fileno = self._sock.fileno()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        self._loop.add_reader(fileno, wake)
-        try:
-            await ready
-        finally:
-            self._loop.remove_reader(fileno)
 
     async def read_head(self) -> tuple[FramePrefix, bytes] | None:
         """Prefix and header of the next frame; None on a clean close between frames."""
