@@ -51,22 +51,23 @@ class Delivery:
 def local_delivery(site: str, submission: Submission) -> Delivery:
     """A submission addressed to the gateway's own site, as the delivery it becomes.
 
-    A payload in the sender's shared memory is copied first: the sender could still
-    change it, and no other client may read the sender's segment. The checksum is then
-    checked, as the receiving gateway does for a peer's message: the receiving client
-    relies on it (proto/localapi.md). Raises ``GatewayError`` (``checksum``) if it fails.
+    A payload in the sender's shared memory is copied first (no other client may read
+    the sender's segment, and the sender could still change it), then its checksum is
+    checked, as a receiving gateway does for a peer's message: the receiving client
+    relies on that (proto/localapi.md). Raises ``GatewayError`` (``checksum``) if it
+    fails. An in-band payload is the gateway's own copy already.
     """
     payload = submission.payload
     view = memoryview(payload)
     if isinstance(view.obj, mmap.mmap):
         payload = bytearray(view)
-    actual = message_checksum(submission.meta, payload)
-    if actual != submission.checksum:
-        raise GatewayError(
-            f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
-            f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
-            code="checksum",
-        )
+        actual = message_checksum(submission.meta, payload)
+        if actual != submission.checksum:
+            raise GatewayError(
+                f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
+                f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
+                code="checksum",
+            )
     return Delivery(
         source=site,
         tag=submission.tag,
