@@ -559,6 +559,7 @@ class Gateway(LinkHost):
             checksum=header.checksum,
             msg_id=event.msg_id,
             segment_fd=self.inbound_segments.claim(event.payload),
+            body_bytes=event.body_bytes,
         )
         if not self.inbox.try_deliver(delivery):
             self._spawn(self.inbox.deliver(delivery))
@@ -673,7 +674,8 @@ class Gateway(LinkHost):
         if state is not None:
             # the payload is a view into the message body the session counted
             payload = memoryview(delivery.payload)
-            state.session.consumed(memoryview(payload.obj).nbytes, delivery.msg_id)
+            body_bytes = delivery.body_bytes or memoryview(payload.obj).nbytes
+            state.session.consumed(body_bytes, delivery.msg_id)
             self._touch(state)
         return delivery
 

@@ -46,6 +46,7 @@ class Delivery:
     # the sealed shared-memory segment that holds the body (the payload ends it), now
     # the delivery's: handed to a trainer that takes segments, else closed
     segment_fd: int | None = None
+    body_bytes: int = 0  # what the session counted for it (0: the payload's buffer)
 
 
 def local_delivery(site: str, submission: Submission) -> Delivery:

@@ -130,6 +130,9 @@ class FrameAssembler:
         self._filled = 0
         self._skip_bytes = 0
         self._scratch: memoryview | None = None
+        self._position = 0  # stream offset of the first byte no frame has claimed yet
+        self.frame_start = 0  # stream offset of the last frame ``next_head`` gave out
+        self.frame_bytes = 0  # and its whole length
 
     @property
     def between_frames(self) -> bool:
@@ -177,6 +180,9 @@ class FrameAssembler:
         if header is None:
             return None
         prefix, self._prefix = self._prefix, None
+        self.frame_start = self._position
+        self.frame_bytes = PREFIX_BYTES + prefix.header_bytes + prefix.payload_bytes
+        self._position += self.frame_bytes
         return prefix, header
 
     def expect_payload(self, size_bytes: int) -> None:

@@ -39,6 +39,7 @@ RECV_NAME = "wangate-recv"
 # Measured (bench/localapi_shm.py, RESULTS.md "Shared-memory payloads"): from here on a
 # segment hands a payload over faster than the socket carries it.
 SEGMENT_MIN_BYTES = 1 << 20
+PAYLOAD_ALIGNMENT = 64  # a payload starting here is aligned for every dtype (and SIMD)
 
 
 class SegmentError(GatewayError):
@@ -143,13 +144,17 @@ class InboundSegments:
     def open_count(self) -> int:
         return len(self._open)
 
-    def allocate(self, size_bytes: int) -> bytearray | memoryview:
+    def allocate(self, size_bytes: int, payload_offset: int | None) -> bytearray | memoryview:
+        """A body of ``size_bytes``; a segment's is placed so that the payload (at
+        ``payload_offset`` in it, when known) starts aligned, so that the trainer's
+        array can be a view of it. The body ends the segment."""
         if size_bytes < self.min_bytes:
             return bytearray(size_bytes)
-        fd, mapping = new_segment(size_bytes, RECV_NAME)
+        pad = 0 if payload_offset is None else -payload_offset % PAYLOAD_ALIGNMENT
+        fd, mapping = new_segment(pad + size_bytes, RECV_NAME)
         self._open[id(mapping)] = fd
         self.made += 1
-        return memoryview(mapping)
+        return memoryview(mapping)[pad:]
 
     def claim(self, payload: memoryview) -> int | None:
         """The sealed descriptor of the segment ``payload`` lies in, now the caller's."""

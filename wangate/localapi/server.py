@@ -64,7 +64,7 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.localapi.segments import close_all, map_segment, recv_with_fds
+from wangate.localapi.segments import SegmentError, close_all, map_segment, recv_with_fds
 from wangate.service import Buffer, GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
@@ -240,7 +240,13 @@ class _Connection:
         self.closing = False  # no more frames are read
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] = self.loop.create_future()
-        self.fds: deque[int] = deque()  # came with the frames, for sends naming a segment
+        # descriptors that came with the frames, for sends naming a segment: each with
+        # the stream range of the receive that brought it, [start, end). The kernel
+        # hands a descriptor to the receive that reads the first byte of the message it
+        # was sent with, and ends that receive with that message (unix(7); Linux
+        # unix_stream_read_generic), so it belongs to the last frame starting in range.
+        self.fds: deque[tuple[int, int, int]] = deque()
+        self.received_bytes = 0
 
     async def run(self) -> None:
         self._listen(True)
@@ -251,7 +257,7 @@ class _Connection:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
-            close_all(self.fds)
+            close_all(fd for _, _, fd in self.fds)
             self.fds.clear()
             self.sock.close()
 
@@ -278,15 +284,19 @@ class _Connection:
             except (BlockingIOError, InterruptedError):
                 self.assembler.release_idle()  # an idle connection holds no buffer
                 return
-            except OSError:  # includes SegmentError: descriptors beyond what we take
+            except (OSError, SegmentError):  # SegmentError: more descriptors than we take
                 self._finish()
                 return
             if fds:
-                self.fds.extend(fds)
-                if len(self.fds) > MAX_PENDING_FDS:  # sent without frames naming them
+                start = self.received_bytes
+                self.fds.append((start, start + received, fds[0]))
+                if len(fds) > 1 or len(self.fds) > MAX_PENDING_FDS:
+                    # a frame carries one; or many were sent without frames naming them
+                    close_all(fds[1:])
                     log.warning("a local client sent descriptors no frame named; closing it")
                     self._finish()
                     return
+            self.received_bytes += received
             if received == 0:  # the client closed, between frames or in one
                 self._finish()
                 return
@@ -349,11 +359,22 @@ class _Connection:
             return
         self._admit(request, payload_bytes)
 
+    def _frame_fd(self, frame_start: int, frame_end: int) -> int | None:
+        """The descriptor that came with the frame at [frame_start, frame_end), if one
+        did; descriptors of frames already past are closed."""
+        fds = self.fds
+        while fds and fds[0][1] <= frame_start:
+            os.close(fds.popleft()[2])  # came with a frame that named no segment
+        if fds and fds[0][0] <= frame_start and frame_end >= fds[0][1]:
+            return fds.popleft()[2]
+        return None
+
     def _on_segment(self, request: SendRequest, offset: int, length: int) -> None:
         """A send whose payload is in the segment that came with its frame: map it and
         let go of the descriptor (the mapping keeps it alive while the message needs
         it). Anything wrong with it costs this request only."""
-        fd = self.fds.popleft() if self.fds else None
+        start = self.assembler.frame_start
+        fd = self._frame_fd(start, start + self.assembler.frame_bytes)
         self.in_flight += 1
         try:
             if fd is None:
