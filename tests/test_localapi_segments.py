@@ -227,14 +227,19 @@ def test_the_client_sends_large_arrays_as_segments_and_small_ones_in_band(
 ) -> None:
     big = np.arange(MiB, dtype=np.float32)  # 4 MiB: a segment
     small = np.arange(1000, dtype=np.int16)
+    gc.collect()  # what earlier tests left to the collector
+    before = segment_count(os.getpid(), SEND_NAME)
     with wangate.Client(gateway.path) as gw:
-        before = segment_count(os.getpid(), SEND_NAME)
-        gw.send("bj", "big", big, step=1)
-        gw.send("bj", "small", small, step=1)
-        # the client let go of its segment; the gateway copied it (same site)
-        assert segment_count(os.getpid(), SEND_NAME) == before
-        np.testing.assert_array_equal(gw.recv("big", step=1, timeout=5), big)
-        np.testing.assert_array_equal(gw.recv("small", step=1, timeout=5), small)
+        for step in range(3):
+            gw.send("bj", "big", big + step, step=step)
+            gw.send("bj", "small", small, step=step)
+            # the gateway copied it (same site) and said so: the one segment is reused
+            assert segment_count(os.getpid(), SEND_NAME) == before + 1
+            assert gw._session.pool.lent_count == 0
+        for step in range(3):
+            np.testing.assert_array_equal(gw.recv("big", step=step, timeout=5), big + step)
+            np.testing.assert_array_equal(gw.recv("small", step=step, timeout=5), small)
+    assert segment_count(os.getpid(), SEND_NAME) == before
 
 
 # ------------------------------------------------------------- two sites
@@ -256,9 +261,13 @@ def daemon_pid(sites: LoopbackSites, name: str) -> int:
 def test_large_messages_cross_in_segments_and_arrive_in_one(sites: LoopbackSites) -> None:
     array = np.random.default_rng(7).standard_normal(4 * MiB).astype(np.float32)  # 16 MiB
     with sites["bj"].client() as bj, sites["sh"].client() as sh:
-        msg_id = bj.send("sh", "layer", array, step=3)
-        got = sh.recv("layer", source="bj", step=3, timeout=60)
-        assert got.tobytes() == array.tobytes()
+        msg_id = bj.send("sh", "layer", array, step=1)
+        np.testing.assert_array_equal(sh.recv("layer", source="bj", step=1, timeout=60), array)
+        bj.wait("sh", msg_id, timeout=30)  # confirmed: the gateway let go of the segment
+        msg_id = bj.send("sh", "layer", array * 2, step=2)
+        assert segment_count(os.getpid(), SEND_NAME) == 1  # the first one, reused
+        got = sh.recv("layer", source="bj", step=2, timeout=60)
+        assert got.tobytes() == (array * 2).tobytes()
         # the array lies in the segment the gateway assembled it in (copy-on-write)
         assert segment_count(os.getpid(), RECV_NAME) == 1
         got[0] = 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import mmap
 import os
 import socket
 import struct
@@ -61,7 +62,7 @@ from wangate.localapi.protocol import (
     encode_request,
     segment_field,
 )
-from wangate.localapi.segments import SEND_NAME, map_delivered, new_segment, seal
+from wangate.localapi.segments import SegmentPool, map_delivered
 from wangate.service import Buffer
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
@@ -165,6 +166,8 @@ class _Session:
         self._policy = CodecPolicy()
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
         self.collective = CollectiveState()  # per-hop residuals of collectives
+        self.segment_min_bytes: int | None = None
+        self.pool = SegmentPool(0)
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -181,16 +184,49 @@ class _Session:
         self.site = _field(reply, "site", str)
         self.settings = settings
         self.max_message_bytes = int(settings["max_message_bytes"])
-        segments = settings.get("segments")
-        # payloads from this size on go in shared memory, if the gateway takes them
-        self.segment_min_bytes: int | None = (
-            int(segments["min_bytes"]) if isinstance(segments, dict) else None
-        )
         self._policy = CodecPolicy(
             compression.get("default", "none"),
             tuple(tuple(rule) for rule in compression.get("tags", ())),
             compression.get("min_lossy_bytes", 0),
         )
+        segments = settings.get("segments")
+        # payloads from this size on go in shared memory, if the gateway takes them
+        self.segment_min_bytes = None
+        if isinstance(segments, dict):
+            self.segment_min_bytes = int(segments["min_bytes"])
+            pool_bytes = int(segments.get("pool_bytes", 2 * self.max_message_bytes))
+            self.pool = SegmentPool(pool_bytes)
+
+    def note_released(self, reply: dict[str, Any]) -> None:
+        """Segments the gateway let go of, named in any success reply."""
+        released = reply.get("released")
+        if isinstance(released, list):
+            self.pool.released(t for t in released if type(t) is int)
+
+    def segment_wanted(self, payload: memoryview) -> bool:
+        threshold = self.segment_min_bytes
+        return threshold is not None and payload.nbytes >= max(threshold, 1)
+
+    def fill_segment(self, payload: memoryview) -> tuple[int, int, mmap.mmap]:
+        """(token, descriptor, mapping) of a segment now holding ``payload``: the one
+        copy of the bytes on their way to the gateway (instead of through the socket)."""
+        token, fd, mapping = self.pool.lend(payload.nbytes)
+        try:
+            target = np.frombuffer(mapping, np.uint8, payload.nbytes)
+            target[:] = np.frombuffer(payload, np.uint8)
+            del target
+        except BaseException:
+            self.handed_back(token, fd, mapping, failed=True)
+            raise
+        return token, fd, mapping
+
+    def handed_back(self, token: int, fd: int, mapping: mmap.mmap, *, failed: bool) -> None:
+        """After a hand-over: an unpooled segment is closed; a refused one is free."""
+        if token == 0:
+            mapping.close()
+            os.close(fd)
+        elif failed:
+            self.pool.released([token])
 
     def encode(
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
@@ -270,30 +306,12 @@ def _send_request(
     checksum: int,
     deadline_s: float | None,
     segment_bytes: int | None = None,
+    segment_id: int = 0,
 ) -> Callable[[int], Request]:
     segment = None if segment_bytes is None else (0, segment_bytes)
     return lambda rid: SendRequest(
-        rid, peer, tag, step, critical, meta, checksum, deadline_s, segment
+        rid, peer, tag, step, critical, meta, checksum, deadline_s, segment, segment_id or None
     )
-
-
-def _payload_segment(session: _Session, payload: memoryview) -> int | None:
-    """A sealed shared-memory copy of ``payload`` (its descriptor, the caller's to
-    close once sent), or None when the payload goes in-band (small, or a gateway
-    that takes no segments). The bytes are copied once, here, instead of through the
-    socket; the gateway sends straight from them."""
-    threshold = session.segment_min_bytes
-    if threshold is None or payload.nbytes < threshold or payload.nbytes == 0:
-        return None
-    fd, mapping = new_segment(payload.nbytes, SEND_NAME)
-    try:
-        mapping[:] = payload
-        mapping.close()  # the descriptor keeps the bytes; the gateway maps its own view
-        seal(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _segment_payload(reply: dict[str, Any], fds: Any) -> memoryview | None:
@@ -446,17 +464,23 @@ class Client:
     ) -> int:
         """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
         encode once for several peers)."""
-        fd = _payload_segment(self._session, payload)
-        if fd is None:
+        session = self._session
+        if not session.segment_wanted(payload):
             request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
             return _field(self._call(request, payload)[0], "message_id", int)
+        if not session.pool.has_free(payload.nbytes) and session.pool.lent_count:
+            self.ping()  # its reply says which segments the gateway let go of since
+        token, fd, mapping = session.fill_segment(payload)
+        failed = True
         try:
             request = _send_request(
-                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes, token
             )
-            return _field(self._call(request, fd=fd)[0], "message_id", int)
+            message_id = _field(self._call(request, fd=fd)[0], "message_id", int)
+            failed = False
+            return message_id
         finally:
-            os.close(fd)
+            session.handed_back(token, fd, mapping, failed=failed)
 
     def allreduce(
         self,
@@ -528,6 +552,7 @@ class Client:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+            self._session.pool.close()
 
     def __enter__(self) -> Client:
         return self
@@ -576,6 +601,7 @@ class Client:
         except FrameError as exc:
             raise _lost(self._session.path, f"protocol error: {exc}") from None
         payload = self._reader.read_payload(prefix.payload_bytes)
+        self._session.note_released(reply)
         return reply, _segment_payload(reply, self._reader.fds) or payload
 
     def _broken(self) -> None:
@@ -699,17 +725,23 @@ class AsyncClient:
         critical: bool,
         deadline_s: float | None = None,
     ) -> int:
-        fd = _payload_segment(self._session, payload)
-        if fd is None:
+        session = self._session
+        if not session.segment_wanted(payload):
             request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
             return _field((await self._call(request, payload))[0], "message_id", int)
+        if not session.pool.has_free(payload.nbytes) and session.pool.lent_count:
+            await self.ping()  # its reply says which segments the gateway let go of since
+        token, fd, mapping = session.fill_segment(payload)
+        failed = True
         try:
             request = _send_request(
-                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes, token
             )
-            return _field((await self._call(request, fd=fd))[0], "message_id", int)
+            message_id = _field((await self._call(request, fd=fd))[0], "message_id", int)
+            failed = False
+            return message_id
         finally:
-            os.close(fd)
+            session.handed_back(token, fd, mapping, failed=failed)
 
     async def allreduce(
         self,
@@ -779,6 +811,7 @@ class AsyncClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._session.pool.close()
         self._fail(GatewayUnavailable("this wangate client is closed", code="closed"))
 
     async def __aenter__(self) -> AsyncClient:
@@ -836,6 +869,7 @@ class AsyncClient:
                 reply = decode_reply(header)
                 payload = await self._reader.read_payload(prefix.payload_bytes)
                 payload = _segment_payload(reply, self._reader.fds) or payload
+                self._session.note_released(reply)
                 if reply["id"] is None:  # a refusal, or a frame it could not attribute
                     _raise_for_hello(reply)
                 future = self._pending.pop(reply["id"], None)

@@ -829,7 +829,10 @@ class Gateway(LinkHost):
             },
             "max_message_bytes": self.max_message_bytes,
             "collective": self.config.collective_settings(),
-            "segments": {"min_bytes": self.inbound_segments.min_bytes},
+            "segments": {
+                "min_bytes": self.inbound_segments.min_bytes,
+                "pool_bytes": self.config.limits.client_budget_bytes,
+            },
         }
 
 

@@ -45,7 +45,7 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "wait": frozenset({"op", "id", "peer", "message_id", "timeout_s"}),
 }
 OPTIONAL_KEYS: dict[str, frozenset[str]] = {
-    "send": frozenset({"deadline_s", "segment"}),
+    "send": frozenset({"deadline_s", "segment", "segment_id"}),
     "recv": frozenset({"segments"}),
 }
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
@@ -97,6 +97,8 @@ class SendRequest:
     deadline_s: float | None = None  # fail the message if not delivered by then
     # (offset, length) in the shared-memory segment passed with the frame; no payload
     segment: tuple[int, int] | None = None
+    # the client reuses the segment: name this hand-over in a later reply's "released"
+    segment_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,13 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             segment = segment_field(segment, rid)
             if payload_bytes != 0:
                 raise FrameError("bad_request", "a send with a segment carries no payload", rid)
+        segment_id = header.get("segment_id")
+        if segment_id is not None and (
+            type(segment_id) is not int or not 1 <= segment_id <= MAX_ID or segment is None
+        ):
+            raise FrameError(
+                "bad_request", f"'segment_id' must be 1..{MAX_ID}, with a 'segment'", rid
+            )
         return SendRequest(
             rid,
             _name(header, "peer", rid),
@@ -313,6 +322,7 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             _int(header, "checksum", rid, MAX_CHECKSUM),
             None if deadline_s is None else float(deadline_s),
             segment,
+            segment_id,
         )
     if op in ("recv", "wait"):
         timeout_s = header["timeout_s"]
@@ -366,6 +376,7 @@ def request_header(request: Request) -> dict[str, Any]:
             }
             | ({} if request.deadline_s is None else {"deadline_s": request.deadline_s})
             | ({} if request.segment is None else {"segment": list(request.segment)})
+            | ({} if request.segment_id is None else {"segment_id": request.segment_id})
         )
     if isinstance(request, RecvRequest):
         return {

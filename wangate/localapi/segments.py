@@ -182,3 +182,87 @@ def recv_with_fds(sock: socket.socket, target: memoryview) -> tuple[int, list[in
         close_all(fds)
         raise SegmentError(f"more than {MAX_FDS_PER_MESSAGE} descriptors came in one message")
     return received, fds
+
+
+class _Pooled:
+    __slots__ = ("capacity", "fd", "mapping", "token")
+
+    def __init__(self, fd: int, mapping: mmap.mmap, capacity: int) -> None:
+        self.fd = fd
+        self.mapping = mapping
+        self.capacity = capacity
+        self.token = 0  # the hand-over it is lent to (0: free)
+
+
+class SegmentPool:
+    """A client's send segments, reused: filling a fresh segment costs a page fault per
+    page, several times the copy itself (RESULTS.md, "Shared-memory payloads").
+
+    A segment is lent to one hand-over at a time, named by a token the gateway gives
+    back (``released``) once it has let go of the bytes; only then is it reused. Its
+    size is sealed; its bytes are not (they are rewritten), so the gateway relies on the
+    checksum, not on seals, for them. At most ``limit_bytes`` are kept: beyond that a
+    hand-over gets a segment of its own, closed after it.
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._segments: list[_Pooled] = []
+        self._lent: dict[int, _Pooled] = {}  # token -> segment
+        self._next_token = 1
+
+    @property
+    def pooled_bytes(self) -> int:
+        return sum(segment.capacity for segment in self._segments)
+
+    @property
+    def lent_count(self) -> int:
+        return len(self._lent)
+
+    def has_free(self, size_bytes: int) -> bool:
+        return self._free(size_bytes) is not None
+
+    def _free(self, size_bytes: int) -> _Pooled | None:
+        fits = [
+            s for s in self._segments if not s.token and size_bytes <= s.capacity <= 2 * size_bytes
+        ]
+        return min(fits, key=lambda s: s.capacity, default=None)
+
+    def lend(self, size_bytes: int) -> tuple[int, int, mmap.mmap]:
+        """(token, descriptor, mapping) of a segment of at least ``size_bytes``; token 0
+        means it is not pooled: close both after the hand-over."""
+        segment = self._free(size_bytes)
+        if segment is None:
+            capacity = -(-size_bytes // SEGMENT_MIN_BYTES) * SEGMENT_MIN_BYTES
+            for spare in sorted(self._segments, key=lambda s: -s.capacity):
+                if self.pooled_bytes + capacity <= self.limit_bytes:
+                    break
+                if not spare.token:
+                    self._drop(spare)
+            fd, mapping = new_segment(capacity, SEND_NAME)
+            seal(fd, SIZE_SEALS)
+            if self.pooled_bytes + capacity > self.limit_bytes:
+                return 0, fd, mapping
+            segment = _Pooled(fd, mapping, capacity)
+            self._segments.append(segment)
+        segment.token = self._next_token
+        self._next_token = self._next_token % 0xFFFFFFFF + 1
+        self._lent[segment.token] = segment
+        return segment.token, segment.fd, segment.mapping
+
+    def released(self, tokens: Iterable[int]) -> None:
+        """The gateway let go of these hand-overs (or refused them)."""
+        for token in tokens:
+            segment = self._lent.pop(token, None)
+            if segment is not None:
+                segment.token = 0
+
+    def _drop(self, segment: _Pooled) -> None:
+        self._segments.remove(segment)
+        segment.mapping.close()
+        os.close(segment.fd)
+
+    def close(self) -> None:
+        for segment in list(self._segments):
+            self._lent.pop(segment.token, None)
+            self._drop(segment)

@@ -32,6 +32,7 @@ import resource
 import socket
 import stat
 import time
+import weakref
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ MAX_CONNECTIONS = 1024  # [limits] max_local_connections
 FILE_DESCRIPTOR_MARGIN = 256  # beyond the local connections: UDP sockets, files, logs
 REFUSAL_LOG_INTERVAL_S = 60.0  # one warning per refused uid (or for the cap) per interval
 MAX_PENDING_FDS = MAX_REQUESTS_IN_FLIGHT  # descriptors received, not yet named by a frame
+MAX_RELEASED = 4096  # hand-overs to report at once: a client that never asks learns no more
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,8 @@ class _Connection:
         # unix_stream_read_generic), so it belongs to the last frame starting in range.
         self.fds: deque[tuple[int, int, int]] = deque()
         self.received_bytes = 0
+        # hand-overs (``segment_id``) whose mapping is gone, for the next success reply
+        self.released: list[int] = []
 
     async def run(self) -> None:
         self._listen(True)
@@ -359,6 +363,10 @@ class _Connection:
             return
         self._admit(request, payload_bytes)
 
+    def _segment_released(self, segment_id: int) -> None:
+        if not self.closing and len(self.released) < MAX_RELEASED:
+            self.released.append(segment_id)
+
     def _frame_fd(self, frame_start: int, frame_end: int) -> int | None:
         """The descriptor that came with the frame at [frame_start, frame_end), if one
         did; descriptors of frames already past are closed."""
@@ -389,6 +397,10 @@ class _Connection:
                     code="too_large",
                 )
             payload = map_segment(fd, offset, length)
+            if request.segment_id is not None and length:
+                # the mapping goes once the message is done (or failed): the client may
+                # then reuse the segment
+                weakref.finalize(payload.obj, self._segment_released, request.segment_id)
         except GatewayError as exc:
             self._spawn(self._reply(error_reply(request.request_id, exc.code, str(exc))))
             return
@@ -549,6 +561,8 @@ class _Connection:
         self, reply: dict[str, Any], payload: Buffer = b"", fd: int | None = None
     ) -> None:
         body = memoryview(payload).cast("B")
+        if self.released and reply.get("ok"):
+            reply["released"], self.released = self.released, []
         try:
             head = encode_header(reply, body.nbytes)
         except (FrameError, TypeError, ValueError, OverflowError) as exc:
