@@ -6,6 +6,7 @@ dying client can do with a segment costs its own request only.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import gc
@@ -32,9 +33,11 @@ from wangate.localapi.protocol import (
     encode_request,
 )
 from wangate.localapi.segments import (
+    F_SEAL_FUTURE_WRITE,
     RECV_NAME,
     SEND_NAME,
     SIZE_SEALS,
+    InboundSegments,
     SegmentError,
     map_segment,
     new_segment,
@@ -350,3 +353,44 @@ def test_clients_killed_while_segments_are_shared_leak_none(sites: LoopbackSites
         bj.wait("sh", msg_id, timeout=60)  # taken (by the trainer that died after)
     assert segment_count(daemon_pid(sites, "bj"), SEND_NAME) == 0
     assert segment_count(daemon_pid(sites, "sh"), RECV_NAME) == 0
+
+
+def test_inbound_segments_are_capped_and_fall_back_to_private_memory() -> None:
+    segments = InboundSegments(min_bytes=4096, max_live=2)
+    small = segments.allocate(4095, None)
+    assert isinstance(small, bytearray) and len(small) == 4095
+    first = segments.allocate(5000, 59)  # payload at 59: placed 5 bytes in, to start at 64
+    second = segments.allocate(5000, None)
+    assert isinstance(first, memoryview) and isinstance(second, memoryview)
+    assert (memoryview(first.obj).nbytes, memoryview(second.obj).nbytes) == (5005, 5000)
+    third = segments.allocate(5000, None)
+    assert isinstance(third, bytearray)  # two alive already
+    assert segments.live == 2 and segments.open_count == 2
+    fd = segments.claim(first[59:])
+    assert fd is not None and segments.open_count == 1
+    assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & F_SEAL_FUTURE_WRITE
+    os.close(fd)
+    segments.free(second)
+    assert segments.open_count == 0
+    del first, second
+    gc.collect()
+    assert segments.live == 0
+    assert isinstance(segments.allocate(5000, None), memoryview)
+
+
+async def _async_round_trip(bj_path: Path, sh_path: Path, array: np.ndarray) -> np.ndarray:
+    async with wangate.AsyncClient(bj_path) as bj, wangate.AsyncClient(sh_path) as sh:
+        msg_id = await bj.send("sh", "async", array, step=1)
+        got = await sh.recv("async", source="bj", step=1, timeout=60)
+        await bj.wait("sh", msg_id, timeout=30)
+        return got
+
+
+def test_the_async_client_sends_and_receives_segments(sites: LoopbackSites) -> None:
+    array = np.arange(3 * MiB, dtype=np.int32)
+    got = asyncio.run(_async_round_trip(sites["bj"].socket_path, sites["sh"].socket_path, array))
+    np.testing.assert_array_equal(got, array)
+    assert segment_count(os.getpid(), RECV_NAME) == 1  # the array is a view of it
+    del got
+    gc.collect()
+    assert segment_count(os.getpid(), RECV_NAME) == 0

@@ -24,6 +24,7 @@ import mmap
 import os
 import socket
 import stat
+import weakref
 from collections.abc import Iterable
 
 from wangate.errors import GatewayError
@@ -40,6 +41,9 @@ RECV_NAME = "wangate-recv"
 # segment hands a payload over faster than the socket carries it.
 SEGMENT_MIN_BYTES = 1 << 20
 PAYLOAD_ALIGNMENT = 64  # a payload starting here is aligned for every dtype (and SIMD)
+# inbound segments alive at once (each holds a descriptor until a trainer takes it):
+# beyond this, bodies go to private memory, so a peer cannot exhaust descriptors
+MAX_LIVE_SEGMENTS = 256
 
 
 class SegmentError(GatewayError):
@@ -135,10 +139,14 @@ class InboundSegments:
     long as views of it do). ``free`` forgets a body that will not be delivered.
     """
 
-    def __init__(self, min_bytes: int = SEGMENT_MIN_BYTES) -> None:
+    def __init__(
+        self, min_bytes: int = SEGMENT_MIN_BYTES, max_live: int = MAX_LIVE_SEGMENTS
+    ) -> None:
         self.min_bytes = min_bytes
+        self.max_live = max_live
         self._open: dict[int, int] = {}  # id(mapping) -> its descriptor
         self.made = 0
+        self.live = 0  # mappings not yet gone (assembling, or delivered and not taken)
 
     @property
     def open_count(self) -> int:
@@ -148,13 +156,21 @@ class InboundSegments:
         """A body of ``size_bytes``; a segment's is placed so that the payload (at
         ``payload_offset`` in it, when known) starts aligned, so that the trainer's
         array can be a view of it. The body ends the segment."""
-        if size_bytes < self.min_bytes:
+        if size_bytes < self.min_bytes or self.live >= self.max_live:
             return bytearray(size_bytes)
         pad = 0 if payload_offset is None else -payload_offset % PAYLOAD_ALIGNMENT
-        fd, mapping = new_segment(pad + size_bytes, RECV_NAME)
+        try:
+            fd, mapping = new_segment(pad + size_bytes, RECV_NAME)
+        except OSError:  # out of descriptors or memory: today's way still works
+            return bytearray(size_bytes)
         self._open[id(mapping)] = fd
         self.made += 1
+        self.live += 1
+        weakref.finalize(mapping, self._gone)
         return memoryview(mapping)[pad:]
+
+    def _gone(self) -> None:
+        self.live -= 1
 
     def claim(self, payload: memoryview) -> int | None:
         """The sealed descriptor of the segment ``payload`` lies in, now the caller's."""
