@@ -47,6 +47,11 @@ gw = wangate.Client(sys.argv[1])
 if sys.argv[3] == "in-band":
     gw._session.segment_min_bytes = None
 array = np.ones(int(sys.argv[2]) // 4, np.float32)
+if sys.argv[4] == "warm" and sys.argv[3] != "in-band":  # a later step: the pool has one
+    pool = gw._session.pool
+    token, fd, mapping = pool.lend(array.nbytes)
+    np.frombuffer(mapping, np.uint8)[:] = 0
+    pool.released([token])
 print("ready", flush=True)
 sys.stdin.readline()
 t0 = time.monotonic()
@@ -123,9 +128,11 @@ def start_sites(baseline_src: str | None) -> LoopbackSites:
     return lab
 
 
-def spawn(script: str, socket_path: Path, size: int, mode: str) -> subprocess.Popen[str]:
+def spawn(
+    script: str, socket_path: Path, size: int, mode: str, pool: str = "cold"
+) -> subprocess.Popen[str]:
     child = subprocess.Popen(
-        [sys.executable, "-c", script, os.fspath(socket_path), str(size), mode],
+        [sys.executable, "-c", script, os.fspath(socket_path), str(size), mode, pool],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -136,12 +143,12 @@ def spawn(script: str, socket_path: Path, size: int, mode: str) -> subprocess.Po
     return child
 
 
-def one_transfer(lab: LoopbackSites, size: int, mode: str) -> dict[str, Any]:
+def one_transfer(lab: LoopbackSites, size: int, mode: str, pool: str) -> dict[str, Any]:
     bj, sh = lab["bj"], lab["sh"]
     assert bj.process is not None and sh.process is not None
     idle = {name: status_kib(p.pid) for name, p in (("bj", bj.process), ("sh", sh.process))}
     receiver = spawn(RECEIVER, sh.socket_path, size, mode)
-    sender = spawn(SENDER, bj.socket_path, size, mode)
+    sender = spawn(SENDER, bj.socket_path, size, mode, pool)
     pids = {
         "sender": sender.pid,
         "receiver": receiver.pid,
@@ -179,14 +186,14 @@ def one_transfer(lab: LoopbackSites, size: int, mode: str) -> dict[str, Any]:
     }
 
 
-def gib_table(runs: int, size: int, baseline_src: str | None) -> list[dict[str, Any]]:
+def gib_table(runs: int, size: int, baseline_src: str | None, pool: str) -> list[dict[str, Any]]:
     rows = []
     ours = start_sites(None)
     theirs = ours if baseline_src is None else start_sites(baseline_src)
     try:
         for i in range(runs):
             for mode, lab in (("segments", ours), ("in-band", theirs))[:: 1 if i % 2 == 0 else -1]:
-                row = one_transfer(lab, size, mode)
+                row = one_transfer(lab, size, mode, pool)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -254,14 +261,21 @@ def main() -> None:
     parser.add_argument("--baseline-src", default=None)
     parser.add_argument("--skip-gib", action="store_true")
     parser.add_argument("--skip-handover", action="store_true")
+    parser.add_argument("--skip-crc", action="store_true")
+    parser.add_argument(
+        "--warm-pool",
+        action="store_true",
+        help="the sender's pool already holds a segment of the size (a later step)",
+    )
     args = parser.parse_args()
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, load {os.getloadavg()}"
     )
-    print("\nCRC-32 on 256 MiB, GiB/s median of 5 (slowest)")
-    for name, med, low in crc_table():
-        print(f"| {name} | {med:.2f} | {low:.2f} |")
+    if not args.skip_crc:
+        print("\nCRC-32 on 256 MiB, GiB/s median of 5 (slowest)")
+        for name, med, low in crc_table():
+            print(f"| {name} | {med:.2f} | {low:.2f} |")
     if not args.skip_handover:
         sizes = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
         table = handover_table(sizes, reps=7)
@@ -277,8 +291,12 @@ def main() -> None:
         print(f"load {os.getloadavg()}")
     if not args.skip_gib:
         size = int(args.gib * (1 << 30))
-        rows = gib_table(args.runs, size, args.baseline_src)
-        print(f"\n{size / (1 << 30):g} GiB bj -> sh, median (min-max) of {args.runs} runs")
+        pool = "warm" if args.warm_pool else "cold"
+        rows = gib_table(args.runs, size, args.baseline_src, pool)
+        print(
+            f"\n{size / (1 << 30):g} GiB bj -> sh, median (min-max) of {args.runs} runs, "
+            f"sender's segment pool {pool}"
+        )
         keys = [
             ("handover_s", "send hand-over s", 1.0),
             ("first_byte_s", "first byte at sh s", 1.0),

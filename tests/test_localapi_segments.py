@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -394,3 +395,44 @@ def test_the_async_client_sends_and_receives_segments(sites: LoopbackSites) -> N
     del got
     gc.collect()
     assert segment_count(os.getpid(), RECV_NAME) == 0
+
+
+def rss_anon_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
+@pytest.mark.timeout(900)
+def test_a_gib_crosses_with_each_gateway_holding_a_window_of_private_memory(
+    sites: LoopbackSites,
+) -> None:
+    pids = {name: daemon_pid(sites, name) for name in ("bj", "sh")}
+    idle = {name: rss_anon_kib(pid) for name, pid in pids.items()}
+    peak = dict(idle)
+    done = threading.Event()
+
+    def sample() -> None:  # a reading every 10 ms: a peak it misses is a short one
+        while not done.wait(0.01):
+            for name, pid in pids.items():
+                peak[name] = max(peak[name], rss_anon_kib(pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    array = np.arange(256 * MiB, dtype=np.uint32)  # 1 GiB, every word different
+    try:
+        with sites["bj"].client() as bj, sites["sh"].client() as sh:
+            msg_id = bj.send("sh", "gib", array)
+            got = sh.recv("gib", source="bj", timeout=800)
+            assert np.array_equal(got, array)
+            bj.wait("sh", msg_id, timeout=60)
+    finally:
+        done.set()
+        sampler.join()
+    # the bound: a window (64 MiB) above idle, not the message
+    assert {name: peak[name] - idle[name] < 64 * 1024 for name in pids} == {
+        "bj": True,
+        "sh": True,
+    }, {name: (peak[name] - idle[name]) // 1024 for name in pids}
