@@ -118,8 +118,13 @@ class Sampler(threading.Thread):
         self.gateway.close()
 
 
+# a shared, loaded host can stall a daemon's loop for seconds: a peer declared dead
+# mid-transfer would fail the message (either mode alike), so allow longer silences
+LIMITS = "[limits]\npeer_dead_s = 60\n"
+
+
 def start_sites(baseline_src: str | None) -> LoopbackSites:
-    lab = LoopbackSites(2, 3, mtu=9000, verbose=False)
+    lab = LoopbackSites(2, 3, mtu=9000, verbose=False, extra_toml=LIMITS)
     # PYTHONSAFEPATH: `python -m` would put the working directory (this tree) first
     env = None if baseline_src is None else {"PYTHONPATH": baseline_src, "PYTHONSAFEPATH": "1"}
     for site in lab.sites:
@@ -207,7 +212,7 @@ def handover_table(sizes: list[int], reps: int) -> dict[str, dict[int, list[floa
     """Median ``send`` time per size, in-band and by segment, the receiver keeping up."""
     results: dict[str, dict[int, list[float]]] = {"in-band": {}, "segment": {}}
     with (
-        LoopbackSites(2, 3, mtu=9000, verbose=False) as lab,
+        LoopbackSites(2, 3, mtu=9000, verbose=False, extra_toml=LIMITS) as lab,
         lab["bj"].client() as bj,
         lab["sh"].client() as sh,
     ):
