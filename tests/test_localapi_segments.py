@@ -38,6 +38,7 @@ from wangate.localapi.segments import (
     RECV_NAME,
     SEND_NAME,
     SIZE_SEALS,
+    FrameDescriptors,
     InboundSegments,
     SegmentError,
     map_segment,
@@ -118,6 +119,34 @@ def test_a_delivered_segment_cannot_be_written_or_resized_through_its_descriptor
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, 0)  # F_SEAL_SEAL: nothing can be unsealed
     mapping.close()
     os.close(fd)
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_descriptor_goes_to_the_last_frame_starting_in_its_receive() -> None:
+    fds = FrameDescriptors(max_pending=2)
+    one, two = os.pipe()
+    # one receive: a 50-byte frame sent alone, then a 30-byte frame sent with `one`
+    assert fds.received(80, [one])
+    assert fds.take(0, 50) is None  # the first frame brought no descriptor
+    assert fds.take(50, 80) == one
+    # a frame that named no segment leaves its descriptor, closed once frames pass it
+    assert fds.received(40, [two])  # bytes 80..120
+    assert fds.received(40, [])  # 120..160
+    assert fds.take(120, 160) is None
+    assert not is_open(two)
+    os.close(one)
+    three, four = os.pipe()
+    assert not fds.received(10, [three, four])  # one frame carries one descriptor
+    assert not is_open(four) and is_open(three)
+    fds.close()
+    assert not is_open(three)
 
 
 # ------------------------------------------------------------- one server

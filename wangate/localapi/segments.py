@@ -25,6 +25,7 @@ import os
 import socket
 import stat
 import weakref
+from collections import deque
 from collections.abc import Iterable
 
 from wangate.errors import GatewayError
@@ -198,6 +199,49 @@ def recv_with_fds(sock: socket.socket, target: memoryview) -> tuple[int, list[in
         close_all(fds)
         raise SegmentError(f"more than {MAX_FDS_PER_MESSAGE} descriptors came in one message")
     return received, fds
+
+
+class FrameDescriptors:
+    """Descriptors that came over a stream, each bound to the frame it was sent with.
+
+    The kernel hands a descriptor to the receive that reads the first byte of the
+    message it was sent with, and ends that receive with that message (unix(7); Linux
+    unix_stream_read_generic). So each is kept with the stream range of its receive,
+    [start, end), and belongs to the last frame starting in that range: a frame that
+    names a segment gets its own descriptor or none, never a neighbour's.
+    """
+
+    def __init__(self, max_pending: int) -> None:
+        self.max_pending = max_pending
+        self._fds: deque[tuple[int, int, int]] = deque()
+        self.received_bytes = 0
+
+    def received(self, size_bytes: int, fds: list[int]) -> bool:
+        """Bytes (and descriptors) of one receive; False if they break the rules (more
+        than one descriptor at once, or too many no frame named): close the stream."""
+        start = self.received_bytes
+        self.received_bytes += size_bytes
+        if not fds:
+            return True
+        self._fds.append((start, start + size_bytes, fds[0]))
+        if len(fds) > 1 or len(self._fds) > self.max_pending:
+            close_all(fds[1:])
+            return False
+        return True
+
+    def take(self, frame_start: int, frame_end: int) -> int | None:
+        """The descriptor that came with the frame at [frame_start, frame_end), if one
+        did (now the caller's); those of frames already past are closed."""
+        fds = self._fds
+        while fds and fds[0][1] <= frame_start:
+            os.close(fds.popleft()[2])  # came with a frame that named no segment
+        if fds and fds[0][0] <= frame_start and frame_end >= fds[0][1]:
+            return fds.popleft()[2]
+        return None
+
+    def close(self) -> None:
+        close_all(fd for _, _, fd in self._fds)
+        self._fds.clear()
 
 
 class _Pooled:

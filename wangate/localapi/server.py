@@ -33,7 +33,6 @@ import socket
 import stat
 import time
 import weakref
-from collections import deque
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +64,12 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.localapi.segments import SegmentError, close_all, map_segment, recv_with_fds
+from wangate.localapi.segments import (
+    FrameDescriptors,
+    SegmentError,
+    map_segment,
+    recv_with_fds,
+)
 from wangate.service import Buffer, GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
@@ -242,13 +246,7 @@ class _Connection:
         self.closing = False  # no more frames are read
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] = self.loop.create_future()
-        # descriptors that came with the frames, for sends naming a segment: each with
-        # the stream range of the receive that brought it, [start, end). The kernel
-        # hands a descriptor to the receive that reads the first byte of the message it
-        # was sent with, and ends that receive with that message (unix(7); Linux
-        # unix_stream_read_generic), so it belongs to the last frame starting in range.
-        self.fds: deque[tuple[int, int, int]] = deque()
-        self.received_bytes = 0
+        self.fds = FrameDescriptors(MAX_PENDING_FDS)  # for sends naming a segment
         # hand-overs (``segment_id``) whose mapping is gone, for the next success reply
         self.released: list[int] = []
 
@@ -261,8 +259,7 @@ class _Connection:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
-            close_all(fd for _, _, fd in self.fds)
-            self.fds.clear()
+            self.fds.close()
             self.sock.close()
 
     def _listen(self, on: bool) -> None:
@@ -291,16 +288,10 @@ class _Connection:
             except (OSError, SegmentError):  # SegmentError: more descriptors than we take
                 self._finish()
                 return
-            if fds:
-                start = self.received_bytes
-                self.fds.append((start, start + received, fds[0]))
-                if len(fds) > 1 or len(self.fds) > MAX_PENDING_FDS:
-                    # a frame carries one; or many were sent without frames naming them
-                    close_all(fds[1:])
-                    log.warning("a local client sent descriptors no frame named; closing it")
-                    self._finish()
-                    return
-            self.received_bytes += received
+            if not self.fds.received(received, fds):
+                log.warning("a local client sent descriptors no frame named; closing it")
+                self._finish()
+                return
             if received == 0:  # the client closed, between frames or in one
                 self._finish()
                 return
@@ -367,22 +358,12 @@ class _Connection:
         if not self.closing and len(self.released) < MAX_RELEASED:
             self.released.append(segment_id)
 
-    def _frame_fd(self, frame_start: int, frame_end: int) -> int | None:
-        """The descriptor that came with the frame at [frame_start, frame_end), if one
-        did; descriptors of frames already past are closed."""
-        fds = self.fds
-        while fds and fds[0][1] <= frame_start:
-            os.close(fds.popleft()[2])  # came with a frame that named no segment
-        if fds and fds[0][0] <= frame_start and frame_end >= fds[0][1]:
-            return fds.popleft()[2]
-        return None
-
     def _on_segment(self, request: SendRequest, offset: int, length: int) -> None:
         """A send whose payload is in the segment that came with its frame: map it and
         let go of the descriptor (the mapping keeps it alive while the message needs
         it). Anything wrong with it costs this request only."""
         start = self.assembler.frame_start
-        fd = self._frame_fd(start, start + self.assembler.frame_bytes)
+        fd = self.fds.take(start, start + self.assembler.frame_bytes)
         self.in_flight += 1
         try:
             if fd is None:
