@@ -33,7 +33,6 @@ from wangate.errors import (
     DeadlineExceeded,
     GatewayError,
     GatewayUnavailable,
-    LocalProtocolError,
     MessageFailed,
     PeerUnreachable,
     RecvTimeout,
@@ -877,7 +876,7 @@ class AsyncClient:
                     future.set_result((reply, payload))
         except GatewayError as exc:
             self._fail(exc)
-        except (OSError, ConnectionClosed, LocalProtocolError) as exc:
+        except (OSError, ConnectionClosed, FrameError) as exc:
             self._fail(_lost(self._session.path, exc))
 
     def _fail(self, error: GatewayError) -> None:

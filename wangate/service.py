@@ -43,10 +43,10 @@ class Delivery:
     payload: Buffer
     checksum: int
     msg_id: int = 0  # the sending gateway's id for it; 0 for messages within the site
+    body_bytes: int = 0  # the message body the session counted (header too): credit to release
     # the sealed shared-memory segment that holds the body (the payload ends it), now
     # the delivery's: handed to a trainer that takes segments, else closed
     segment_fd: int | None = None
-    body_bytes: int = 0  # what the session counted for it (0: the payload's buffer)
 
 
 def local_delivery(site: str, submission: Submission) -> Delivery:
