@@ -274,6 +274,12 @@ REQUEST_VECTORS = {
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
     "wait_request": (WaitRequest(9, "sh", 41, 30.0), b""),
     "reset_path_request": (ResetPathRequest(11, "sh", "fiber-a"), b""),
+    # the payload's 8 bytes are in the segment whose descriptor comes with the frame
+    "send_segment_request": (
+        SendRequest(4, "sh", "layer3.grad", 12, False, META, CHECKSUM, None, (0, 8), 5),
+        b"",
+    ),
+    "recv_segments_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
@@ -308,6 +314,29 @@ REPLY_VECTORS = {
             "checksum": CHECKSUM,
         },
         PAYLOAD,
+    ),
+    "recv_segment_reply": (
+        {
+            "ok": True,
+            "id": 3,
+            "source": "bj",
+            "tag": "layer3.grad",
+            "step": 12,
+            "critical": True,
+            "meta": META,
+            "checksum": CHECKSUM,
+            "segment": [64, 8],
+        },
+        b"",
+    ),
+    "send_released_reply": ({"ok": True, "id": 6, "message_id": 42, "released": [5]}, b""),
+    "bad_segment_reply": (
+        error_reply(
+            4,
+            "bad_segment",
+            "the segment holds 4096 bytes, the request names 8192 bytes at offset 0",
+        ),
+        b"",
     ),
     "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
     "wait_reply": ({"ok": True, "id": 9, "outcome": "taken"}, b""),

@@ -10,6 +10,7 @@ session -> ``PeerDriver.pump`` -> link. See wangate/net/README.md.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import math
@@ -38,6 +39,7 @@ from wangate.errors import (
 )
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
+from wangate.localapi.segments import InboundSegments
 from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayCollector, GatewayMetrics
 from wangate.metrics import render as render_metrics
@@ -81,6 +83,7 @@ class Gateway:
         )
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
+        self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
         self.peers: dict[str, PeerDriver] = {
@@ -101,7 +104,7 @@ class Gateway:
         config = self.config
         target_ms = config.critical.host_delay_target_ms
         host_delay_target_s = target_ms / 1000 if target_ms else math.inf
-        return PeerDriver(
+        driver = PeerDriver(
             PeerSession(
                 self.site_name,
                 peer,
@@ -124,6 +127,9 @@ class Gateway:
             clock=time.monotonic,
             on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
         )
+        segments = self.inbound_segments
+        driver.session.use_body_buffers(segments.allocate, segments.free)
+        return driver
 
     # ----------------------------------------------------------- lifecycle
 
@@ -488,7 +494,12 @@ class Gateway:
         state = self.peers.get(delivery.source)
         if state is not None:
             state.consumed(delivery.body_bytes, delivery.msg_id)
-        return delivery
+        return self._with_segment(delivery)
+
+    def _with_segment(self, delivery: Delivery) -> Delivery:
+        """A delivery assembled in a segment carries its sealed descriptor from here."""
+        fd = self.inbound_segments.claim(memoryview(delivery.payload))
+        return delivery if fd is None else dataclasses.replace(delivery, segment_fd=fd)
 
     def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
         """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
@@ -631,6 +642,10 @@ class Gateway:
             },
             "max_message_bytes": self.max_message_bytes,
             "collective": self.config.collective_settings(),
+            "segments": {
+                "min_bytes": self.inbound_segments.min_bytes,
+                "pool_bytes": self.config.limits.client_budget_bytes,
+            },
         }
 
 

@@ -144,7 +144,9 @@ class InboundCoding:
         del self.decoders[block]
         self._missing_bytes.pop(block, None)
 
-    def try_decode(self, block: int, body: bytearray, received: RangeSet) -> list[tuple[int, int]]:
+    def try_decode(
+        self, block: int, body: bytearray | memoryview, received: RangeSet
+    ) -> list[tuple[int, int]]:
         """Rebuild the block's missing sources into ``body`` if enough symbols arrived.
 
         Returns the byte ranges written (empty when not decodable yet or not needed).

@@ -57,7 +57,13 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
-from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, MAX_DONE_PENDING, Reassembly
+from wangate.core.inbound import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    MAX_DONE_PENDING,
+    Allocate,
+    Free,
+    Reassembly,
+)
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
@@ -293,6 +299,10 @@ class PeerSession:
         return "held" if msg_id in self._held else None
 
     # ----------------------------------------------------------------- sending
+
+    def use_body_buffers(self, allocate: Allocate, free: Free) -> None:
+        """Where inbound message bodies are assembled (default: a bytearray each)."""
+        self._inbound.use_buffers(allocate, free)
 
     def submit(
         self,
