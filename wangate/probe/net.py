@@ -23,14 +23,10 @@ from wangate.probe.analysis import (
     DEFAULT_THRESHOLDS,
     EchoSample,
     LatencySummary,
-    RateStep,
-    RateSummary,
     VerdictThresholds,
     judge,
-    rate_plan,
     report_dict,
     summarize_latency,
-    summarize_rate,
 )
 from wangate.probe.packets import (
     HEAD_BYTES,
@@ -43,6 +39,14 @@ from wangate.probe.packets import (
     decode,
     encode,
 )
+from wangate.probe.rate import (
+    HEAD_FRACTION,
+    PlannedStep,
+    RateSearch,
+    RateStep,
+    RateSummary,
+    TrainPart,
+)
 from wangate.probe.responder import ProbeResponder
 
 log = logging.getLogger("wangate.probe")
@@ -53,7 +57,8 @@ MAX_SEND_BUFFER_BYTES = 256 * 1024  # beyond this queued locally, the sender is 
 QUERY_ATTEMPTS = 5
 MAX_LOGGED_CLIENTS = 100
 MAX_PROBE_RATE_HZ = 400.0  # the responder answers 500 a second at most
-MIN_STEP_S = 0.2
+IPV4_UDP_HEADER_BYTES = 28  # what a link's rate counts besides the UDP payload
+IPV6_UDP_HEADER_BYTES = 48
 
 
 def parse_address(text: str, *, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -294,54 +299,62 @@ async def _rate_phase(
     phase_s: float,
     latency: LatencySummary,
 ) -> RateSummary:
-    plan = rate_plan(options.rate_cap_bps)
-    step_s = max(MIN_STEP_S, phase_s / len(plan))
-    rtt_s = latency.rtt_p99_s or 0.25
-    steps: list[RateStep] = []
-    for target_bps in plan:
-        step = await _rate_step(protocol, transport, options, target_bps, step_s, rtt_s)
-        steps.append(step)
-        if step.ends_phase():
-            break
-    return summarize_rate(steps, len(plan))
+    rtt_s = latency.rtt_p90_s or 0.25
+    header_bytes = IPV6_UDP_HEADER_BYTES if ":" in options.target[0] else IPV4_UDP_HEADER_BYTES
+    search = RateSearch(
+        options.rate_cap_bps,
+        phase_s,
+        rtt_s,
+        payload_bytes=options.data_bytes,
+        header_bytes=header_bytes,
+    )
+    while (planned := search.next_step()) is not None:
+        step = await _train(protocol, transport, options, planned, search.settle_s, rtt_s)
+        search.record(step)
+    return search.summary()
 
 
-async def _rate_step(
+async def _train(
     protocol: _ProberProtocol,
     transport: asyncio.DatagramTransport,
     options: ProbeOptions,
-    target_bps: float,
-    step_s: float,
+    planned: PlannedStep,
+    settle_s: float,
     rtt_s: float,
 ) -> RateStep:
-    test_id = random.getrandbits(64)
+    """Send one paced train as two tests (head, body; see rate.py) and read both reports."""
     size = options.data_bytes
-    packets = bytes_sent = 0
+    ids = (random.getrandbits(64), random.getrandbits(64))
+    sent = [[0, 0, 0, 0], [0, 0, 0, 0]]  # per part: packets, bytes, first_ns, last_ns
+    bytes_sent = 0
     start = time.monotonic()
-    end = start + step_s
+    switch = start + HEAD_FRACTION * planned.duration_s
+    end = start + planned.duration_s
     while (now := time.monotonic()) < end:
+        part = 0 if now < switch else 1
+        counters = sent[part]
         # credit by elapsed time, so timer granularity makes bursts, not a lower rate
-        due_bytes = (now - start) * target_bps / 8 + size
+        due_bytes = (now - start) * planned.target_bps / 8 + size
         if _queued_bytes(transport) < MAX_SEND_BUFFER_BYTES:
             while bytes_sent + size <= due_bytes:
-                packets += 1
+                sent_ns = time.monotonic_ns()
+                counters[0] += 1
                 packet = ProbePacket(
-                    PacketKind.RATE_DATA, test_id, packets, time.monotonic_ns(), size_bytes=size
+                    PacketKind.RATE_DATA, ids[part], counters[0], sent_ns, size_bytes=size
                 )
                 transport.sendto(encode(packet))
                 bytes_sent += size
+                counters[1] += size
+                counters[2] = counters[2] or sent_ns
+                counters[3] = sent_ns
         await asyncio.sleep(0.001)
-    send_duration_s = time.monotonic() - start
-    await asyncio.sleep(min(0.5, max(0.05, 2 * rtt_s)))  # the last packets still arrive
-    counts = await _query(protocol, transport, test_id, rtt_s)
-    return RateStep(
-        target_bps,
-        packets,
-        bytes_sent,
-        send_duration_s,
-        counts if counts is not None else NO_COUNTS,
-        reported=counts is not None,
+    await asyncio.sleep(settle_s)  # the last packets still arrive, the queue drains
+    reports = await asyncio.gather(*(_query(protocol, transport, i, rtt_s) for i in ids))
+    head, body = (
+        TrainPart(p, b, first, last, NO_COUNTS if c is None else c, reported=c is not None)
+        for (p, b, first, last), c in zip(sent, reports, strict=True)
     )
+    return RateStep(planned.target_bps, head, body)
 
 
 async def _query(

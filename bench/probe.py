@@ -1,0 +1,140 @@
+"""`wangate probe` against lab paths of known rate, delay and loss: readings vs truth.
+
+    sudo .venv/bin/python -m bench.probe [--runs 3] [--baseline main] [--duration 10]
+
+Each setting is one lab (two sites, one path, the emulator's loss seeded); inside it the
+probe of this tree and, with ``--baseline REF``, the probe of that git revision (from
+``git archive``) run alternately, each against its own responder, ``--runs`` times.
+Prints a markdown table and writes every report to ``results/probe/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.lab.lab import Lab
+from bench.lab.selftest import two_site_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "results" / "probe"
+
+
+@dataclass(frozen=True)
+class Setting:
+    label: str
+    rate_mbps: float
+    delay_ms: float
+    loss: float
+    cap_mbps: float
+
+
+SETTINGS = (
+    Setting("20 Mbit/s, 12 ms, 0.5 % each way", 20.0, 12.0, 0.005, 100.0),
+    Setting("50 Mbit/s, 40 ms, 1 % each way", 50.0, 40.0, 0.01, 100.0),
+    Setting("100 Mbit/s, 5 ms, clean", 100.0, 5.0, 0.0, 400.0),
+)
+
+
+def _tree_of(ref: str, into: Path) -> Path:
+    """The source of ``ref`` (wangate/ only), for running its probe side by side."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "wangate"], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def _probe_once(
+    lab: Lab, tree: Path, setting: Setting, duration_s: float, port: int
+) -> dict[str, Any]:
+    path = lab.scenario.path("a")
+    responder = lab.run_in(
+        "sh",
+        [sys.executable, "-m", "wangate", "probe", "--serve", "--listen",
+         f"{path.address_b}:{port}", "--forever"],
+        cwd=str(tree), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert responder.stdout is not None
+        responder.stdout.readline()  # "probe responder on ..."
+        prober = lab.run_in(
+            "bj",
+            [sys.executable, "-m", "wangate", "probe", f"{path.address_b}:{port}",
+             "--local", path.address_a, "--duration", str(duration_s),
+             "--rate-mbps", str(setting.cap_mbps), "--json"],
+            cwd=str(tree), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        out, err = prober.communicate(timeout=duration_s * 4 + 30)
+        if not out:
+            raise RuntimeError(f"probe printed nothing: {err.decode()[-2000:]}")
+        report: dict[str, Any] = json.loads(out)
+        return report
+    finally:
+        responder.terminate()
+        responder.wait(timeout=10)
+
+
+def _row(setting: Setting, tree: str, run: int, report: dict[str, Any]) -> str:
+    rate = report["rate"] or {}
+    fwd = rate.get("loss")  # this tree: the rate phase's loss with its interval
+    if fwd:
+        lo, hi = fwd["ci95"]
+        fwd_text = f"{fwd['fraction'] * 100:.2f} % ({lo * 100:.2f}-{hi * 100:.2f}) of {fwd['sent']}"
+    else:
+        fwd_text = "-"
+    lat = report["latency"]
+    return (
+        f"| {setting.label} | {tree} | {run} | {lat['rtt_ms']['min']:.2f} "
+        f"| {rate.get('achievable_mbps', 0.0):.2f} | {fwd_text} "
+        f"| {lat['loss'] * 100:.2f} % of {lat['sent']} | {report['verdict']['text']} |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0, help="probe --duration (10)")
+    parser.add_argument("--baseline", help="git revision whose probe runs alongside")
+    parser.add_argument("--only", type=int, action="append", help="setting index (0, 1, 2)")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    settings = [SETTINGS[i] for i in args.only] if args.only else list(SETTINGS)
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"this": ROOT}
+        if args.baseline:
+            trees[args.baseline] = _tree_of(args.baseline, Path(tmp))
+            os.chmod(tmp, 0o755)
+        print(f"load average at start: {os.getloadavg()}", flush=True)
+        print("| setting | probe | run | min RTT ms | achievable Mbit/s | loss (rate phase, "
+              "95 % CI, packets) | loss (echoes) | verdict |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
+        for index, setting in enumerate(settings):
+            scenario = two_site_scenario(
+                [{"name": "a", "rate_mbps": setting.rate_mbps, "delay_ms": setting.delay_ms,
+                  "loss": setting.loss}],
+                seed=index + 1,
+            )  # fmt: skip
+            with Lab(scenario) as lab:
+                lab.start_timeline()
+                for run in range(1, args.runs + 1):
+                    for port, (name, tree) in enumerate(trees.items(), start=7444):
+                        report = _probe_once(lab, tree, setting, args.duration, port)
+                        stamp = time.strftime("%Y%m%dT%H%M%S")
+                        out = RESULTS / f"{stamp}-s{index}-{name.replace('/', '_')}-r{run}.json"
+                        out.write_text(json.dumps(report, indent=1))
+                        print(_row(setting, name, run, report), flush=True)
+        print(f"load average at end: {os.getloadavg()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,354 @@
+"""The rate phase of a probe, without I/O: what to send, and what the responder saw.
+
+Capacity from dispersion. A train sent faster than the bottleneck leaves it back to
+back, one packet every ``size / rate``, whatever the overdrive; so the responder's
+arrival span over the packets that passed the bottleneck gives its rate directly
+(packet-pair/train dispersion: Jacobson 1988, Keshav 1991, Dovrolis et al. 2004),
+without a search. Each train is sent as two tests: the *head* (its first quarter)
+builds a queue at the bottleneck, the *body* is measured while that queue keeps the
+bottleneck busy, so a pause of the sender early in the train does not read as a slow
+path. Random loss after the bottleneck thins the arrivals but not their spacing, so
+the packets that passed are ``received / (1 - random loss)``.
+
+Random loss apart from congestion loss. A train below the bottleneck rate arrives
+spread over the span it was sent in (no queue grew) and delivers ``1 - p`` of what was
+sent at every rate: its losses are the path's. A train above it is stretched (a queue
+grew) or thinned beyond ``1 - p`` (the queue overflowed): its losses are the probe's
+own and are not counted. The path's loss is pooled over the clean trains (thousands
+of packets: the last one runs at 85 % of the capacity for the rest of the phase).
+
+Plan: rates doubling up to the cap (short trains) until one saturates; a longer train
+at 1.2 x the capacity it showed, to confirm it (``RateSearch`` says when a reading is
+not trusted); the rest of the time a clean train at 85 % of the capacity. Rates
+here are UDP payload bits; capacity is reported in IP bits
+(payload + IP/UDP headers), the unit link rates are quoted in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from wangate.probe.loss import LossEstimate
+from wangate.probe.packets import RateCounts
+
+MAX_RAMP_STEPS = 5  # doubling: the first train runs at 1/16 of the cap
+RAMP_STEP_S = 0.3  # at most; 6 % of the phase, at least MIN_RAMP_STEP_S
+MIN_RAMP_STEP_S = 0.15
+CONFIRM_STEP_S = 0.5
+MIN_CLEAN_STEP_S = 0.5
+HEAD_FRACTION = 0.25  # of a train: fills the bottleneck's queue when above its rate
+CONFIRM_OVERDRIVE = 1.2
+CLEAN_FRACTION = 0.85  # of the capacity: the long train that measures loss
+SATURATED_BELOW = 0.9  # delivery ratio (received / sent rate, over 1 - loss) below this
+CLEAN_ABOVE = 0.95  # ...at or above this, and not stretched: the train's losses count
+CLEAN_MAX_STRETCH = 1.1  # arrival span / send span of a clean train (host stalls stretch)
+SENDER_SHORTFALL = 0.9  # sent below 90 % of the target: this host is the limit
+TRUST_MARGIN = 0.97  # a saturated reading below 97 % of a clean train's delivery is wrong
+
+StepKind = Literal["clean", "saturated", "mixed", "silent"]
+Limit = Literal["path", "cap", "sender", "time", "none"]
+
+
+def rate_plan(
+    cap_bps: float, *, floor_bps: float = 1e6, steps: int = MAX_RAMP_STEPS
+) -> list[float]:
+    """Doubling rates ending exactly at the cap, at most ``steps`` of them, none below
+    ``floor_bps`` unless the cap itself is lower."""
+    if cap_bps <= 0:
+        raise ValueError("rate cap must be > 0")
+    rates = [cap_bps]
+    while len(rates) < steps and rates[-1] / 2 >= floor_bps:
+        rates.append(rates[-1] / 2)
+    return rates[::-1]
+
+
+@dataclass(frozen=True)
+class TrainPart:
+    """One test id's worth of a train: what was sent, and the responder's counts."""
+
+    packets_sent: int
+    bytes_sent: int  # UDP payload
+    first_send_ns: int  # prober clock
+    last_send_ns: int
+    counts: RateCounts
+    reported: bool = True
+
+    @property
+    def received(self) -> int:
+        return min(self.counts.packets, self.packets_sent)  # duplicates do not count
+
+
+@dataclass(frozen=True)
+class RateStep:
+    target_bps: float
+    head: TrainPart
+    body: TrainPart
+
+    @property
+    def reported(self) -> bool:
+        return self.head.reported and self.body.reported
+
+    @property
+    def packets_sent(self) -> int:
+        return self.head.packets_sent + self.body.packets_sent
+
+    @property
+    def packets_received(self) -> int:
+        return self.head.received + self.body.received
+
+    @property
+    def send_span_s(self) -> float:
+        return (self.body.last_send_ns - self.head.first_send_ns) / 1e9
+
+    @property
+    def receive_span_s(self) -> float:
+        first = self.head.counts if self.head.counts.packets else self.body.counts
+        last = self.body.counts if self.body.counts.packets else self.head.counts
+        return (last.last_ns - first.first_ns) / 1e9
+
+    @property
+    def sent_bps(self) -> float:
+        """Payload bits after the first packet over the span they were sent in."""
+        span_s = self.send_span_s
+        if self.packets_sent < 2 or span_s <= 0:
+            return 0.0
+        size = (self.head.bytes_sent + self.body.bytes_sent) / self.packets_sent
+        return (self.packets_sent - 1) * size * 8 / span_s
+
+    @property
+    def received_bps(self) -> float:
+        """Payload bits after the first arrival over the span they arrived in."""
+        span_s = self.receive_span_s
+        received = self.packets_received
+        if received < 2 or span_s <= 0:
+            return 0.0
+        size = (self.head.counts.received_bytes + self.body.counts.received_bytes) / (
+            self.head.counts.packets + self.body.counts.packets
+        )
+        return (received - 1) * size * 8 / span_s
+
+    @property
+    def loss(self) -> float:
+        if self.packets_sent == 0:
+            return 0.0
+        return 1 - self.packets_received / self.packets_sent
+
+    @property
+    def stretch(self) -> float:
+        send_span_s = self.send_span_s
+        return self.receive_span_s / send_span_s if send_span_s > 0 else 1.0
+
+
+def classify(step: RateStep, prior_loss: float | None) -> StepKind:
+    """``prior_loss``: the random loss pooled from the clean trains before this one."""
+    if not step.reported or step.packets_received < 2 or step.sent_bps <= 0:
+        return "silent"
+    delivery = step.received_bps / step.sent_bps / (1 - (prior_loss or 0.0))
+    stretched = step.stretch > CLEAN_MAX_STRETCH
+    # A train this host could not send at its rate (it stalled) proves no bottleneck.
+    # Before any clean train, thinning alone is random loss as much as a full queue:
+    # only a stretch (a queue grew) says saturated, so the first train, at 1/16 of the
+    # cap, counts as clean unless it arrives stretched.
+    if (
+        delivery < SATURATED_BELOW
+        and step.sent_bps >= SENDER_SHORTFALL * step.target_bps
+        and (prior_loss is not None or stretched)
+    ):
+        return "saturated"
+    if not stretched and (prior_loss is None or delivery >= CLEAN_ABOVE):
+        return "clean"
+    return "mixed"
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    target_bps: float
+    duration_s: float
+    purpose: Literal["ramp", "confirm", "clean"]
+
+
+@dataclass(frozen=True)
+class RateSummary:
+    achievable_bps: float  # bottleneck rate in IP bits (0 when nothing was delivered)
+    goodput_bps: float  # UDP payload it delivers at that rate, random loss taken off
+    limit: Limit  # "path": trains saturated it; otherwise it carried all that was sent,
+    # up to the cap, to what this host could send, or to where the time ran out
+    loss: LossEstimate | None  # random loss over the clean trains (None: there were none)
+    steps: tuple[RateStep, ...]
+    kinds: tuple[StepKind, ...]
+    purposes: tuple[str, ...] = ()
+
+    @property
+    def capped(self) -> bool:
+        """The path carried everything sent: it may carry more than was measured."""
+        return self.limit in ("cap", "sender", "time")
+
+
+class RateSearch:
+    """Pull the next train with ``next_step()``; hand back what it showed with ``record``.
+
+    A saturated train is trusted only when its capacity is at least what some clean
+    train delivered (a stall of a host on the way stretches a train like a queue does,
+    and a train barely above the bottleneck lets it idle: both read low), and it is
+    confirmed by a second train at 1.2 x that capacity. A clean train at or above a
+    reading discards it and the doubling goes on from there.
+    """
+
+    def __init__(
+        self,
+        cap_bps: float,
+        budget_s: float,
+        rtt_s: float,
+        *,
+        payload_bytes: int,
+        header_bytes: int,
+        floor_bps: float = 1e6,
+    ) -> None:
+        self.cap_bps = cap_bps
+        self.ip_per_payload = (payload_bytes + header_bytes) / payload_bytes
+        self.settle_s = min(0.5, rtt_s + 0.05)  # the last packets arrive, a queue drains
+        self.overhead_s = self.settle_s + rtt_s  # ...and the query's round trip
+        self.budget_s = budget_s
+        self.spent_s = 0.0
+        self.first_bps = rate_plan(cap_bps, floor_bps=floor_bps)[0]
+        self.ramp_s = min(RAMP_STEP_S, max(MIN_RAMP_STEP_S, 0.06 * budget_s))
+        self.steps: list[RateStep] = []
+        self.kinds: list[StepKind] = []
+        self.purposes: list[str] = []
+        self._pending: PlannedStep | None = None
+        self._done = False
+
+    def next_step(self) -> PlannedStep | None:
+        if self._pending is not None:
+            raise RuntimeError("record the last step before asking for the next")
+        plan = None if self._done else self._plan()
+        if plan is None or plan.purpose == "clean":
+            self._done = True
+        if plan is not None:
+            self.spent_s += plan.duration_s + self.overhead_s
+        self._pending = plan
+        return plan
+
+    def _affordable(self, duration_s: float) -> bool:
+        """Time for this train and still for the clean one after it."""
+        after_s = self.budget_s - self.spent_s - duration_s - 2 * self.overhead_s
+        return after_s >= MIN_CLEAN_STEP_S
+
+    def _plan(self) -> PlannedStep | None:
+        if self.kinds and self.kinds[-1] == "silent":
+            return self._clean()
+        trusted = self._trusted()
+        if trusted:
+            confirmed = len(trusted) >= 2 or self.purposes[-1] == "confirm"
+            if not confirmed and self._affordable(CONFIRM_STEP_S):
+                capacity_bps = self._capacity_payload_bps(trusted, self._pooled_loss())
+                target = min(self.cap_bps, CONFIRM_OVERDRIVE * capacity_bps)
+                return PlannedStep(target, CONFIRM_STEP_S, "confirm")
+            return self._clean()
+        carried = [s.target_bps for s, k in self._history() if k in ("clean", "mixed")]
+        if not self.steps:
+            target = self.first_bps
+        elif not carried or max(carried) >= self.cap_bps:
+            return self._clean()
+        else:
+            target = min(self.cap_bps, 2 * max(carried))
+        if self.steps and not self._affordable(self.ramp_s):
+            return self._clean()
+        return PlannedStep(target, self.ramp_s, "ramp")
+
+    def _clean(self) -> PlannedStep | None:
+        capacity_bps = self._capacity()
+        if capacity_bps <= 0:
+            return None
+        duration_s = max(MIN_CLEAN_STEP_S, self.budget_s - self.spent_s - self.overhead_s)
+        return PlannedStep(CLEAN_FRACTION * capacity_bps, duration_s, "clean")
+
+    def record(self, step: RateStep) -> StepKind:
+        planned = self._pending
+        if planned is None:
+            raise RuntimeError("no step was planned")
+        self._pending = None
+        kind = classify(step, self._pooled_loss())
+        self.steps.append(step)
+        self.kinds.append(kind)
+        self.purposes.append(planned.purpose)
+        return kind
+
+    def _history(self) -> list[tuple[RateStep, StepKind]]:
+        return list(zip(self.steps, self.kinds, strict=True))
+
+    def _pooled_loss(self) -> float | None:
+        estimate = self._loss_estimate()
+        return None if estimate is None else estimate.fraction
+
+    def _loss_estimate(self) -> LossEstimate | None:
+        clean = [s for s, k in self._history() if k == "clean"]
+        if not clean:
+            return None
+        return LossEstimate(
+            sum(s.packets_sent - s.packets_received for s in clean),
+            sum(s.packets_sent for s in clean),
+        )
+
+    def _delivered_bps(self) -> float:
+        """The most payload a clean train delivered, random loss added back."""
+        keep = 1 - (self._pooled_loss() or 0.0)
+        return max((s.received_bps / keep for s, k in self._history() if k == "clean"), default=0)
+
+    def _trusted(self) -> list[RateStep]:
+        floor_bps = TRUST_MARGIN * self._delivered_bps()
+        random_loss = self._pooled_loss()
+        return [
+            s
+            for s, k in self._history()
+            if k == "saturated"
+            and self._capacity_payload_bps([s], random_loss) >= max(floor_bps, 1.0)
+        ]
+
+    def _limit(self) -> Limit:
+        if self._trusted():
+            return "path"
+        carried = [s for s, k in self._history() if k in ("clean", "mixed")]
+        if not carried:
+            return "none"
+        top = max(carried, key=lambda s: s.target_bps)
+        if top.sent_bps < SENDER_SHORTFALL * top.target_bps:
+            return "sender"
+        return "cap" if top.target_bps >= self.cap_bps else "time"
+
+    def _capacity(self) -> float:
+        """Payload bits per second: the trusted saturated trains', else what was carried."""
+        trusted = self._trusted()
+        if trusted:
+            return self._capacity_payload_bps(trusted, self._pooled_loss())
+        carried = [s.sent_bps for s, k in self._history() if k in ("clean", "mixed")]
+        return max([self._delivered_bps(), *carried], default=0.0)
+
+    @staticmethod
+    def _capacity_payload_bps(saturated: list[RateStep], random_loss: float | None) -> float:
+        """Payload bits per second through the bottleneck (see the module's note)."""
+        passed_bits = span_s = 0.0
+        for step in saturated:
+            body = step.body
+            body_span_s = (body.counts.last_ns - body.counts.first_ns) / 1e9
+            if body.received < 2 or body_span_s <= 0:
+                continue
+            size = body.counts.received_bytes / body.counts.packets
+            passed_bits += (body.received - 1) / (1 - (random_loss or 0.0)) * size * 8
+            span_s += body_span_s
+        return passed_bits / span_s if span_s > 0 else 0.0
+
+    def summary(self) -> RateSummary:
+        estimate = self._loss_estimate()
+        random_loss = None if estimate is None else estimate.fraction
+        capacity_bps = self._capacity()
+        return RateSummary(
+            achievable_bps=capacity_bps * self.ip_per_payload,
+            goodput_bps=capacity_bps * (1 - (random_loss or 0.0)),
+            limit=self._limit(),
+            loss=estimate,
+            steps=tuple(self.steps),
+            kinds=tuple(self.kinds),
+            purposes=tuple(self.purposes),
+        )
