@@ -24,7 +24,9 @@ def wilson_interval(lost: int, sent: int, z: float = Z95) -> tuple[float, float]
     z2n = z * z / sent
     centre = (p + z2n / 2) / (1 + z2n)
     half = z / (1 + z2n) * math.sqrt(p * (1 - p) / sent + z2n / (4 * sent))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if lost == 0 else max(0.0, centre - half)  # exact ends, no rounding dust
+    high = 1.0 if lost == sent else min(1.0, centre + half)
+    return low, high
 
 
 @dataclass(frozen=True)
