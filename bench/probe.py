@@ -73,10 +73,21 @@ def _probe_once(
              "--rate-mbps", str(setting.cap_mbps), "--json"],
             cwd=str(tree), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
+        before = lab.link_stats()["a"]["a_to_b"]
         out, err = prober.communicate(timeout=duration_s * 4 + 30)
+        after = lab.link_stats()["a"]["a_to_b"]
         if not out:
             raise RuntimeError(f"probe printed nothing: {err.decode()[-2000:]}")
         report: dict[str, Any] = json.loads(out)
+        # What the emulator itself did this run (prober -> responder): packets it was
+        # given, dropped at random, dropped at its queue. Packets the prober sent that
+        # never reached it were lost in the hosts (a stalled forwarder's TUN queue).
+        report["emulator"] = {k: after[k] - before[k] for k in after if isinstance(after[k], int)}
+        steps = (report["rate"] or {}).get("steps", [])
+        sent = report["latency"]["sent"] + sum(s["packets_sent"] for s in steps)
+        report["emulator"]["host_drops_at_least"] = max(
+            0, sent - report["emulator"]["pushed_packets"]
+        )
         return report
     finally:
         responder.terminate()
@@ -92,9 +103,12 @@ def _row(setting: Setting, tree: str, run: int, report: dict[str, Any]) -> str:
     else:
         fwd_text = "-"
     lat = report["latency"]
+    emu = report["emulator"]
+    emu_loss = emu["dropped_loss"] / max(1, emu["pushed_packets"] - emu["dropped_queue"])
     return (
         f"| {setting.label} | {tree} | {run} | {lat['rtt_ms']['min']:.2f} "
-        f"| {rate.get('achievable_mbps', 0.0):.2f} | {fwd_text} "
+        f"| {rate.get('achievable_mbps', 0.0):.2f} | {fwd_text} | {emu_loss * 100:.2f} % "
+        f"({emu['host_drops_at_least']}) "
         f"| {lat['loss'] * 100:.2f} % of {lat['sent']} | {report['verdict']['text']} |"
     )
 
@@ -115,8 +129,9 @@ def main() -> int:
             os.chmod(tmp, 0o755)
         print(f"load average at start: {os.getloadavg()}", flush=True)
         print("| setting | probe | run | min RTT ms | achievable Mbit/s | loss (rate phase, "
-              "95 % CI, packets) | loss (echoes) | verdict |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|---|")
+              "95 % CI, packets) | emulator's random loss (host drops) | loss (echoes, round trip) "
+              "| verdict |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
         for index, setting in enumerate(settings):
             scenario = two_site_scenario(
                 [{"name": "a", "rate_mbps": setting.rate_mbps, "delay_ms": setting.delay_ms,

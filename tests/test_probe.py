@@ -481,7 +481,8 @@ def test_report_document_keys() -> None:
     assert doc["latency"]["rtt_ms"] == {"min": 80.0, "p50": 81.0, "p90": 82.0, "p99": 85.0,
                                         "max": 86.0}  # fmt: skip
     assert doc["rate"] == {
-        "achievable_mbps": 50.0, "capped": False, "limit": "path", "goodput_mbps": 48.0,
+        "achievable_mbps": 50.0, "capped": False, "limit": "path", "confirmed": False,
+        "goodput_mbps": 48.0,
         "loss": {"sent": 5000, "lost": 20, "fraction": 0.004, "ci95": [0.002591, 0.006171]},
         "steps": [],
     }  # fmt: skip

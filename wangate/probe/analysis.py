@@ -216,6 +216,7 @@ def _rate_doc(rate: RateSummary) -> dict[str, Any]:
         "achievable_mbps": _mbps(rate.achievable_bps),
         "capped": rate.capped,
         "limit": rate.limit,
+        "confirmed": rate.confirmed,
         "goodput_mbps": _mbps(rate.goodput_bps),
         "loss": None if rate.loss is None else _loss_doc(rate.loss),
         "steps": [
@@ -313,9 +314,12 @@ def format_report(doc: dict[str, Any]) -> str:
                 f"{_pct_range(loss['ci95'])} ({loss['lost']} of {loss['sent']} packets of "
                 "the trains below the bottleneck rate)"
             )
+        note = _LIMIT_NOTES[rate["limit"]]
+        if rate["limit"] == "path" and not rate["confirmed"]:
+            note = " (one reading: no second saturated train agreed within 10%)"
         lines.append(
             f"achievable  {rate['achievable_mbps']:.2f} Mbit/s at the bottleneck (IP bytes), "
-            f"{rate['goodput_mbps']:.2f} Mbit/s of UDP payload{_LIMIT_NOTES[rate['limit']]}"
+            f"{rate['goodput_mbps']:.2f} Mbit/s of UDP payload{note}"
         )
     lines.append(f"verdict     {doc['verdict']['text']}")
     lines.append(f"thresholds  {doc['thresholds']}")

@@ -44,6 +44,7 @@ SATURATED_BELOW = 0.9  # delivery ratio (received / sent rate, over 1 - loss) be
 CLEAN_ABOVE = 0.95  # ...at or above this, and not stretched: the train's losses count
 CLEAN_MAX_STRETCH = 1.1  # arrival span / send span of a clean train (host stalls stretch)
 SENDER_SHORTFALL = 0.9  # sent below 90 % of the target: this host is the limit
+AGREEMENT = 0.1  # two readings within 10 % of each other confirm the capacity
 TRUST_MARGIN = 0.97  # a saturated reading below 97 % of a clean train's delivery is wrong
 
 StepKind = Literal["clean", "saturated", "mixed", "silent"]
@@ -178,6 +179,7 @@ class RateSummary:
     steps: tuple[RateStep, ...]
     kinds: tuple[StepKind, ...]
     purposes: tuple[str, ...] = ()
+    confirmed: bool = False  # two saturated trains agreed on the capacity
 
     @property
     def capped(self) -> bool:
@@ -190,9 +192,10 @@ class RateSearch:
 
     A saturated train is trusted only when its capacity is at least what some clean
     train delivered (a stall of a host on the way stretches a train like a queue does,
-    and a train barely above the bottleneck lets it idle: both read low), and it is
-    confirmed by a second train at 1.2 x that capacity. A clean train at or above a
-    reading discards it and the doubling goes on from there.
+    and a train barely above the bottleneck lets it idle: both read low). A reading is
+    confirmed by a train at 1.2 x it that reads within 10 % of it; until then (time
+    allowing) the latest reading is tried again the same way. A clean train at or
+    above a reading discards it and the doubling goes on from there.
     """
 
     def __init__(
@@ -240,10 +243,9 @@ class RateSearch:
             return self._clean()
         trusted = self._trusted()
         if trusted:
-            confirmed = len(trusted) >= 2 or self.purposes[-1] == "confirm"
-            if not confirmed and self._affordable(CONFIRM_STEP_S):
-                capacity_bps = self._capacity_payload_bps(trusted, self._pooled_loss())
-                target = min(self.cap_bps, CONFIRM_OVERDRIVE * capacity_bps)
+            if self._agreeing() is None and self._affordable(CONFIRM_STEP_S):
+                latest_bps = self._capacity_payload_bps(trusted[-1:], self._pooled_loss())
+                target = min(self.cap_bps, CONFIRM_OVERDRIVE * latest_bps)
                 return PlannedStep(target, CONFIRM_STEP_S, "confirm")
             return self._clean()
         carried = [s.target_bps for s, k in self._history() if k in ("clean", "mixed")]
@@ -306,6 +308,15 @@ class RateSearch:
             and self._capacity_payload_bps([s], random_loss) >= max(floor_bps, 1.0)
         ]
 
+    def _agreeing(self) -> list[RateStep] | None:
+        """The last two trusted readings when they agree (a confirmed capacity)."""
+        trusted = self._trusted()
+        if len(trusted) < 2:
+            return None
+        random_loss = self._pooled_loss()
+        a, b = (self._capacity_payload_bps([s], random_loss) for s in trusted[-2:])
+        return trusted[-2:] if abs(a - b) <= AGREEMENT * max(a, b) else None
+
     def _limit(self) -> Limit:
         if self._trusted():
             return "path"
@@ -321,7 +332,8 @@ class RateSearch:
         """Payload bits per second: the trusted saturated trains', else what was carried."""
         trusted = self._trusted()
         if trusted:
-            return self._capacity_payload_bps(trusted, self._pooled_loss())
+            readings = self._agreeing() or trusted[-1:]
+            return self._capacity_payload_bps(readings, self._pooled_loss())
         carried = [s.sent_bps for s, k in self._history() if k in ("clean", "mixed")]
         return max([self._delivered_bps(), *carried], default=0.0)
 
@@ -348,6 +360,7 @@ class RateSearch:
             goodput_bps=capacity_bps * (1 - (random_loss or 0.0)),
             limit=self._limit(),
             loss=estimate,
+            confirmed=self._agreeing() is not None,
             steps=tuple(self.steps),
             kinds=tuple(self.kinds),
             purposes=tuple(self.purposes),
