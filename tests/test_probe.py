@@ -6,8 +6,10 @@ import asyncio
 import json
 import math
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +163,21 @@ def test_echo_reply_has_the_request_size_and_the_responder_clock() -> None:
     assert decode(reply) == ProbePacket(
         PacketKind.ECHO_REPLY, 9, 4, 1234, echo_ns=5 * MS, size_bytes=200
     )
+
+
+def test_arrival_stamps_go_out_and_monotonic_time_paces() -> None:
+    responder = ProbeResponder(0)
+    request = encode(ProbePacket(PacketKind.ECHO_REQUEST, 9, 4, 1234, size_bytes=64))
+    reply = responder.handle(request, ADDR, 5 * MS, arrival_ns=1_700_000_000 * 10**9)
+    assert reply is not None and decode(reply).echo_ns == 1_700_000_000 * 10**9
+    for seq, arrival_ms in ((1, 100), (2, 103)):
+        data = encode(ProbePacket(PacketKind.RATE_DATA, 5, seq, 0, size_bytes=100))
+        responder.handle(data, ADDR, 6 * MS, arrival_ns=arrival_ms * MS)
+    query = encode(ProbePacket(PacketKind.RATE_QUERY, 5, 0, 0, size_bytes=REPORT_BYTES))
+    report = responder.handle(query, ADDR, 7 * MS, arrival_ns=200 * MS)
+    assert report is not None
+    assert decode(report).counts == RateCounts(2, 200, 100 * MS, 103 * MS, 2)
+    assert responder.last_valid_ns == 7 * MS  # idleness on the monotonic clock
 
 
 def test_rate_data_is_counted_per_address_and_test_and_never_answered() -> None:
@@ -380,6 +397,23 @@ def test_probe_against_a_real_responder_on_loopback() -> None:
     assert result.rate.loss is not None and result.rate.loss.sent > 0
     assert result.rate.achievable_bps > 1e6
     assert result.local.startswith("127.0.0.1:")
+
+
+def test_the_responder_stamps_arrivals_with_the_kernel_clock() -> None:
+    async def body(address: tuple[str, int]) -> int:
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.setblocking(False)
+            sock.connect(address)
+            request = ProbePacket(PacketKind.ECHO_REQUEST, 1, 0, 0, size_bytes=64)
+            await loop.sock_sendall(sock, encode(request))
+            reply = decode(await asyncio.wait_for(loop.sock_recv(sock, 100), 5))
+        return reply.echo_ns
+
+    before_ns = time.time_ns()
+    echo_ns = asyncio.run(with_responder(body))
+    # SO_TIMESTAMPNS stamps on CLOCK_REALTIME, decades away from the monotonic clock
+    assert before_ns - 10**9 <= echo_ns <= time.time_ns()
 
 
 def test_the_responder_exits_when_idle() -> None:

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import random
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ MAX_SEND_BUFFER_BYTES = 256 * 1024  # beyond this queued locally, the sender is 
 QUERY_ATTEMPTS = 5
 MAX_LOGGED_CLIENTS = 100
 MAX_PROBE_RATE_HZ = 400.0  # the responder answers 500 a second at most
+READ_BATCH = 256  # datagrams read per wake-up before the loop serves others
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS is the same
+TIMESPEC = struct.Struct("@qq")  # struct timespec: seconds, nanoseconds
 IPV4_UDP_HEADER_BYTES = 28  # what a link's rate counts besides the UDP payload
 IPV6_UDP_HEADER_BYTES = 48
 
@@ -92,26 +96,43 @@ def _fmt(address: Any) -> str:
 # ------------------------------------------------------------------ responder
 
 
-class _ResponderProtocol(asyncio.DatagramProtocol):
-    def __init__(self, responder: ProbeResponder) -> None:
+def _kernel_arrival_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The kernel's receive time stamp (SO_TIMESTAMPNS: CLOCK_REALTIME), else now on the
+    same clock. Only differences between arrivals are ever used."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = TIMESPEC.unpack_from(data)
+            return int(seconds * 1_000_000_000 + nanoseconds)
+    return time.time_ns()
+
+
+class _ResponderSocket:
+    """Reads with recvmsg for the kernel's arrival time: a train's arrival span then
+    does not depend on when this process got the CPU to read it."""
+
+    def __init__(self, responder: ProbeResponder, sock: socket.socket) -> None:
         self.responder = responder
-        self.transport: asyncio.DatagramTransport | None = None
+        self.sock = sock
         self.clients: set[Any] = set()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        reply = self.responder.handle(data, addr, time.monotonic_ns())
-        if reply is None or self.transport is None:
-            return
-        self.transport.sendto(reply, addr)
-        if addr[0] not in self.clients and len(self.clients) < MAX_LOGGED_CLIENTS:
-            self.clients.add(addr[0])
-            log.warning("probed by %s", _fmt(addr))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("responder socket error: %s", exc)
+    def on_readable(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                data, ancdata, _flags, addr = self.sock.recvmsg(MAX_PACKET_BYTES + 1, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. ICMP errors queued on the socket
+                log.debug("responder socket error: %s", exc)
+                continue
+            arrival_ns = _kernel_arrival_ns(ancdata)
+            reply = self.responder.handle(data, addr, time.monotonic_ns(), arrival_ns=arrival_ns)
+            if reply is None:
+                continue
+            with contextlib.suppress(OSError):  # a full buffer: no answer, as when limited
+                self.sock.sendto(reply, addr)
+            if addr[0] not in self.clients and len(self.clients) < MAX_LOGGED_CLIENTS:
+                self.clients.add(addr[0])
+                log.warning("probed by %s", _fmt(addr))
 
 
 async def serve_responder(
@@ -123,19 +144,28 @@ async def serve_responder(
     """Answer probes on ``listen`` until idle for ``idle_timeout_s`` (None: until cancelled)."""
     loop = asyncio.get_running_loop()
     responder = ProbeResponder(time.monotonic_ns())
-    transport, _ = await loop.create_datagram_endpoint(
-        lambda: _ResponderProtocol(responder), local_addr=listen, family=_family(listen[0])
-    )
-    enlarge_socket_buffers(transport.get_extra_info("socket"))  # bursts of rate data
+    sock = socket.socket(_family(listen[0]), socket.SOCK_DGRAM)
     try:
-        bound = transport.get_extra_info("sockname")
-        if ready is not None:
-            ready((str(bound[0]), int(bound[1])))
-        while idle_timeout_s is None or responder.idle_for_s(time.monotonic_ns()) < idle_timeout_s:
-            await asyncio.sleep(IDLE_CHECK_S)
-        log.warning("no probe for %g s: responder exits", idle_timeout_s)
+        sock.setblocking(False)
+        sock.bind(listen)
+        with contextlib.suppress(OSError):  # without it, arrival times are ours
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        enlarge_socket_buffers(sock)  # bursts of rate data
+        reader = _ResponderSocket(responder, sock)
+        loop.add_reader(sock.fileno(), reader.on_readable)
+        try:
+            bound = sock.getsockname()
+            if ready is not None:
+                ready((str(bound[0]), int(bound[1])))
+            while (
+                idle_timeout_s is None or responder.idle_for_s(time.monotonic_ns()) < idle_timeout_s
+            ):
+                await asyncio.sleep(IDLE_CHECK_S)
+            log.warning("no probe for %g s: responder exits", idle_timeout_s)
+        finally:
+            loop.remove_reader(sock.fileno())
     finally:
-        transport.close()
+        sock.close()
     return responder
 
 
