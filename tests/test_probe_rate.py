@@ -40,6 +40,7 @@ class FakePath:
         queue_s: float = 0.05,
         delay_s: float = 0.012,
         send_cap_bps: float = math.inf,
+        stall: dict[int, float] | None = None,
     ) -> None:
         self.rate_bps = rate_bps
         self.loss_every = loss_every
@@ -48,9 +49,11 @@ class FakePath:
         self.send_cap_bps = send_cap_bps  # this host cannot send faster
         self.now_s = 100.0
         self.pushed = 0  # packets through the bottleneck, for the loss pattern
-        self.stall_at_end_s: float = 0.0  # a stalled host: the last arrival comes late
+        self.stall = stall or {}  # train number (from 1): its last arrival comes late by
+        self.trains = 0
 
     def train(self, plan: PlannedStep) -> RateStep:
+        self.trains += 1
         send_bps = min(plan.target_bps, self.send_cap_bps)
         gap_s = PAYLOAD * 8 / send_bps
         count = math.floor(plan.duration_s / gap_s)
@@ -67,9 +70,9 @@ class FakePath:
                 if not (self.loss_every and self.pushed % self.loss_every == 0):
                     arrival = busy_until + self.delay_s
             parts[0 if i < head_count else 1].append((sent_s, arrival))
-        if self.stall_at_end_s:
+        if self.trains in self.stall:  # a host on the way stalled
             sent_s, arrival = parts[1][-1]
-            parts[1][-1] = (sent_s, arrival + self.stall_at_end_s)
+            parts[1][-1] = (sent_s, arrival + self.stall[self.trains])
         self.now_s += plan.duration_s + 1.0
         head, body = (self._part(p) for p in parts)
         return RateStep(plan.target_bps, head, body)
@@ -251,16 +254,9 @@ def test_a_stalled_reading_is_not_trusted() -> None:
     # stalled): it reads as saturated at about 10 Mbit/s. The confirming train at
     # 1.2 x that is clean and delivers more, so the reading is dropped and the
     # doubling goes on.
-    path = FakePath(20e6, loss_every=200)
-    search = RateSearch(100e6, 5.0, 0.024, payload_bytes=PAYLOAD, header_bytes=HEADER)
-    plans, kinds = [], []
-    while (plan := search.next_step()) is not None:
-        plans.append(plan)
-        path.stall_at_end_s = 0.06 if len(plans) == 2 else 0.0
-        kinds.append(search.record(path.train(plan)))
-    assert kinds[:3] == ["clean", "saturated", "clean"]
+    summary, plans = run_search(FakePath(20e6, loss_every=200, stall={2: 0.06}))
+    assert summary.kinds[:3] == ("clean", "saturated", "clean")
     assert [p.purpose for p in plans[:3]] == ["ramp", "ramp", "confirm"]
-    summary = search.summary()
     assert summary.limit == "path"
     assert summary.achievable_bps == pytest.approx(20e6, rel=0.005)
 
@@ -270,16 +266,11 @@ def test_readings_that_disagree_are_tried_again() -> None:
     # against the first reading's 19.5 (payload). Not within 10 %: another confirming
     # train at 1.2 x 16 = 19.2 comes out clean (just below the bottleneck) and drops
     # the low reading; a third, at 1.2 x 19.5, agrees with the first.
-    path = FakePath(20e6, loss_every=200)
-    search = RateSearch(100e6, 5.0, 0.024, payload_bytes=PAYLOAD, header_bytes=HEADER)
-    plans, kinds = [], []
-    while (plan := search.next_step()) is not None:
-        plans.append(plan)
-        path.stall_at_end_s = 0.1 if len(plans) == 4 else 0.0
-        kinds.append(search.record(path.train(plan)))
+    summary, plans = run_search(FakePath(20e6, loss_every=200, stall={4: 0.1}))
     assert [p.purpose for p in plans] == ["ramp"] * 3 + ["confirm"] * 3 + ["clean"]
-    assert kinds == ["clean", "clean", "saturated", "saturated", "clean", "saturated", "clean"]
-    summary = search.summary()
+    assert summary.kinds == (
+        "clean", "clean", "saturated", "saturated", "clean", "saturated", "clean",
+    )  # fmt: skip
     assert summary.confirmed
     assert summary.achievable_bps == pytest.approx(20e6, rel=0.005)
 
