@@ -219,6 +219,7 @@ def _rate_doc(rate: RateSummary) -> dict[str, Any]:
         "confirmed": rate.confirmed,
         "goodput_mbps": _mbps(rate.goodput_bps),
         "loss": None if rate.loss is None else _loss_doc(rate.loss),
+        "loss_episodes": {"lost": rate.episodes.lost, "sent": rate.episodes.sent},
         "steps": [
             {
                 "target_mbps": _mbps(s.target_bps),
@@ -313,6 +314,12 @@ def format_report(doc: dict[str, Any]) -> str:
                 f"path loss   {loss['fraction'] * 100:.2f}% one way, 95% CI "
                 f"{_pct_range(loss['ci95'])} ({loss['lost']} of {loss['sent']} packets of "
                 "the trains below the bottleneck rate)"
+            )
+        episodes = rate["loss_episodes"]
+        if episodes["sent"]:
+            lines.append(
+                f"            left out: {episodes['lost']} of {episodes['sent']} packets lost "
+                "in bursts (a queue overflowing for a moment), not random loss"
             )
         note = _LIMIT_NOTES[rate["limit"]]
         if rate["limit"] == "path" and not rate["confirmed"]:

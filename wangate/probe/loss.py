@@ -51,6 +51,9 @@ class LossEstimate:
         )
 
 
+NO_LOSS = LossEstimate(0, 0)
+
+
 def round_trip(one_way: float) -> float:
     """The round-trip loss of two directions that each lose ``one_way``."""
     return 1 - (1 - one_way) ** 2

@@ -47,6 +47,7 @@ from wangate.probe.rate import (
     RateStep,
     RateSummary,
     TrainPart,
+    join,
 )
 from wangate.probe.responder import ProbeResponder
 
@@ -354,14 +355,15 @@ async def _train(
 ) -> RateStep:
     """Send one paced train as two tests (head, body; see rate.py) and read both reports."""
     size = options.data_bytes
-    ids = (random.getrandbits(64), random.getrandbits(64))
-    sent = [[0, 0, 0, 0], [0, 0, 0, 0]]  # per part: packets, bytes, first_ns, last_ns
+    ids = [random.getrandbits(64) for _ in range(1 + planned.segments)]  # head, segments
+    sent = [[0, 0, 0, 0] for _ in ids]  # per part: packets, bytes, first_ns, last_ns
     bytes_sent = 0
     start = time.monotonic()
     switch = start + HEAD_FRACTION * planned.duration_s
+    segment_s = (1 - HEAD_FRACTION) * planned.duration_s / planned.segments
     end = start + planned.duration_s
     while (now := time.monotonic()) < end:
-        part = 0 if now < switch else 1
+        part = 0 if now < switch else 1 + min(planned.segments - 1, int((now - switch) / segment_s))
         counters = sent[part]
         # credit by elapsed time, so timer granularity makes bursts, not a lower rate
         due_bytes = (now - start) * planned.target_bps / 8 + size
@@ -380,11 +382,16 @@ async def _train(
         await asyncio.sleep(0.001)
     await asyncio.sleep(settle_s)  # the last packets still arrive, the queue drains
     reports = await asyncio.gather(*(_query(protocol, transport, i, rtt_s) for i in ids))
-    head, body = (
+    head, *segments = (
         TrainPart(p, b, first, last, NO_COUNTS if c is None else c, reported=c is not None)
         for (p, b, first, last), c in zip(sent, reports, strict=True)
     )
-    return RateStep(planned.target_bps, head, body)
+    # a segment a stall of this host skipped over entirely sent nothing
+    segments = [s for s in segments if s.packets_sent] or [
+        TrainPart(0, 0, head.last_send_ns, head.last_send_ns, NO_COUNTS)
+    ]
+    body = join(segments)
+    return RateStep(planned.target_bps, head, body, tuple(segments) if len(segments) > 1 else ())
 
 
 async def _query(

@@ -15,7 +15,11 @@ spread over the span it was sent in (no queue grew) and delivers ``1 - p`` of wh
 sent at every rate: its losses are the path's. A train above it is stretched (a queue
 grew) or thinned beyond ``1 - p`` (the queue overflowed): its losses are the probe's
 own and are not counted. The path's loss is pooled over the clean trains (thousands
-of packets: the last one runs at 85 % of the capacity for the rest of the phase).
+of packets: the last one runs at 85 % of the capacity for the rest of the phase). A
+clean train is counted in pieces (head, and the long train's body in 0.25 s
+segments): a piece that lost far more than the binomial allows is a loss episode (a
+queue overflowing for a moment under cross traffic or a host's stall), reported
+apart from the random loss (``separate_episodes``).
 
 Plan: rates doubling up to the cap (short trains) until one saturates; a longer train
 at 1.2 x the capacity it showed, to confirm it (``RateSearch`` says when a reading is
@@ -26,11 +30,13 @@ here are UDP payload bits; capacity is reported in IP bits
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from wangate.probe.loss import LossEstimate
-from wangate.probe.packets import RateCounts
+from wangate.probe.loss import NO_LOSS, LossEstimate
+from wangate.probe.packets import NO_COUNTS, RateCounts
 
 MAX_RAMP_STEPS = 5  # doubling: the first train runs at 1/16 of the cap
 RAMP_STEP_S = 0.3  # at most; 6 % of the phase, at least MIN_RAMP_STEP_S
@@ -45,6 +51,10 @@ CLEAN_ABOVE = 0.95  # ...at or above this, and not stretched: the train's losses
 CLEAN_MAX_STRETCH = 1.1  # arrival span / send span of a clean train (host stalls stretch)
 SENDER_SHORTFALL = 0.9  # sent below 90 % of the target: this host is the limit
 AGREEMENT = 0.1  # two readings within 10 % of each other confirm the capacity
+SEGMENT_S = 0.25  # the long clean train is counted in pieces this long...
+MAX_SEGMENTS = 40  # ...at most this many (tests the responder keeps: 256)
+EPISODE_SIGMAS = 5.0  # a piece losing this far above the binomial is a loss episode
+EPISODE_SLACK = 5  # ...and by at least this many packets more
 TRUST_MARGIN = 0.97  # a saturated reading below 97 % of a clean train's delivery is wrong
 
 StepKind = Literal["clean", "saturated", "mixed", "silent"]
@@ -80,11 +90,41 @@ class TrainPart:
         return min(self.counts.packets, self.packets_sent)  # duplicates do not count
 
 
+def join(parts: Sequence[TrainPart]) -> TrainPart:
+    """Consecutive parts of a train as one (the body's segments as the body)."""
+    arrived = [p.counts for p in parts if p.counts.packets]
+    counts = (
+        RateCounts(
+            sum(c.packets for c in arrived),
+            sum(c.received_bytes for c in arrived),
+            arrived[0].first_ns,
+            arrived[-1].last_ns,
+            max(c.max_seq for c in arrived),
+        )
+        if arrived
+        else NO_COUNTS
+    )
+    return TrainPart(
+        sum(p.packets_sent for p in parts),
+        sum(p.bytes_sent for p in parts),
+        parts[0].first_send_ns,
+        parts[-1].last_send_ns,
+        counts,
+        reported=all(p.reported for p in parts),
+    )
+
+
 @dataclass(frozen=True)
 class RateStep:
     target_bps: float
     head: TrainPart
-    body: TrainPart
+    body: TrainPart  # join(segments) when the body was sent in segments
+    segments: tuple[TrainPart, ...] = ()
+
+    @property
+    def parts(self) -> tuple[TrainPart, ...]:
+        """The pieces loss is counted in: the head and the body's segments."""
+        return (self.head, *(self.segments or (self.body,)))
 
     @property
     def reported(self) -> bool:
@@ -162,11 +202,41 @@ def classify(step: RateStep, prior_loss: float | None) -> StepKind:
     return "mixed"
 
 
+def separate_episodes(
+    pieces: Sequence[tuple[int, int]],
+) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Split (lost, sent) pieces of clean trains into random loss and loss episodes.
+
+    Random loss spreads over the pieces as the binomial says; a burst (a queue that
+    overflowed for a moment: cross traffic, a stalled host) lands in one. A piece that
+    lost more than ``EPISODE_SIGMAS`` standard deviations (plus a few packets, so that
+    small counts never qualify) above what the other pieces' rate predicts is an
+    episode; the worst goes first, then the rest are tested again. Returns the
+    ((lost, sent) kept, (lost, sent) left out).
+    """
+    kept = list(pieces)
+    out_lost = out_sent = 0
+    while len(kept) > 2:
+        worst = max(range(len(kept)), key=lambda i: kept[i][0] / max(1, kept[i][1]))
+        lost, sent = kept[worst]
+        others_lost = sum(p[0] for p in kept) - lost
+        others_sent = sum(p[1] for p in kept) - sent
+        rate = others_lost / others_sent if others_sent else 0.0
+        expected = sent * rate
+        limit = expected + EPISODE_SIGMAS * math.sqrt(expected * (1 - rate)) + EPISODE_SLACK
+        if lost <= limit:
+            break
+        del kept[worst]
+        out_lost, out_sent = out_lost + lost, out_sent + sent
+    return (sum(p[0] for p in kept), sum(p[1] for p in kept)), (out_lost, out_sent)
+
+
 @dataclass(frozen=True)
 class PlannedStep:
     target_bps: float
     duration_s: float
     purpose: Literal["ramp", "confirm", "clean"]
+    segments: int = 1  # the body sent as this many tests, one after the other
 
 
 @dataclass(frozen=True)
@@ -180,6 +250,7 @@ class RateSummary:
     kinds: tuple[StepKind, ...]
     purposes: tuple[str, ...] = ()
     confirmed: bool = False  # two saturated trains agreed on the capacity
+    episodes: LossEstimate = NO_LOSS  # loss bursts left out of ``loss`` (lost, sent)
 
     @property
     def capped(self) -> bool:
@@ -264,7 +335,8 @@ class RateSearch:
         if capacity_bps <= 0:
             return None
         duration_s = max(MIN_CLEAN_STEP_S, self.budget_s - self.spent_s - self.overhead_s)
-        return PlannedStep(CLEAN_FRACTION * capacity_bps, duration_s, "clean")
+        segments = max(1, min(MAX_SEGMENTS, round(duration_s / SEGMENT_S)))
+        return PlannedStep(CLEAN_FRACTION * capacity_bps, duration_s, "clean", segments)
 
     def record(self, step: RateStep) -> StepKind:
         planned = self._pending
@@ -285,13 +357,14 @@ class RateSearch:
         return None if estimate is None else estimate.fraction
 
     def _loss_estimate(self) -> LossEstimate | None:
-        clean = [s for s, k in self._history() if k == "clean"]
-        if not clean:
-            return None
-        return LossEstimate(
-            sum(s.packets_sent - s.packets_received for s in clean),
-            sum(s.packets_sent for s in clean),
-        )
+        return self._loss_and_episodes()[0]
+
+    def _loss_and_episodes(self) -> tuple[LossEstimate | None, LossEstimate]:
+        parts = [p for s, k in self._history() if k == "clean" for p in s.parts]
+        kept, dropped = separate_episodes([(p.packets_sent - p.received, p.packets_sent)
+                                           for p in parts])  # fmt: skip
+        estimate = LossEstimate(*kept) if kept[1] else None
+        return estimate, LossEstimate(*dropped)
 
     def _delivered_bps(self) -> float:
         """The most payload a clean train delivered, random loss added back."""
@@ -352,7 +425,7 @@ class RateSearch:
         return passed_bits / span_s if span_s > 0 else 0.0
 
     def summary(self) -> RateSummary:
-        estimate = self._loss_estimate()
+        estimate, episodes = self._loss_and_episodes()
         random_loss = None if estimate is None else estimate.fraction
         capacity_bps = self._capacity()
         return RateSummary(
@@ -361,6 +434,7 @@ class RateSearch:
             limit=self._limit(),
             loss=estimate,
             confirmed=self._agreeing() is not None,
+            episodes=episodes,
             steps=tuple(self.steps),
             kinds=tuple(self.kinds),
             purposes=tuple(self.purposes),
