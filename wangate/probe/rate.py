@@ -343,7 +343,15 @@ class RateSearch:
         if planned is None:
             raise RuntimeError("no step was planned")
         self._pending = None
-        kind = classify(step, self._pooled_loss())
+        prior = self._pooled_loss()
+        kind = classify(step, prior)
+        if kind == "mixed" and step.segments and step.stretch <= CLEAN_MAX_STRETCH:
+            # thinned only by loss episodes (a burst in one segment): clean otherwise
+            (lost, sent), _ = separate_episodes(
+                [(p.packets_sent - p.received, p.packets_sent) for p in step.parts]
+            )
+            if sent and 1 - lost / sent >= CLEAN_ABOVE * (1 - (prior or 0.0)):
+                kind = "clean"
         self.steps.append(step)
         self.kinds.append(kind)
         self.purposes.append(planned.purpose)
@@ -367,9 +375,13 @@ class RateSearch:
         return estimate, LossEstimate(*dropped)
 
     def _delivered_bps(self) -> float:
-        """The most payload a clean train delivered, random loss added back."""
+        """The most payload a clean train delivered, random loss added back: no more than
+        it was sent at (a burst after a stall arrives faster than it was sent)."""
         keep = 1 - (self._pooled_loss() or 0.0)
-        return max((s.received_bps / keep for s, k in self._history() if k == "clean"), default=0)
+        return max(
+            (min(s.sent_bps, s.received_bps / keep) for s, k in self._history() if k == "clean"),
+            default=0.0,
+        )
 
     def _trusted(self) -> list[RateStep]:
         floor_bps = TRUST_MARGIN * self._delivered_bps()
@@ -378,7 +390,9 @@ class RateSearch:
             s
             for s, k in self._history()
             if k == "saturated"
-            and self._capacity_payload_bps([s], random_loss) >= max(floor_bps, 1.0)
+            # a bottleneck cannot pass more than it was sent: a reading above the
+            # train's rate is a burst after a stall, not the bottleneck
+            and max(floor_bps, 1.0) <= self._capacity_payload_bps([s], random_loss) <= s.sent_bps
         ]
 
     def _agreeing(self) -> list[RateStep] | None:
