@@ -271,15 +271,21 @@ def test_a_stalled_reading_is_not_trusted() -> None:
     assert summary.achievable_bps == pytest.approx(20e6, rel=0.005)
 
 
-def test_readings_that_disagree_are_tried_again() -> None:
-    # The confirming train arrives 100 ms late at its end: it reads about 16 Mbit/s
-    # against the first reading's 19.5 (payload). Not within 10 %: another confirming
-    # train at 1.2 x 16 = 19.2 comes out clean (just below the bottleneck) and drops
-    # the low reading; a third, at 1.2 x 19.5, agrees with the first.
-    summary, plans = run_search(FakePath(20e6, loss_every=200, stall={4: 0.1}))
-    assert [p.purpose for p in plans] == ["ramp"] * 3 + ["confirm"] * 3 + ["clean"]
+def test_a_low_reading_is_tried_again_and_one_stalled_segment_does_not_count() -> None:
+    # The saturating ramp train (25 Mbit/s) arrives 100 ms late at its end: its body
+    # reads 14 Mbit/s instead of 19.5 (payload). The confirming
+    # train at 1.2 x that comes out clean (below the bottleneck's 19.5) and so drops
+    # the low reading; the doubling goes on from there, reads 19.5, and its confirming
+    # train agrees although its own last segment stalled too (its reading is the
+    # median of its segments).
+    summary, plans = run_search(FakePath(20e6, loss_every=200, stall={3: 0.1, 6: 0.1}))
+    assert [p.purpose for p in plans] == [
+        "ramp", "ramp", "ramp", "confirm", "ramp", "confirm", "clean",
+    ]  # fmt: skip
+    assert plans[3].target_bps == pytest.approx(1.2 * 13.97e6, rel=0.001)
+    assert plans[4].target_bps == pytest.approx(2 * plans[3].target_bps)
     assert summary.kinds == (
-        "clean", "clean", "saturated", "saturated", "clean", "saturated", "clean",
+        "clean", "clean", "saturated", "clean", "saturated", "saturated", "clean",
     )  # fmt: skip
     assert summary.confirmed
     assert summary.achievable_bps == pytest.approx(20e6, rel=0.005)

@@ -8,7 +8,8 @@ without a search. Each train is sent as two tests: the *head* (its first quarter
 builds a queue at the bottleneck, the *body* is measured while that queue keeps the
 bottleneck busy, so a pause of the sender early in the train does not read as a slow
 path. Random loss after the bottleneck thins the arrivals but not their spacing, so
-the packets that passed are ``received / (1 - random loss)``.
+the packets that passed are ``received / (1 - random loss)``. A confirming train's
+body is sent in segments and read as their median, robust to one stalled segment.
 
 Random loss apart from congestion loss. A train below the bottleneck rate arrives
 spread over the span it was sent in (no queue grew) and delivers ``1 - p`` of what was
@@ -31,6 +32,7 @@ here are UDP payload bits; capacity is reported in IP bits
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -42,6 +44,7 @@ MAX_RAMP_STEPS = 5  # doubling: the first train runs at 1/16 of the cap
 RAMP_STEP_S = 0.3  # at most; 6 % of the phase, at least MIN_RAMP_STEP_S
 MIN_RAMP_STEP_S = 0.15
 CONFIRM_STEP_S = 0.5
+CONFIRM_SEGMENTS = 4  # its reading: the median of its body's segments
 MIN_CLEAN_STEP_S = 0.5
 HEAD_FRACTION = 0.25  # of a train: fills the bottleneck's queue when above its rate
 CONFIRM_OVERDRIVE = 1.2
@@ -317,7 +320,7 @@ class RateSearch:
             if self._agreeing() is None and self._affordable(CONFIRM_STEP_S):
                 latest_bps = self._capacity_payload_bps(trusted[-1:], self._pooled_loss())
                 target = min(self.cap_bps, CONFIRM_OVERDRIVE * latest_bps)
-                return PlannedStep(target, CONFIRM_STEP_S, "confirm")
+                return PlannedStep(target, CONFIRM_STEP_S, "confirm", CONFIRM_SEGMENTS)
             return self._clean()
         carried = [s.target_bps for s, k in self._history() if k in ("clean", "mixed")]
         if not self.steps:
@@ -375,11 +378,15 @@ class RateSearch:
         return estimate, LossEstimate(*dropped)
 
     def _delivered_bps(self) -> float:
-        """The most payload a clean train delivered, random loss added back: no more than
-        it was sent at (a burst after a stall arrives faster than it was sent)."""
+        """The most payload a train below saturation delivered, random loss added back:
+        no more than it was sent at (a burst after a stall arrives faster than sent)."""
         keep = 1 - (self._pooled_loss() or 0.0)
         return max(
-            (min(s.sent_bps, s.received_bps / keep) for s, k in self._history() if k == "clean"),
+            (
+                min(s.sent_bps, s.received_bps / keep)
+                for s, k in self._history()
+                if k in ("clean", "mixed")
+            ),
             default=0.0,
         )
 
@@ -421,22 +428,24 @@ class RateSearch:
         if trusted:
             readings = self._agreeing() or trusted[-1:]
             return self._capacity_payload_bps(readings, self._pooled_loss())
-        carried = [s.sent_bps for s, k in self._history() if k in ("clean", "mixed")]
-        return max([self._delivered_bps(), *carried], default=0.0)
+        return self._delivered_bps()  # what the path demonstrably carried
 
     @staticmethod
     def _capacity_payload_bps(saturated: list[RateStep], random_loss: float | None) -> float:
-        """Payload bits per second through the bottleneck (see the module's note)."""
-        passed_bits = span_s = 0.0
+        """Payload bits per second through the bottleneck (see the module's note): the
+        median over the body's segments of these trains, so that a stall or a burst in
+        one segment does not move it; the whole body where it was not segmented."""
+        readings = []
         for step in saturated:
-            body = step.body
-            body_span_s = (body.counts.last_ns - body.counts.first_ns) / 1e9
-            if body.received < 2 or body_span_s <= 0:
-                continue
-            size = body.counts.received_bytes / body.counts.packets
-            passed_bits += (body.received - 1) / (1 - (random_loss or 0.0)) * size * 8
-            span_s += body_span_s
-        return passed_bits / span_s if span_s > 0 else 0.0
+            pieces = step.segments if len(step.segments) >= 3 else (step.body,)
+            for piece in pieces:
+                span_s = (piece.counts.last_ns - piece.counts.first_ns) / 1e9
+                if piece.received < 2 or span_s <= 0:
+                    continue
+                size = piece.counts.received_bytes / piece.counts.packets
+                passed = (piece.received - 1) / (1 - (random_loss or 0.0))
+                readings.append(passed * size * 8 / span_s)
+        return statistics.median(readings) if readings else 0.0
 
     def summary(self) -> RateSummary:
         estimate, episodes = self._loss_and_episodes()
