@@ -113,13 +113,48 @@ def _row(setting: Setting, tree: str, run: int, report: dict[str, Any]) -> str:
     )
 
 
+def summarize(results: list[tuple[int, str, dict[str, Any]]]) -> list[str]:
+    """Per setting and probe: achievable / truth, one-way loss vs truth, verdicts."""
+    lines = ["| setting | probe | achievable / truth (min-max) | one-way loss (min-max) "
+             "| truth inside the 95 % CI | verdicts |", "|---|---|---|---|---|---|"]  # fmt: skip
+    keys = sorted({(i, name) for i, name, _ in results}, key=lambda k: (k[0], k[1] != "this"))
+    for index, name in keys:
+        setting = SETTINGS[index]
+        reports = [r for i, n, r in results if (i, n) == (index, name)]
+        ratios = [(r["rate"] or {}).get("achievable_mbps", 0.0) / setting.rate_mbps
+                  for r in reports]  # fmt: skip
+        losses = [r["rate"]["loss"] for r in reports if r["rate"] and r["rate"].get("loss")]
+        loss_text = (
+            f"{min(x['fraction'] for x in losses) * 100:.2f}-"
+            f"{max(x['fraction'] for x in losses) * 100:.2f} %"
+            if losses
+            else "-"
+        )
+        inside = sum(x["ci95"][0] <= setting.loss <= x["ci95"][1] for x in losses)
+        verdicts = ", ".join(sorted(r["verdict"]["kind"] for r in reports))
+        lines.append(
+            f"| {setting.label} | {name} | {min(ratios):.3f}-{max(ratios):.3f} | {loss_text} "
+            f"| {f'{inside} of {len(losses)}' if losses else '-'} | {verdicts} |"
+        )
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=10.0, help="probe --duration (10)")
     parser.add_argument("--baseline", help="git revision whose probe runs alongside")
     parser.add_argument("--only", type=int, action="append", help="setting index (0, 1, 2)")
+    parser.add_argument("--summarize", nargs="+", type=Path, help="only summarise these reports")
     args = parser.parse_args()
+    if args.summarize:
+        loaded = []
+        for file in args.summarize:  # written as STAMP-sINDEX-PROBE-rRUN.json
+            _stamp, index, name, _run = file.stem.split("-", 3)
+            loaded.append((int(index[1:]), name, json.loads(file.read_text())))
+        print("\n".join(summarize(loaded)))
+        return 0
+    results: list[tuple[int, str, dict[str, Any]]] = []
     RESULTS.mkdir(parents=True, exist_ok=True)
     settings = [SETTINGS[i] for i in args.only] if args.only else list(SETTINGS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,7 +182,9 @@ def main() -> int:
                         out = RESULTS / f"{stamp}-s{index}-{name.replace('/', '_')}-r{run}.json"
                         out.write_text(json.dumps(report, indent=1))
                         print(_row(setting, name, run, report), flush=True)
+                        results.append((SETTINGS.index(setting), name, report))
         print(f"load average at end: {os.getloadavg()}", flush=True)
+        print("\n".join(summarize(results)))
     return 0
 
 

@@ -330,7 +330,8 @@ async def _rate_phase(
     phase_s: float,
     latency: LatencySummary,
 ) -> RateSummary:
-    rtt_s = latency.rtt_p90_s or 0.25
+    # the median: a host stall during the echoes inflates the tail, not the path's RTT
+    rtt_s = latency.rtt_p50_s or 0.25
     header_bytes = IPV6_UDP_HEADER_BYTES if ":" in options.target[0] else IPV4_UDP_HEADER_BYTES
     search = RateSearch(
         options.rate_cap_bps,
