@@ -15,7 +15,9 @@ emulator's defaults otherwise), seeded. Tolerances:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -39,12 +41,12 @@ def _probe(lab: Lab, *args: str) -> dict[str, Any]:
     path = lab.scenario.path("a")
     prober = lab.run_in(
         "bj",
-        [sys.executable, "-m", "wangate", "probe", f"{path.address_b}:{PORT}",
+        ["nice", "-n", "-10", sys.executable, "-m", "wangate", "probe", f"{path.address_b}:{PORT}",
          "--local", path.address_a, "--json", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     out, err = prober.communicate(timeout=60)
-    assert prober.returncode == 0, err.decode()
+    assert prober.returncode in (0, 1), err.decode()  # 1: judged unusable (checked below)
     report: dict[str, Any] = json.loads(out)
     return report
 
@@ -54,10 +56,15 @@ def test_probe_reads_the_lab_path() -> None:
         [{"name": "a", "rate_mbps": 20.0, "delay_ms": 12.0, "loss": 0.005}], seed=7
     )
     with Lab(scenario, run_id="p" + secrets.token_hex(2)) as lab:
+        # The emulator is a Python process per path: on a shared machine it must not
+        # queue behind other work, or the link it emulates is slower than its settings.
+        for pid in lab.forwarder_pids().values():
+            with contextlib.suppress(PermissionError):
+                os.setpriority(os.PRIO_PROCESS, pid, -10)
         lab.start_timeline()
         responder = lab.run_in(
             "sh",
-            [sys.executable, "-m", "wangate", "probe", "--serve", "--listen",
+            ["nice", "-n", "-10", sys.executable, "-m", "wangate", "probe", "--serve", "--listen",
              f"{scenario.path('a').address_b}:{PORT}", "--forever"],
             stdout=subprocess.PIPE,
         )  # fmt: skip
@@ -78,6 +85,7 @@ def test_probe_reads_the_lab_path() -> None:
     # the saturating trains lost packets at the queue; none of that is path loss
     saturated = [s for s in rate["steps"] if s["kind"] == "saturated"]
     assert saturated, rate["steps"]
+    assert report["verdict"]["kind"] != "unusable", report
     assert all("loss" not in reason for reason in report["verdict"]["reasons"]), report["verdict"]
 
     low_cap = capped["rate"]

@@ -24,6 +24,7 @@ from wangate.probe.rate import (
     TrainPart,
     classify,
     join,
+    piece_is_clean,
     rate_plan,
     separate_episodes,
 )
@@ -346,6 +347,26 @@ def test_a_reading_above_the_trains_own_rate_is_not_trusted() -> None:
     assert search.record(burst) == "saturated"
     planned = search.next_step()
     assert planned is not None and planned.purpose == "ramp"
+
+
+def test_clean_segments_of_a_train_that_was_not_clean_still_count() -> None:
+    search = RateSearch(100e6, 5.0, 0.024, payload_bytes=PAYLOAD, header_bytes=HEADER)
+    assert search.next_step() is not None
+    assert search.record(step(6.25, 1001, 996, 1.0)) == "clean"  # 5 of 1001 lost
+    assert search.next_step() is not None
+    # the path slowed down halfway: three segments arrive as sent, two stretched to
+    # 1.5 x and thinned (a queue overflowed); the train as a whole is saturated
+    head = part(250, 250, (0.0, 0.25), (0.01, 0.26))
+    clean = [part(200, 199, (0.25 + 0.2 * i, 0.4 + 0.2 * i), (0.26 + 0.2 * i, 0.41 + 0.2 * i))
+             for i in range(3)]  # fmt: skip
+    slow = [part(200, 120, (0.85 + 0.2 * i, 1.0 + 0.2 * i), (1.0 + 0.3 * i, 1.225 + 0.3 * i))
+            for i in range(2)]  # fmt: skip
+    assert [piece_is_clean(p, 0.005) for p in (*clean, *slow)] == [True] * 3 + [False] * 2
+    segments = (*clean, *slow)
+    assert search.record(RateStep(9.6e6, head, join(segments), segments)) == "saturated"
+    loss = search.summary().loss
+    assert loss is not None
+    assert (loss.lost, loss.sent) == (5 + 3, 1001 + 600)
 
 
 def test_the_search_refuses_misuse() -> None:

@@ -234,6 +234,23 @@ def separate_episodes(
     return (sum(p[0] for p in kept), sum(p[1] for p in kept)), (out_lost, out_sent)
 
 
+def _pooled(pieces: Sequence[tuple[int, int]]) -> float | None:
+    sent = sum(p[1] for p in pieces)
+    return sum(p[0] for p in pieces) / sent if sent else None
+
+
+def piece_is_clean(part: TrainPart, prior_loss: float) -> bool:
+    """One segment judged like a whole train: not stretched, delivered as random loss
+    allows (``classify``'s clean)."""
+    send_span_s = (part.last_send_ns - part.first_send_ns) / 1e9
+    receive_span_s = (part.counts.last_ns - part.counts.first_ns) / 1e9
+    if part.packets_sent < 2 or part.received < 2 or send_span_s <= 0 or receive_span_s <= 0:
+        return False
+    stretch = receive_span_s / send_span_s
+    delivered = part.received / part.packets_sent / stretch
+    return stretch <= CLEAN_MAX_STRETCH and delivered >= CLEAN_ABOVE * (1 - prior_loss)
+
+
 @dataclass(frozen=True)
 class PlannedStep:
     target_bps: float
@@ -372,6 +389,16 @@ class RateSearch:
 
     def _loss_and_episodes(self) -> tuple[LossEstimate | None, LossEstimate]:
         parts = [p for s, k in self._history() if k == "clean" for p in s.parts]
+        # The segments of a train that was not clean as a whole (the lab, or the path,
+        # slowed down during it) still count where they are clean on their own.
+        prior = _pooled([(p.packets_sent - p.received, p.packets_sent) for p in parts])
+        parts += [
+            p
+            for s, k in self._history()
+            if k != "clean" and len(s.segments) >= 3
+            for p in s.segments
+            if prior is not None and piece_is_clean(p, prior)
+        ]
         kept, dropped = separate_episodes([(p.packets_sent - p.received, p.packets_sent)
                                            for p in parts])  # fmt: skip
         estimate = LossEstimate(*kept) if kept[1] else None
