@@ -3,7 +3,7 @@
 The path: 20 Mbit/s, 12 ms one way, 0.5 % random loss each way, 50 ms queue (the
 emulator's defaults otherwise), seeded. Tolerances:
 
-* min RTT within 24 ms + 2 ms (two 92-byte serialisations are 0.07 ms; the rest is
+* min RTT within 24 ms + 3 ms (two 92-byte serialisations are 0.07 ms; the rest is
   the hosts: TUN, the forwarder, two Python event loops on a shared machine);
 * achievable rate (IP bytes at the bottleneck) within 10 % of 20 Mbit/s;
 * one-way loss from at least 2000 packets, between 0.2 % and 1 %, its 95 % interval
@@ -74,7 +74,7 @@ def test_probe_reads_the_lab_path() -> None:
         capped = _probe(lab, "--duration", "6", "--rate-mbps", "10")
 
     min_rtt_ms = report["latency"]["rtt_ms"]["min"]
-    assert 24.0 <= min_rtt_ms <= 26.0, report["latency"]
+    assert 24.0 <= min_rtt_ms <= 27.0, report["latency"]
     rate = report["rate"]
     assert rate["limit"] == "path" and rate["capped"] is False, rate
     assert abs(rate["achievable_mbps"] - 20.0) <= 2.0, rate
