@@ -15,17 +15,14 @@ import pytest
 from wangate.probe.analysis import LatencySummary, judge
 from wangate.probe.loss import LossEstimate, round_trip, wilson_interval
 from wangate.probe.packets import NO_COUNTS, RateCounts
-from wangate.probe.rate import (
+from wangate.probe.rate import PlannedStep, RateSearch, RateSummary, rate_plan
+from wangate.probe.trains import (
     HEAD_FRACTION,
-    PlannedStep,
-    RateSearch,
     RateStep,
-    RateSummary,
     TrainPart,
     classify,
     join,
     piece_is_clean,
-    rate_plan,
     separate_episodes,
 )
 

@@ -40,16 +40,9 @@ from wangate.probe.packets import (
     decode,
     encode,
 )
-from wangate.probe.rate import (
-    HEAD_FRACTION,
-    PlannedStep,
-    RateSearch,
-    RateStep,
-    RateSummary,
-    TrainPart,
-    join,
-)
+from wangate.probe.rate import PlannedStep, RateSearch, RateSummary
 from wangate.probe.responder import ProbeResponder
+from wangate.probe.trains import HEAD_FRACTION, RateStep, TrainPart, join
 
 log = logging.getLogger("wangate.probe")
 
