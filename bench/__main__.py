@@ -7,7 +7,7 @@
     python -m bench lab ...                    # the same as python -m bench.lab ...
 
 The other benchmarks keep their own modules: python -m bench.loopback, bench.codecs,
-bench.fec, bench.convergence, bench.collectives.
+bench.fec, bench.convergence, bench.collectives, bench.probe (the link probe against the lab).
 """
 
 from __future__ import annotations

@@ -4,10 +4,15 @@
 * Jitter: RFC 3550 §6.4.1 interarrival jitter of the one-way transit prober ->
   responder (``echo_ns - sent_ns``: the two clocks differ, only differences count), in
   the order the responder received the probes.
-* Loss: probes without a reply when the latency phase ends, with the sample count.
-* Rate: paced steps at rising rates; the achievable rate is the highest rate the
-  responder received in a step that lost at most ``max_step_loss``.
-* Verdict: ``critical``, ``bulk`` or ``unusable``, by the thresholds below.
+* Loss: probes without a reply when the latency phase ends (round trip), and the
+  rate phase's one-way random loss over thousands of packets (``rate.py``), each with
+  its 95 % Wilson interval.
+* Rate: the bottleneck's rate from the dispersion of saturating trains (``rate.py``).
+* Verdict: ``critical``, ``bulk`` or ``unusable``, by the thresholds below. Loss is
+  judged by its interval: a path is good for critical traffic when the interval's
+  upper end is within the threshold, unusable when its lower end is beyond; so one
+  packet more or less moves the interval by about 1/n and cannot swing the verdict
+  unless the truth sits right at that edge.
 """
 
 from __future__ import annotations
@@ -18,11 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from wangate.probe.packets import RateCounts
-
-MAX_STEP_LOSS = 0.02  # a rate step losing more than this ends the rate phase
-MIN_STEP_DELIVERY = 0.8  # ...as does one whose received rate falls below 80% of the target
-MAX_RATE_STEPS = 7
+from wangate.probe.loss import LossEstimate, round_trip
+from wangate.probe.rate import RateSummary
 
 VerdictKind = Literal["critical", "bulk", "unusable"]
 
@@ -46,6 +48,10 @@ class LatencySummary:
     rtt_p99_s: float | None
     rtt_max_s: float | None
     jitter_s: float | None
+
+    @property
+    def loss_estimate(self) -> LossEstimate:
+        return LossEstimate(self.sent - self.received, self.sent)
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
@@ -86,80 +92,14 @@ def summarize_latency(samples: Sequence[EchoSample]) -> LatencySummary:
     )
 
 
-# ------------------------------------------------------------------------ rate
-
-
-def rate_plan(
-    cap_bps: float, *, floor_bps: float = 1e6, steps: int = MAX_RATE_STEPS
-) -> list[float]:
-    """Doubling rates ending exactly at the cap, at most ``steps`` of them, none below
-    ``floor_bps`` unless the cap itself is lower."""
-    if cap_bps <= 0:
-        raise ValueError("rate cap must be > 0")
-    rates = [cap_bps]
-    while len(rates) < steps and rates[-1] / 2 >= floor_bps:
-        rates.append(rates[-1] / 2)
-    return rates[::-1]
-
-
-@dataclass(frozen=True)
-class RateStep:
-    target_bps: float
-    packets_sent: int
-    bytes_sent: int
-    send_duration_s: float
-    counts: RateCounts  # what the responder reported (NO_COUNTS if it never answered)
-    reported: bool = True
-
-    @property
-    def sent_bps(self) -> float:
-        return self.bytes_sent * 8 / self.send_duration_s if self.send_duration_s > 0 else 0.0
-
-    @property
-    def loss(self) -> float:
-        if self.packets_sent == 0:
-            return 0.0
-        return max(0.0, 1 - self.counts.packets / self.packets_sent)
-
-    @property
-    def received_bps(self) -> float:
-        """Bytes after the first packet over the span between first and last arrival."""
-        c = self.counts
-        span_s = (c.last_ns - c.first_ns) / 1e9
-        if c.packets < 2 or span_s <= 0:
-            return 0.0
-        return c.received_bytes * (c.packets - 1) / c.packets * 8 / span_s
-
-    def ends_phase(self) -> bool:
-        return (
-            not self.reported
-            or self.loss > MAX_STEP_LOSS
-            or self.received_bps < MIN_STEP_DELIVERY * self.target_bps
-        )
-
-
-@dataclass(frozen=True)
-class RateSummary:
-    achievable_bps: float  # 0.0 when no step passed
-    capped: bool  # the last planned step passed: the path may carry more than the cap
-    steps: tuple[RateStep, ...]
-
-
-def summarize_rate(steps: Sequence[RateStep], planned_steps: int) -> RateSummary:
-    good = [s for s in steps if s.reported and s.loss <= MAX_STEP_LOSS]
-    achievable = max((s.received_bps for s in good), default=0.0)
-    capped = len(steps) == planned_steps and bool(steps) and not steps[-1].ends_phase()
-    return RateSummary(achievable, capped, tuple(steps))
-
-
 # --------------------------------------------------------------------- verdict
 
 
 @dataclass(frozen=True)
 class VerdictThresholds:
-    unusable_loss: float = 0.10  # more than this lost: unusable
+    unusable_loss: float = 0.10  # more than this lost one way: unusable
     min_rate_bps: float = 1e6  # achievable below this: unusable
-    critical_max_loss: float = 0.01  # critical traffic needs at most this loss...
+    critical_max_loss: float = 0.01  # critical traffic needs at most this one way...
     critical_tail_floor_s: float = 0.010  # ...p99 - min RTT <= max(floor, fraction * min)
     critical_tail_fraction: float = 0.5
     critical_jitter_floor_s: float = 0.005  # ...jitter <= max(floor, fraction * min RTT)
@@ -168,14 +108,16 @@ class VerdictThresholds:
 
     def describe(self) -> str:
         return (
-            f"critical needs loss <= {self.critical_max_loss:.0%}, "
+            f"critical needs loss <= {self.critical_max_loss:.0%} one way (the 95% "
+            f"interval's upper end; echoes: {round_trip(self.critical_max_loss):.2%} "
+            f"round trip), "
             f"p99 - min RTT <= max({self.critical_tail_floor_s * 1e3:g} ms, "
             f"{self.critical_tail_fraction:.0%} of min RTT), "
             f"jitter <= max({self.critical_jitter_floor_s * 1e3:g} ms, "
             f"{self.critical_jitter_fraction:.0%} of min RTT), "
             f">= {self.critical_min_samples} replies; "
-            f"unusable above {self.unusable_loss:.0%} loss or below "
-            f"{self.min_rate_bps / 1e6:g} Mbit/s"
+            f"unusable when loss is above {self.unusable_loss:.0%} (the interval's lower "
+            f"end) or the rate below {self.min_rate_bps / 1e6:g} Mbit/s"
         )
 
 
@@ -189,6 +131,37 @@ class Verdict:
     reasons: tuple[str, ...]
 
 
+def _loss_reasons(
+    latency: LatencySummary, rate: RateSummary | None, t: VerdictThresholds
+) -> tuple[list[str], list[str]]:
+    """(unusable, bulk) reasons from loss. The rate phase's one-way loss (thousands of
+    packets) decides; the echoes (a few hundred, both ways) decide only when there is
+    no rate phase, and otherwise only veto a return path that is clearly worse."""
+    unusable: list[str] = []
+    bulk: list[str] = []
+    one_way = rate.loss if rate is not None else None
+    echoes = latency.loss_estimate
+    echo_low, echo_high = echoes.interval
+    if one_way is not None:
+        low, high = one_way.interval
+        if low > t.unusable_loss:
+            unusable.append(f"{one_way.describe()} loss")
+        elif high > t.critical_max_loss:
+            bulk.append(f"{one_way.describe()} loss{_not_clearly(low, t.critical_max_loss)}")
+    if echo_low > round_trip(t.unusable_loss):
+        unusable.append(f"{echoes.describe()} round-trip loss")
+    elif one_way is None and echo_high > round_trip(t.critical_max_loss):
+        limit = round_trip(t.critical_max_loss)
+        bulk.append(f"{echoes.describe()} round-trip loss{_not_clearly(echo_low, limit)}")
+    elif one_way is not None and echo_low > round_trip(t.critical_max_loss):
+        bulk.append(f"{echoes.describe()} round-trip loss")
+    return unusable, bulk
+
+
+def _not_clearly(low: float, limit: float) -> str:
+    return f", not clearly below {limit:.2%}" if low <= limit else ""
+
+
 def judge(
     latency: LatencySummary,
     rate: RateSummary | None,
@@ -197,9 +170,7 @@ def judge(
     t = thresholds
     if latency.received == 0:
         return Verdict("unusable", "unusable: no reply from the responder", ("no reply",))
-    unusable: list[str] = []
-    if latency.loss > t.unusable_loss:
-        unusable.append(f"{_pct(latency.loss)} loss")
+    unusable, bulk = _loss_reasons(latency, rate, t)
     if rate is not None and rate.achievable_bps < t.min_rate_bps:
         unusable.append(f"{rate.achievable_bps / 1e6:.2f} Mbit/s achievable")
     if unusable:
@@ -207,9 +178,6 @@ def judge(
     assert latency.rtt_min_s is not None and latency.rtt_p99_s is not None
     assert latency.jitter_s is not None
     min_rtt = latency.rtt_min_s
-    bulk: list[str] = []
-    if latency.loss > t.critical_max_loss:
-        bulk.append(f"{_pct(latency.loss)} loss")
     tail_s = latency.rtt_p99_s - min_rtt
     if tail_s > max(t.critical_tail_floor_s, t.critical_tail_fraction * min_rtt):
         bulk.append(f"p99 RTT {tail_s * 1e3:.1f} ms above min")
@@ -222,15 +190,51 @@ def judge(
     return Verdict("critical", "good for critical traffic", ())
 
 
-def _pct(fraction: float) -> str:
-    return f"{fraction * 100:.3g}%"
-
-
 # ---------------------------------------------------------------------- report
 
 
 def _ms(value_s: float | None) -> float | None:
     return None if value_s is None else round(value_s * 1e3, 3)
+
+
+def _mbps(value_bps: float) -> float:
+    return round(value_bps / 1e6, 3)
+
+
+def _loss_doc(estimate: LossEstimate) -> dict[str, Any]:
+    low, high = estimate.interval
+    return {
+        "sent": estimate.sent,
+        "lost": estimate.lost,
+        "fraction": round(estimate.fraction, 6),
+        "ci95": [round(low, 6), round(high, 6)],
+    }
+
+
+def _rate_doc(rate: RateSummary) -> dict[str, Any]:
+    return {
+        "achievable_mbps": _mbps(rate.achievable_bps),
+        "capped": rate.capped,
+        "limit": rate.limit,
+        "confirmed": rate.confirmed,
+        "goodput_mbps": _mbps(rate.goodput_bps),
+        "loss": None if rate.loss is None else _loss_doc(rate.loss),
+        "loss_episodes": {"lost": rate.episodes.lost, "sent": rate.episodes.sent},
+        "steps": [
+            {
+                "target_mbps": _mbps(s.target_bps),
+                "sent_mbps": _mbps(s.sent_bps),
+                "received_mbps": _mbps(s.received_bps),
+                "loss": round(s.loss, 6),
+                "packets_sent": s.packets_sent,
+                "packets_received": s.packets_received,
+                "reported": s.reported,
+                "kind": kind,
+                "purpose": purpose,
+            }
+            for s, kind, purpose in zip(rate.steps, rate.kinds, rate.purposes, strict=True)
+        ],
+    }
 
 
 def report_dict(
@@ -242,6 +246,7 @@ def report_dict(
     thresholds: VerdictThresholds,
 ) -> dict[str, Any]:
     """The ``--json`` document."""
+    low, high = latency.loss_estimate.interval
     return {
         "target": target,
         "local": local,
@@ -249,6 +254,7 @@ def report_dict(
             "sent": latency.sent,
             "received": latency.received,
             "loss": latency.loss,
+            "loss_ci95": [round(low, 6), round(high, 6)],
             "rtt_ms": {
                 "min": _ms(latency.rtt_min_s),
                 "p50": _ms(latency.rtt_p50_s),
@@ -258,27 +264,23 @@ def report_dict(
             },
             "jitter_ms": _ms(latency.jitter_s),
         },
-        "rate": None
-        if rate is None
-        else {
-            "achievable_mbps": round(rate.achievable_bps / 1e6, 3),
-            "capped": rate.capped,
-            "steps": [
-                {
-                    "target_mbps": round(s.target_bps / 1e6, 3),
-                    "sent_mbps": round(s.sent_bps / 1e6, 3),
-                    "received_mbps": round(s.received_bps / 1e6, 3),
-                    "loss": round(s.loss, 6),
-                    "packets_sent": s.packets_sent,
-                    "packets_received": s.counts.packets,
-                    "reported": s.reported,
-                }
-                for s in rate.steps
-            ],
-        },
+        "rate": None if rate is None else _rate_doc(rate),
         "verdict": {"kind": verdict.kind, "text": verdict.text, "reasons": list(verdict.reasons)},
         "thresholds": thresholds.describe(),
     }
+
+
+_LIMIT_NOTES = {
+    "path": "",
+    "cap": " (carried all it was sent, up to --rate-mbps: it may carry more)",
+    "sender": " (carried all this host could send: it may carry more)",
+    "time": " (carried all it was sent before the time ran out: it may carry more)",
+    "none": " (nothing was delivered)",
+}
+
+
+def _pct_range(pair: list[float]) -> str:
+    return f"{pair[0] * 100:.2f}-{pair[1] * 100:.2f}%"
 
 
 def format_report(doc: dict[str, Any]) -> str:
@@ -293,20 +295,39 @@ def format_report(doc: dict[str, Any]) -> str:
         )
         lines.append(f"jitter      {lat['jitter_ms']:.3f} ms (RFC 3550, prober -> responder)")
     lines.append(
-        f"loss        {lat['loss'] * 100:.2f}% ({lat['sent'] - lat['received']} of "
+        f"echo loss   {lat['loss'] * 100:.2f}% round trip, 95% CI "
+        f"{_pct_range(lat['loss_ci95'])} ({lat['sent'] - lat['received']} of "
         f"{lat['sent']} probes unanswered)"
     )
     rate = doc["rate"]
     if rate is not None:
-        lines.append("rate steps  target    sent      received  loss")
+        lines.append("rate trains target    sent      received  loss     kind")
         for s in rate["steps"]:
             received = f"{s['received_mbps']:<9.2f}" if s["reported"] else "no report"
             lines.append(
                 f"            {s['target_mbps']:<9.2f} {s['sent_mbps']:<9.2f} {received} "
-                f"{s['loss'] * 100:.2f}%  Mbit/s"
+                f"{s['loss'] * 100:<7.2f}% {s['kind']} ({s['purpose']})"
             )
-        note = " (reached --rate-mbps; the path may carry more)" if rate["capped"] else ""
-        lines.append(f"achievable  {rate['achievable_mbps']:.2f} Mbit/s{note}")
+        loss = rate["loss"]
+        if loss is not None:
+            lines.append(
+                f"path loss   {loss['fraction'] * 100:.2f}% one way, 95% CI "
+                f"{_pct_range(loss['ci95'])} ({loss['lost']} of {loss['sent']} packets of "
+                "the trains below the bottleneck rate)"
+            )
+        episodes = rate["loss_episodes"]
+        if episodes["sent"]:
+            lines.append(
+                f"            left out: {episodes['lost']} of {episodes['sent']} packets lost "
+                "in bursts (a queue overflowing for a moment), not random loss"
+            )
+        note = _LIMIT_NOTES[rate["limit"]]
+        if rate["limit"] == "path" and not rate["confirmed"]:
+            note = " (one reading: no second saturated train agreed within 10%)"
+        lines.append(
+            f"achievable  {rate['achievable_mbps']:.2f} Mbit/s at the bottleneck (IP bytes), "
+            f"{rate['goodput_mbps']:.2f} Mbit/s of UDP payload{note}"
+        )
     lines.append(f"verdict     {doc['verdict']['text']}")
     lines.append(f"thresholds  {doc['thresholds']}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import random
 import socket
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,14 +25,10 @@ from wangate.probe.analysis import (
     DEFAULT_THRESHOLDS,
     EchoSample,
     LatencySummary,
-    RateStep,
-    RateSummary,
     VerdictThresholds,
     judge,
-    rate_plan,
     report_dict,
     summarize_latency,
-    summarize_rate,
 )
 from wangate.probe.packets import (
     HEAD_BYTES,
@@ -44,7 +41,9 @@ from wangate.probe.packets import (
     decode,
     encode,
 )
+from wangate.probe.rate import PlannedStep, RateSearch, RateSummary
 from wangate.probe.responder import ProbeResponder
+from wangate.probe.trains import HEAD_FRACTION, RateStep, TrainPart, join
 
 log = logging.getLogger("wangate.probe")
 
@@ -54,7 +53,11 @@ MAX_SEND_BUFFER_BYTES = 256 * 1024  # beyond this queued locally, the sender is 
 QUERY_ATTEMPTS = 5
 MAX_LOGGED_CLIENTS = 100
 MAX_PROBE_RATE_HZ = 400.0  # the responder answers 500 a second at most
-MIN_STEP_S = 0.2
+READ_BATCH = 256  # datagrams read per wake-up before the loop serves others
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; SCM_TIMESTAMPNS is the same
+TIMESPEC = struct.Struct("@qq")  # struct timespec: seconds, nanoseconds
+IPV4_UDP_HEADER_BYTES = 28  # what a link's rate counts besides the UDP payload
+IPV6_UDP_HEADER_BYTES = 48
 
 
 def parse_address(text: str, *, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -83,26 +86,43 @@ def _family(host: str) -> socket.AddressFamily:
 # ------------------------------------------------------------------ responder
 
 
-class _ResponderProtocol(asyncio.DatagramProtocol):
-    def __init__(self, responder: ProbeResponder) -> None:
+def _kernel_arrival_ns(ancdata: list[tuple[int, int, bytes]]) -> int:
+    """The kernel's receive time stamp (SO_TIMESTAMPNS: CLOCK_REALTIME), else now on the
+    same clock. Only differences between arrivals are ever used."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+            seconds, nanoseconds = TIMESPEC.unpack_from(data)
+            return int(seconds * 1_000_000_000 + nanoseconds)
+    return time.time_ns()
+
+
+class _ResponderSocket:
+    """Reads with recvmsg for the kernel's arrival time: a train's arrival span then
+    does not depend on when this process got the CPU to read it."""
+
+    def __init__(self, responder: ProbeResponder, sock: socket.socket) -> None:
         self.responder = responder
-        self.transport: asyncio.DatagramTransport | None = None
+        self.sock = sock
         self.clients: set[Any] = set()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
-
-    def datagram_received(self, data: bytes, addr: Any) -> None:
-        reply = self.responder.handle(data, addr, time.monotonic_ns())
-        if reply is None or self.transport is None:
-            return
-        self.transport.sendto(reply, addr)
-        if addr[0] not in self.clients and len(self.clients) < MAX_LOGGED_CLIENTS:
-            self.clients.add(addr[0])
-            log.warning("probed by %s", host_port(*addr[:2]))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("responder socket error: %s", exc)
+    def on_readable(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                data, ancdata, _flags, addr = self.sock.recvmsg(MAX_PACKET_BYTES + 1, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. ICMP errors queued on the socket
+                log.debug("responder socket error: %s", exc)
+                continue
+            arrival_ns = _kernel_arrival_ns(ancdata)
+            reply = self.responder.handle(data, addr, time.monotonic_ns(), arrival_ns=arrival_ns)
+            if reply is None:
+                continue
+            with contextlib.suppress(OSError):  # a full buffer: no answer, as when limited
+                self.sock.sendto(reply, addr)
+            if addr[0] not in self.clients and len(self.clients) < MAX_LOGGED_CLIENTS:
+                self.clients.add(addr[0])
+                log.warning("probed by %s", host_port(*addr[:2]))
 
 
 async def serve_responder(
@@ -114,19 +134,28 @@ async def serve_responder(
     """Answer probes on ``listen`` until idle for ``idle_timeout_s`` (None: until cancelled)."""
     loop = asyncio.get_running_loop()
     responder = ProbeResponder(time.monotonic_ns())
-    transport, _ = await loop.create_datagram_endpoint(
-        lambda: _ResponderProtocol(responder), local_addr=listen, family=_family(listen[0])
-    )
-    enlarge_socket_buffers(transport.get_extra_info("socket"))  # bursts of rate data
+    sock = socket.socket(_family(listen[0]), socket.SOCK_DGRAM)
     try:
-        bound = transport.get_extra_info("sockname")
-        if ready is not None:
-            ready((str(bound[0]), int(bound[1])))
-        while idle_timeout_s is None or responder.idle_for_s(time.monotonic_ns()) < idle_timeout_s:
-            await asyncio.sleep(IDLE_CHECK_S)
-        log.warning("no probe for %g s: responder exits", idle_timeout_s)
+        sock.setblocking(False)
+        sock.bind(listen)
+        with contextlib.suppress(OSError):  # without it, arrival times are ours
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        enlarge_socket_buffers(sock)  # bursts of rate data
+        reader = _ResponderSocket(responder, sock)
+        loop.add_reader(sock.fileno(), reader.on_readable)
+        try:
+            bound = sock.getsockname()
+            if ready is not None:
+                ready((str(bound[0]), int(bound[1])))
+            while (
+                idle_timeout_s is None or responder.idle_for_s(time.monotonic_ns()) < idle_timeout_s
+            ):
+                await asyncio.sleep(IDLE_CHECK_S)
+            log.warning("no probe for %g s: responder exits", idle_timeout_s)
+        finally:
+            loop.remove_reader(sock.fileno())
     finally:
-        transport.close()
+        sock.close()
     return responder
 
 
@@ -290,54 +319,69 @@ async def _rate_phase(
     phase_s: float,
     latency: LatencySummary,
 ) -> RateSummary:
-    plan = rate_plan(options.rate_cap_bps)
-    step_s = max(MIN_STEP_S, phase_s / len(plan))
-    rtt_s = latency.rtt_p99_s or 0.25
-    steps: list[RateStep] = []
-    for target_bps in plan:
-        step = await _rate_step(protocol, transport, options, target_bps, step_s, rtt_s)
-        steps.append(step)
-        if step.ends_phase():
-            break
-    return summarize_rate(steps, len(plan))
+    # the median: a host stall during the echoes inflates the tail, not the path's RTT
+    rtt_s = latency.rtt_p50_s or 0.25
+    header_bytes = IPV6_UDP_HEADER_BYTES if ":" in options.target[0] else IPV4_UDP_HEADER_BYTES
+    search = RateSearch(
+        options.rate_cap_bps,
+        phase_s,
+        rtt_s,
+        payload_bytes=options.data_bytes,
+        header_bytes=header_bytes,
+    )
+    while (planned := search.next_step()) is not None:
+        step = await _train(protocol, transport, options, planned, search.settle_s, rtt_s)
+        search.record(step)
+    return search.summary()
 
 
-async def _rate_step(
+async def _train(
     protocol: _ProberProtocol,
     transport: asyncio.DatagramTransport,
     options: ProbeOptions,
-    target_bps: float,
-    step_s: float,
+    planned: PlannedStep,
+    settle_s: float,
     rtt_s: float,
 ) -> RateStep:
-    test_id = random.getrandbits(64)
+    """Send one paced train as two tests (head, body; see rate.py) and read both reports."""
     size = options.data_bytes
-    packets = bytes_sent = 0
+    ids = [random.getrandbits(64) for _ in range(1 + planned.segments)]  # head, segments
+    sent = [[0, 0, 0, 0] for _ in ids]  # per part: packets, bytes, first_ns, last_ns
+    bytes_sent = 0
     start = time.monotonic()
-    end = start + step_s
+    switch = start + HEAD_FRACTION * planned.duration_s
+    segment_s = (1 - HEAD_FRACTION) * planned.duration_s / planned.segments
+    end = start + planned.duration_s
     while (now := time.monotonic()) < end:
+        part = 0 if now < switch else 1 + min(planned.segments - 1, int((now - switch) / segment_s))
+        counters = sent[part]
         # credit by elapsed time, so timer granularity makes bursts, not a lower rate
-        due_bytes = (now - start) * target_bps / 8 + size
+        due_bytes = (now - start) * planned.target_bps / 8 + size
         if _queued_bytes(transport) < MAX_SEND_BUFFER_BYTES:
             while bytes_sent + size <= due_bytes:
-                packets += 1
+                sent_ns = time.monotonic_ns()
+                counters[0] += 1
                 packet = ProbePacket(
-                    PacketKind.RATE_DATA, test_id, packets, time.monotonic_ns(), size_bytes=size
+                    PacketKind.RATE_DATA, ids[part], counters[0], sent_ns, size_bytes=size
                 )
                 transport.sendto(encode(packet))
                 bytes_sent += size
+                counters[1] += size
+                counters[2] = counters[2] or sent_ns
+                counters[3] = sent_ns
         await asyncio.sleep(0.001)
-    send_duration_s = time.monotonic() - start
-    await asyncio.sleep(min(0.5, max(0.05, 2 * rtt_s)))  # the last packets still arrive
-    counts = await _query(protocol, transport, test_id, rtt_s)
-    return RateStep(
-        target_bps,
-        packets,
-        bytes_sent,
-        send_duration_s,
-        counts if counts is not None else NO_COUNTS,
-        reported=counts is not None,
+    await asyncio.sleep(settle_s)  # the last packets still arrive, the queue drains
+    reports = await asyncio.gather(*(_query(protocol, transport, i, rtt_s) for i in ids))
+    head, *segments = (
+        TrainPart(p, b, first, last, NO_COUNTS if c is None else c, reported=c is not None)
+        for (p, b, first, last), c in zip(sent, reports, strict=True)
     )
+    # a segment a stall of this host skipped over entirely sent nothing
+    segments = [s for s in segments if s.packets_sent] or [
+        TrainPart(0, 0, head.last_send_ns, head.last_send_ns, NO_COUNTS)
+    ]
+    body = join(segments)
+    return RateStep(planned.target_bps, head, body, tuple(segments) if len(segments) > 1 else ())
 
 
 async def _query(

@@ -9,8 +9,10 @@ Safe to leave running on a public address for a while:
 * rate data is only counted, never answered; the table of counts is bounded;
 * ``idle_for_s`` lets the shell exit when nobody has probed for a while.
 
-Time comes in as ``now_ns`` (monotonic nanoseconds): it is also what goes out as
-``echo_ns``, so the prober can compute one-way jitter from it.
+Time comes in as ``now_ns`` (monotonic nanoseconds), for the rate limit and idleness;
+a datagram's arrival time (the kernel's stamp, any clock) as ``arrival_ns``: that is what
+goes out as ``echo_ns`` and into rate reports, so the prober can compute one-way jitter
+and arrival spans from it.
 """
 
 from __future__ import annotations
@@ -86,8 +88,13 @@ class ProbeResponder:
     def idle_for_s(self, now_ns: int) -> float:
         return max(0, now_ns - self.last_valid_ns) / 1e9
 
-    def handle(self, data: bytes, address: Any, now_ns: int) -> bytes | None:
-        """The reply to send to ``address``, or None."""
+    def handle(
+        self, data: bytes, address: Any, now_ns: int, *, arrival_ns: int | None = None
+    ) -> bytes | None:
+        """The reply to send to ``address``, or None. ``arrival_ns``: when the datagram
+        arrived, on any clock (the kernel's stamp); what goes out as ``echo_ns`` and in
+        rate reports. ``now_ns`` (monotonic) paces replies and tells idleness."""
+        stamp_ns = now_ns if arrival_ns is None else arrival_ns
         try:
             packet = decode(data)
         except RemoteProtocolError:
@@ -96,7 +103,7 @@ class ProbeResponder:
         kind = packet.kind
         if kind == PacketKind.RATE_DATA:
             self.last_valid_ns = now_ns
-            self._count(packet, len(data), address, now_ns)
+            self._count(packet, len(data), address, stamp_ns)
             return None
         if kind == PacketKind.ECHO_REQUEST:
             reply = ProbePacket(
@@ -104,7 +111,7 @@ class ProbeResponder:
                 packet.test_id,
                 packet.seq,
                 packet.sent_ns,
-                echo_ns=now_ns,
+                echo_ns=stamp_ns,
                 size_bytes=len(data),
             )
         elif kind == PacketKind.RATE_QUERY:
@@ -121,7 +128,7 @@ class ProbeResponder:
                 packet.test_id,
                 packet.seq,
                 packet.sent_ns,
-                echo_ns=now_ns,
+                echo_ns=stamp_ns,
                 size_bytes=REPORT_BYTES,
                 counts=counts,
             )
