@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.core.coding import BlockLedger, CodingShape
-from wangate.core.fec import BlockEncoder
+from wangate.core.fec import MAX_SYMBOLS, BlockEncoder
 from wangate.core.rangeset import RangeSet
-
-Buffer = bytes | bytearray | memoryview
 
 
 class OutboundMessage:
@@ -280,7 +279,7 @@ class OutboundQueue:
 
     def _queue_repairs(self, message: OutboundMessage, block: int, count: int) -> None:
         ledger = message.ledger(block)
-        count = min(count, 256 - ledger.next_repair - ledger.queued)
+        count = min(count, MAX_SYMBOLS - ledger.next_repair - ledger.queued)
         if count > 0:
             ledger.queued += count
             message.repair_work.extend([block] * count)
@@ -352,7 +351,8 @@ class OutboundQueue:
                 continue
             start, end = shape.block_range(block)
             message.acked.remove(start, end)
-            message.blocks[block] = BlockLedger(next_repair=256, coded=False)
+            # no repair symbols for it: its sources go again by range
+            message.blocks[block] = BlockLedger(next_repair=MAX_SYMBOLS, coded=False)
             message.repairs.append((start, end))
             self._add_backlog(message, end - start)
         message.acked_at = None
