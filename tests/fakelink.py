@@ -368,7 +368,7 @@ class SimulatedPair:
             self._service(site)
 
     def _service(self, site: str) -> None:
-        """What the daemon's ``_touch``/``transmit`` does: events, control bytes, pulls."""
+        """What a ``PeerDriver`` does after an input: events, control bytes, pulls."""
         session = self.sessions[site]
         self._drain_events(site)
         for path in self.paths.values():
