@@ -27,6 +27,7 @@ from bench.lab.baselines import BASELINES, ideal_time_s, run_baselines
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
 from bench.runner import record as rec
+from bench.runner.budget import loss_budget
 from bench.runner.monitor import PathMonitor, read_log_events, wall_to_monotonic_offset_ns
 from wangate.config import MIN_MTU
 from wangate.errors import ConfigError, WangateError
@@ -393,6 +394,7 @@ def run_scenario(
             for s in monitor.samples
         ],
     }
+    record["budget"] = loss_budget(record, scenario)
     (out_dir / "run.json").write_text(json.dumps(record, indent=1))
     (out_dir / "summary.md").write_text(rec.markdown_summary(record))
     if plots:

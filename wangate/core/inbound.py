@@ -84,6 +84,7 @@ class Reassembly:
         self.messages_received = 0
         self.bytes_received = 0
         self.blocks_decoded = 0
+        self.symbols_recovered = 0  # source symbols rebuilt from repair symbols
 
     # ------------------------------------------------------------ admission
 
@@ -160,6 +161,7 @@ class Reassembly:
             message.received.add(start, end)
         if written:
             self.blocks_decoded += 1
+            self.symbols_recovered += len(written)
 
     # ----------------------------------------------------------- completion
 
