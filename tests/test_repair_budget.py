@@ -173,3 +173,36 @@ def test_the_tail_of_a_message_costs_no_round_trip_on_a_lossy_link() -> None:
     assert len(repairs[(msg_id, last)]) >= status["fec_repair_per_block"] >= 1
     assert status["fec_upfront_blocks"] >= 1
     assert status["fec_mid_blocks"] >= 1
+
+
+# ------------------------------------------------------------------------ gaps
+
+
+def test_consecutive_messages_leave_the_paths_no_gap() -> None:
+    pair = SimulatedPair({"a": lossy(0.02), "b": lossy(0.0)}, seed=3, coding=FEC)
+    sent = send_many(pair, "bj", [1 << 20] * 6, seed=3, critical_every=100)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=30)
+    assert_exactly_once_intact(pair, "bj", sent)
+    status = pair.sessions["bj"].status()
+    assert (status["send_gaps"], status["send_gap_us"]) == (0, 0)
+
+
+def test_a_message_handed_over_after_the_paths_ran_dry_counts_as_a_gap() -> None:
+    pair = SimulatedPair({"a": lossy(0.0)}, seed=4, coding=FEC)
+    first = send_many(pair, "bj", [200_000], seed=4, critical_every=100)
+    # run until every byte is out but the receiver has not confirmed it yet
+    session = pair.sessions["bj"]
+    size = body_bytes(*first[next(iter(first))])
+    queue = session._queue
+    assert pair.run_until(
+        lambda: queue.source_bytes == size and not queue.has_work(), max_time_s=5
+    )
+    pair.run_for(0.015)  # less than the 40 ms round trip: the message is still open
+    assert session.status()["messages_in_flight"] == 1
+    second = send_many(pair, "bj", [1000], seed=5, critical_every=100)
+    status = session.status()
+    assert status["send_gaps"] == 1
+    # the gap starts when the link, free again after the last datagram (240 µs on the
+    # wire), finds nothing to send
+    assert 15_000 - 240 <= status["send_gap_us"] <= 15_000
+    assert pair.run_until(lambda: all_done(pair, "bj", {**first, **second}), max_time_s=5)
