@@ -194,9 +194,7 @@ def test_a_message_handed_over_after_the_paths_ran_dry_counts_as_a_gap() -> None
     session = pair.sessions["bj"]
     size = body_bytes(*first[next(iter(first))])
     queue = session._queue
-    assert pair.run_until(
-        lambda: queue.source_bytes == size and not queue.has_work(), max_time_s=5
-    )
+    assert pair.run_until(lambda: queue.source_bytes == size and not queue.has_work(), max_time_s=5)
     pair.run_for(0.015)  # less than the 40 ms round trip: the message is still open
     assert session.status()["messages_in_flight"] == 1
     second = send_many(pair, "bj", [1000], seed=5, critical_every=100)

@@ -56,7 +56,9 @@ def _direction(scenario: Scenario, path_name: str, src: str) -> str:
     return "a_to_b" if path.site_a == src else "b_to_a"
 
 
-def _send_series(record: dict[str, Any], src: str, dst: str, paths: list[str]) -> list[tuple[float, int]]:
+def _send_series(
+    record: dict[str, Any], src: str, dst: str, paths: list[str]
+) -> list[tuple[float, int]]:
     """(t_s, bytes the sender's paths sent since the previous sample) during the workload."""
     series: list[tuple[float, int]] = []
     previous: int | None = None
@@ -122,7 +124,9 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
     scale = crossed / sent_total
     startup = tail = 0.0
     if series:
-        full = [i for i, (_, b) in enumerate(series) if b * scale >= START_FRACTION * rate_Bps * 0.1]
+        full = [
+            i for i, (_, b) in enumerate(series) if b * scale >= START_FRACTION * rate_Bps * 0.1
+        ]
         busy = [i for i, (_, b) in enumerate(series) if b * scale >= TAIL_FRACTION * rate_Bps * 0.1]
         first = full[0] if full else len(series)
         last = busy[-1] if busy else -1
@@ -163,6 +167,7 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
             "send_gaps": peer.get("send_gaps"),
             "send_gap_ms": None if peer.get("send_gap_us") is None else peer["send_gap_us"] / 1e3,
             "gateway_cpu": {site: c.get("core_share") for site, c in cpu.items()},
+            "load_average": record["wangate"].get("load_average"),
         },
     }
 
@@ -178,7 +183,9 @@ def budget_table(records: list[dict[str, Any]]) -> str:
     for key, label in PARTS:
         cells = [f"{b['shares'][key]:.3f}" for _, b in budgets]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    lines.append("| sum | " + " | ".join(f"{sum(b['shares'].values()):.3f}" for _, b in budgets) + " |")
+    lines.append(
+        "| sum | " + " | ".join(f"{sum(b['shares'].values()):.3f}" for _, b in budgets) + " |"
+    )
 
     def info(label: str, fmt: Any) -> None:
         lines.append(f"| {label} | " + " | ".join(fmt(b) for _, b in budgets) + " |")
@@ -187,11 +194,39 @@ def budget_table(records: list[dict[str, Any]]) -> str:
         return "-" if value is None else f"{value / 1e6:.2f} MB"
 
     info("time (s); link Mbit/s", lambda b: f"{b['time_s']:.2f}; {b['rate_mbps']:.0f}")
-    info("FEC up front / after loss", lambda b: f"{mb(b['info']['fec_upfront_bytes'])} / {mb(b['info']['fec_after_loss_bytes'])}" if b["info"]["fec_upfront_bytes"] is not None else f"{mb(b['info']['fec_bytes'])} (not split)")
-    info("symbols rebuilt at the receiver", lambda b: str(b["info"]["symbols_recovered"] if b["info"]["symbols_recovered"] is not None else "-"))
+    info(
+        "FEC up front / after loss",
+        lambda b: (
+            f"{mb(b['info']['fec_upfront_bytes'])} / {mb(b['info']['fec_after_loss_bytes'])}"
+            if b["info"]["fec_upfront_bytes"] is not None
+            else f"{mb(b['info']['fec_bytes'])} (not split)"
+        ),
+    )
+    info(
+        "symbols rebuilt at the receiver",
+        lambda b: str(
+            b["info"]["symbols_recovered"] if b["info"]["symbols_recovered"] is not None else "-"
+        ),
+    )
     info("queue drops (packets)", lambda b: str(b["info"]["queue_drops"]))
-    info("gaps between messages (count, ms)", lambda b: "-" if b["info"]["send_gaps"] is None else f"{b['info']['send_gaps']}, {b['info']['send_gap_ms']:.1f}")
-    info("gateway CPU (share of a core)", lambda b: ", ".join(f"{s} {v:.2f}" for s, v in b["info"]["gateway_cpu"].items() if v is not None))
+    info(
+        "gaps between messages (count, ms)",
+        lambda b: (
+            "-"
+            if b["info"]["send_gaps"] is None
+            else f"{b['info']['send_gaps']}, {b['info']['send_gap_ms']:.1f}"
+        ),
+    )
+    info(
+        "gateway CPU (share of a core)",
+        lambda b: ", ".join(
+            f"{s} {v:.2f}" for s, v in b["info"]["gateway_cpu"].items() if v is not None
+        ),
+    )
+    info(
+        "load average (start, end)",
+        lambda b: ", ".join(f"{v:.1f}" for v in b["info"]["load_average"] or []) or "-",
+    )
     return "\n".join(lines)
 
 

@@ -429,7 +429,7 @@ def markdown_summary(record: dict[str, Any]) -> str:
     if record.get("budget"):
         from bench.runner.budget import budget_table
 
-        lines += ["", "Where the link rate went (shares of rate x time; `bench.runner.budget`):", ""]
+        lines += ["", "Where the link rate went (share of rate x time, `bench.runner.budget`):", ""]
         lines.append(budget_table([record]))
     lines += [
         "",

@@ -272,6 +272,7 @@ def run_scenario(
             time.sleep(0.3)
             links_before = lab.link_stats()
             cpu_before = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
+            load_before = os.getloadavg()
             t0_ns = time.monotonic_ns()
             lab.start_timeline(t0_ns / 1e9)
             for _, role, process, _ in trainers:
@@ -289,6 +290,7 @@ def run_scenario(
                     received[number] = _finish(process, deadline, b"stop\n", f"receiver {number}")
             finished_ns = time.monotonic_ns()
             cpu_after = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
+            load_after = os.getloadavg()
             time.sleep(0.5)
             monitor.stop()
             links_after = lab.link_stats()
@@ -347,6 +349,9 @@ def run_scenario(
         for site in gateways
         if (before := cpu_before[site]) is not None and (after := cpu_after[site]) is not None
     }
+    # the machine's 1-minute load average as the workload started and ended: on a shared
+    # machine the gateways' share of the CPU sets their pace
+    summary["load_average"] = [round(load_before[0], 2), round(load_after[0], 2)]
     summary["monitor_errors"] = monitor.errors[:10]
     end_s = max([m["delivered_s"] or 0.0 for m in messages] + [0.0]) + 1.0
     if not summary["complete"]:
