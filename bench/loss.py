@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python -m bench.loss run --runs 3 [--before DIR] [SCENARIO ...]
     .venv/bin/python -m bench.loss report results/loss
+    .venv/bin/python -m bench.loss trade            # sans-IO, fake link and clock, ~1 min
 
 ``run`` plays each scenario (default: every ``loss_long_*`` and
 ``multipath_long_lossy``) ``--runs`` times in the WAN lab: this tree's gateways with
@@ -12,6 +13,16 @@ same machine. Records go to ``RESULTS/after<i>/<scenario>/run.json`` and
 ``RESULTS/before<i>/...``. ``report`` prints, per scenario, goodput as a share of the
 link rate (median, range over runs), BBR's, their ratio per run, the aim, and the
 median loss budget (``bench.runner.budget``) of each side.
+
+``trade`` shows what up-front repair symbols buy, over the tests' seeded fake link
+under a fake clock (two sessions, no I/O): 1 MiB messages handed over one at a time
+on a 50 Mbit/s, 40 ms one-way path with random loss, each sent alone (so its time is
+its own), with repair symbols up front on (a) no bulk block, (b) the blocks a round
+trip would cost (the tails; the gateway's policy) and (c) every block. It prints the
+repair bytes per source byte and each message's time from hand-over to the receiver's
+confirmation. A second table hands 16 x 4 MiB over at once (a bulk transfer) and gives
+the time for all of it as a share of the link rate (the fake link has no congestion
+control, headers or CPU: what is left is the repair policy's cost).
 """
 
 from __future__ import annotations
@@ -151,6 +162,84 @@ def report(results: Path) -> str:
     return "\n".join(lines + budgets)
 
 
+def _run_until_delivered(pair: Any, count: int) -> bool:
+    from wangate.core.events import MessageDelivered
+
+    return bool(pair.run_until(lambda: len(pair.events_of("bj", MessageDelivered)) >= count, 30.0))
+
+
+def trade(seed: int = 1, messages: int = 24) -> str:
+    """Bytes spent against time saved by up-front repair symbols (see the module notes)."""
+    import random
+    from unittest import mock
+
+    import wangate.core.session as session_module
+    from tests.fakelink import LinkProfile, SimulatedPair, make_header
+    from wangate.core.events import MessageDelivered
+    from wangate.core.outbound import CodingPolicy
+
+    policies: dict[str, Any] = {
+        "none up front": lambda sender: 0,
+        "tails (the policy)": session_module.repair_horizon_bytes,
+        "every block": lambda sender: 1 << 60,
+    }
+    bulk = [
+        "| loss | repair symbols up front on | repair / source bytes | 16 x 4 MiB: goodput / "
+        "link rate |",
+        "|---|---|---|---|",
+    ]
+    for loss in (0.01, 0.02, 0.05):
+        link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
+        for label, horizon in policies.items():
+            with mock.patch.object(session_module, "repair_horizon_bytes", horizon):
+                pair = SimulatedPair(
+                    {"a": link},
+                    seed=seed,
+                    coding=CodingPolicy(),
+                    datagram_bytes=1432,
+                    inbox_window_bytes=256 << 20,
+                )
+                rng = random.Random(seed)
+                for i in range(16):
+                    payload = rng.randbytes(4 << 20)
+                    pair.submit("bj", make_header(f"m{i}", payload, step=i), payload)
+                start_s = pair.now
+                if not _run_until_delivered(pair, 16):
+                    raise RuntimeError(f"{label}, loss {loss}: bulk transfer not delivered")
+            status = pair.sessions["bj"].status()
+            repair = (status["fec_bytes"] + status["repair_bytes"]) / status["source_bytes"]
+            share = 16 * (4 << 20) * 8 / (pair.now - start_s) / link.rate_bps
+            bulk.append(f"| {loss:.0%} | {label} | {repair:.3f} | {share:.3f} |")
+    lines = [
+        "| loss | repair symbols up front on | repair / source bytes | message time p50 / p95 "
+        "/ max (ms) |",
+        "|---|---|---|---|",
+    ]
+    for loss in (0.01, 0.05):
+        link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
+        for label, horizon in policies.items():
+            with mock.patch.object(session_module, "repair_horizon_bytes", horizon):
+                pair = SimulatedPair(
+                    {"a": link}, seed=seed, coding=CodingPolicy(), datagram_bytes=1432
+                )
+                rng = random.Random(seed)
+                for i in range(messages):
+                    payload = rng.randbytes(1 << 20)
+                    pair.submit("bj", make_header(f"m{i}", payload, step=i), payload)
+                    if not _run_until_delivered(pair, i + 1):
+                        raise RuntimeError(f"{label}, loss {loss}: message {i} not delivered")
+                    pair.run_for(0.2)  # the next message starts on an idle path
+            times = sorted(e.elapsed_s * 1e3 for e in pair.events_of("bj", MessageDelivered))
+            status = pair.sessions["bj"].status()
+            repair = (status["fec_bytes"] + status["repair_bytes"]) / status["source_bytes"]
+            p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
+            lines.append(
+                f"| {loss:.0%} | {label} | {repair:.3f} | "
+                f"{statistics.median(times):.0f} / {p95:.0f} / {times[-1]:.0f} |"
+            )
+    return "\n".join([*lines, "", *bulk])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.loss",
@@ -166,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--baseline-timeout-s", type=float, default=50.0)
     rep = sub.add_parser("report")
     rep.add_argument("results", nargs="?", default=str(DEFAULT_RESULTS))
+    sub.add_parser("trade")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "trade":
+        print(trade())
+        return 0
     print(report(Path(args.results)))
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from tests.fakelink import LinkProfile, SimulatedPair
 from tests.test_session import all_done, assert_exactly_once_intact, body_bytes, send_many
+from wangate.core.events import MessageDelivered
 from wangate.core.frames import DGRAM_REPAIR, REPAIR_HEADER_BYTES, decode_datagram
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 
@@ -204,3 +205,52 @@ def test_a_message_handed_over_after_the_paths_ran_dry_counts_as_a_gap() -> None
     # wire), finds nothing to send
     assert 15_000 - 240 <= status["send_gap_us"] <= 15_000
     assert pair.run_until(lambda: all_done(pair, "bj", {**first, **second}), max_time_s=5)
+
+
+# ------------------------------------------------------- repairs before new bytes
+
+
+def test_an_older_message_back_for_repair_goes_before_newer_new_bytes() -> None:
+    first, second = message(1, 800), message(2, 2000)
+    queue = queue_with(first, second, repair_count=0, tail_bytes=0)
+    pieces = [queue.take(1200, critical=False) for _ in range(8)]  # all of message 1
+    assert all(p is not None and p.message is first for p in pieces)
+    assert queue.take(1200, critical=False).message is second  # type: ignore[union-attr]
+    lost = pieces[2]
+    assert lost is not None
+    queue.mark_lost(1, lost.start, lost.end, lost.block, lost.symbol)
+    repair = queue.take(1200, critical=False)
+    assert repair is not None and repair.message is first and repair.is_repair_symbol
+
+
+def test_a_late_ack_of_a_piece_declared_lost_counts_it_out_of_flight_once() -> None:
+    queue = queue_with(message(1, 2000), repair_count=0, tail_bytes=0)
+    pieces = [queue.take(1200, critical=False) for _ in range(4)]  # block 0's sources
+    assert all(p is not None for p in pieces)
+    late = pieces[0]
+    assert late is not None
+    queue.mark_lost(1, late.start, late.end, late.block, late.symbol)
+    repair = queue.take(1200, critical=False)
+    assert repair is not None and repair.is_repair_symbol
+    # the "lost" source arrives after all: it and the repair make up for nothing lost
+    queue.mark_acked(1, late.start, late.end, late.block, late.symbol, 0.0, declared_lost=True)
+    ledger = late.message.blocks[0]
+    assert ledger.inflight == 4  # three sources and the repair symbol, still unacked
+    # so a loss among them asks for no more than the block then lacks
+    other = pieces[1]
+    assert other is not None
+    queue.mark_lost(1, other.start, other.end, other.block, other.symbol)
+    assert ledger.queued == 0  # 1 acked + 3 in flight: the block can still decode
+
+
+def test_reordering_and_5_percent_loss_deliver_messages_in_order() -> None:
+    link = LinkProfile(
+        delay_s=0.020, drop_rate=0.05, rate_bps=40e6, jitter_s=0.003, reorder_rate=0.01
+    )
+    pair = SimulatedPair({"a": link}, seed=6, coding=FEC)
+    sent = send_many(pair, "bj", [2 << 20] * 8, seed=6, critical_every=100)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=30)
+    assert_exactly_once_intact(pair, "bj", sent)
+    done = [e.msg_id for e in pair.events_of("bj", MessageDelivered)]
+    # each message is confirmed before the next: none waits for the later ones to be sent
+    assert done == sorted(sent)

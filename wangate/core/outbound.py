@@ -189,7 +189,13 @@ class OutboundQueue:
     def _enqueue(self, message: OutboundMessage) -> None:
         if not message.queued and message.has_work:
             message.queued = True
-            (self._critical if message.critical else self._bulk).append(message)
+            work = self._critical if message.critical else self._bulk
+            if message.next_offset:
+                # back for repairs: ahead of newer messages' new bytes, or the repair
+                # (and the message) would wait until they were all sent
+                work.appendleft(message)
+            else:
+                work.append(message)
 
     def has_work(self) -> bool:
         return bool(self._critical) or bool(self._bulk)
@@ -360,8 +366,17 @@ class OutboundQueue:
         self._enqueue(message)
 
     def mark_acked(
-        self, msg_id: int, start: int, end: int, block: int, symbol: int, now: float
+        self,
+        msg_id: int,
+        start: int,
+        end: int,
+        block: int,
+        symbol: int,
+        now: float,
+        *,
+        declared_lost: bool = False,
     ) -> None:
+        """A piece arrived; ``declared_lost``: after ``mark_lost`` took it out of flight."""
         message = self.messages.get(msg_id)
         if message is None:
             return
@@ -372,7 +387,8 @@ class OutboundQueue:
         if block < 0:
             message.range_acked(start, end)
         elif shape is not None and ledger is not None:
-            ledger.inflight -= 1
+            if not declared_lost:
+                ledger.inflight -= 1
             block_k = shape.block_k(block)
             if symbol >= block_k:
                 ledger.acked_repairs.add(symbol)

@@ -503,10 +503,21 @@ class PeerSession:
             self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
             est.on_acked(sent.size_bytes, now)
-        for sent in acked + late_acked:
+        for sent in acked:
             if sent.msg_id:
                 self._queue.mark_acked(
                     sent.msg_id, sent.start, sent.end, sent.block, sent.symbol, now
+                )
+        for sent in late_acked:
+            if sent.msg_id:
+                self._queue.mark_acked(
+                    sent.msg_id,
+                    sent.start,
+                    sent.end,
+                    sent.block,
+                    sent.symbol,
+                    now,
+                    declared_lost=True,
                 )
         self._requeue(sender, sender.detect_lost(now))
 
