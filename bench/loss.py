@@ -1,6 +1,6 @@
 """Lossy paths: wangate against TCP BBR, and where the link rate goes (issue 15).
 
-    sudo .venv/bin/python -m bench.loss run --runs 3 [--before DIR] [SCENARIO ...]
+    sudo .venv/bin/python -m bench.loss run --runs 3 [--before DIR] [--after DIR] [SCENARIO ...]
     .venv/bin/python -m bench.loss report results/loss
     .venv/bin/python -m bench.loss trade            # sans-IO, fake link and clock, ~1 min
 
@@ -56,7 +56,9 @@ def _run(args: argparse.Namespace) -> int:
     for i in range(1, args.runs + 1):
         for name, scenario in scenarios:
             single = len(scenario.paths) == 1
-            sides: list[tuple[str, Path | None]] = [("after", None)]
+            sides: list[tuple[str, Path | None]] = [
+                ("after", Path(args.after) if args.after else None)
+            ]
             if args.before:
                 sides.append(("before", Path(args.before)))
             for side, src in sides:
@@ -251,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("scenario", nargs="*")
     run.add_argument("--runs", type=int, default=3)
     run.add_argument("--before", help="folder with the wangate package to compare against")
+    run.add_argument(
+        "--after", help="folder with the wangate package to measure (default: this tree)"
+    )
     run.add_argument("--results", default=str(DEFAULT_RESULTS))
     run.add_argument("--baseline-timeout-s", type=float, default=50.0)
     rep = sub.add_parser("report")
