@@ -141,13 +141,15 @@ def report(results: Path) -> str:
             if r["wangate"]["time_s"] and _bbr_time(r)
         ]
         old = [s for r in before if (s := _share(r, r["wangate"]["time_s"])) is not None]
+        old_unfinished = f", {len(before) - len(old)} unfinished" if len(before) > len(old) else ""
         incomplete = sum(1 for r in after if not r["wangate"]["time_s"])
         loads = [v for r in after + before for v in r["wangate"].get("load_average") or []]
         unfinished = f", {incomplete} unfinished" if incomplete else ""
         lines.append(
             f"| {name} | {aim} | {_spread(shares)}{unfinished} | "
             f"{_spread(bbr) if not multipath else '-'} | {', '.join(ratios) or '-'} | "
-            f"{_spread(old)} | {f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
+            f"{_spread(old)}{old_unfinished} | "
+            f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} |"
         )
         cols = []
         for side, records in (("before", before), ("after", after)):

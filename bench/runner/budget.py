@@ -174,7 +174,8 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
 
 def budget_table(records: list[dict[str, Any]]) -> str:
     """One column per run: each part's share of the capacity."""
-    budgets = [(r, loss_budget(r)) for r in records]
+    # a record from bench.runner.run carries its budget (its scenario file may be gone)
+    budgets = [(r, r["budget"] if "budget" in r else loss_budget(r)) for r in records]
     budgets = [(r, b) for r, b in budgets if b is not None]
     if not budgets:
         return "(no single-flow run that completed)"
