@@ -1,8 +1,9 @@
-"""python -m bench {run,cpu,plots,lab}
+"""python -m bench {run,suite,cpu,plots,lab}
 
-    python -m bench run clean3 [loss1 ...]     # or: run all
+    python -m bench run multipath_clean3 [loss_1 ...]   # or: run all
+    python -m bench suite loss [critical ...]           # or: suite all (python -m bench suite -h)
     python -m bench cpu                        # gateway vs plain aioquic, CPU per byte
-    python -m bench plots results/clean3/run.json
+    python -m bench plots results/multipath_clean3/run.json
     python -m bench lab ...                    # the same as python -m bench.lab ...
 
 The other benchmarks keep their own modules: python -m bench.loopback, bench.codecs,
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cpu import main as cpu_main
 
         return cpu_main(argv[1:])
+    if argv[:1] == ["suite"]:
+        from bench.suite.run import main as suite_main
+
+        return suite_main(argv[1:])
     if argv[:1] == ["plots"]:
         from bench.plots import main as plots_main
 
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "gateways run (e.g. git archive HEAD wangate | tar -x -C DIR)",
     )
     run.add_argument("--run-id", help="lab run id (1-6 of [0-9a-z]); random by default")
+    sub.add_parser("suite", help="named suites by subject (python -m bench suite -h)")
     sub.add_parser("cpu", help="gateway vs plain aioquic on loopback (python -m bench cpu -h)")
     sub.add_parser("plots", help="redraw PNGs from results/<scenario>/run.json")
     sub.add_parser("lab", help="the WAN lab (python -m bench lab -h)")

@@ -1,6 +1,6 @@
 """The lab's own floor for a critical message: its bytes as raw UDP, no gateway at all.
 
-    python -m bench.critical_floor [SCENARIO]        # default i5_nobulk; needs root
+    python -m bench.critical_floor [SCENARIO]        # default critical_nobulk; needs root
 
 In the scenario's lab, a sender in the first site sends each critical message of the
 scenario's first flow as a burst of full-size UDP datagrams (path MTU less the IP and
@@ -80,7 +80,7 @@ def _receiver(spec: dict[str, Any]) -> int:
     return 0
 
 
-def measure(scenario_name: str = "i5_nobulk") -> dict[str, Any]:
+def measure(scenario_name: str = "critical_nobulk") -> dict[str, Any]:
     from bench.lab import Lab, load_scenario
 
     scenario = load_scenario(scenario_name)

@@ -1,7 +1,7 @@
 """FEC throughput and the congestion controller on an emulated WAN.
 
     python -m bench.fec                       # zfec blocks: encode/decode MB/s, overhead
-    python -m bench.fec cc [--scenario loss1] [--cc reno wangate] [--mib 24]
+    python -m bench.fec cc [--scenario loss_1] [--cc reno wangate] [--mib 24]
         # one plain aioquic stream per controller on the lab's emulated path (root)
 
 ``cc`` runs bench.lab.transfer's receiver in the destination namespace and its QUIC
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fec")
     sub = parser.add_subparsers(dest="command")
     cc = sub.add_parser("cc", help="plain aioquic stream per congestion controller (lab, root)")
-    cc.add_argument("--scenario", default="loss1")
+    cc.add_argument("--scenario", default="loss_1")
     cc.add_argument("--cc", nargs="+", default=["reno", "wangate"])
     cc.add_argument("--mib", type=int, default=24)
     cc.add_argument("--timeout-s", type=float, default=120.0)

@@ -1,6 +1,6 @@
 """PNG plots of a runner record (``results/<scenario>/run.json``).
 
-    python -m bench plots results/clean3/run.json
+    python -m bench plots results/multipath_clean3/run.json
 
 ``goodput.png``: goodput per path per second, per direction, timeline changes marked;
 ``latency.png``: each message's latency (scheduled hand-over to delivery) over time,

@@ -89,8 +89,8 @@ def test_ring_bound() -> None:
     )
 
 
-def test_scenario_bounds_coll3() -> None:
-    scenario = load_scenario("coll3")
+def test_scenario_bounds_coll_3() -> None:
+    scenario = load_scenario("coll_3")
     assert links_bps(scenario) == LINKS
     size = 4 * 8 * 1024 * 1024
     b = bounds(scenario, size)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab import netns
+from bench.lab import baselines, netns
+from bench.lab.lab import Lab
 from bench.lab.scenario import load_scenario, parse_scenario
 from bench.runner import record as rec
 from bench.runner.run import check_scenario, run_scenario
@@ -94,7 +95,7 @@ def test_scenarios_with_small_mtu_are_refused_clearly() -> None:
 def test_shipped_scenarios_with_a_workload_are_runnable() -> None:
     files = sorted(Path(rec.__file__).resolve().parents[1].glob("scenarios/*.toml"))
     runnable = [s for s in map(load_scenario, files) if s.flows]
-    assert {"clean3", "loss1", "three_sites"} <= {s.name for s in runnable}
+    assert {"multipath_clean3", "loss_1", "multipath_three_sites"} <= {s.name for s in runnable}
     for scenario in runnable:
         check_scenario(scenario)
 
@@ -154,3 +155,63 @@ def test_messages_cross_lossy_emulated_links_intact(tmp_path: Path) -> None:
     summary = (out / "summary.md").read_text()
     assert "Messages intact: 8 of 8" in summary
     assert "| wangate |" in summary
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_problem is not None, reason=f"WAN lab unavailable: {_problem}")
+def test_a_baseline_whose_sender_prints_nothing_is_a_failed_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TCP sender asking for a congestion control the kernel does not have dies with a
+    traceback and no report; the baselines go on and that row says why it failed."""
+    scenario_file = tmp_path / "tiny.toml"
+    scenario_file.write_text(TINY)
+    bogus = (("tcp-cubic", "tcp", "nosuchcc"), ("tcp-bbr", "tcp", "bbr"))
+    monkeypatch.setattr(baselines, "BASELINES", bogus)
+    with Lab(load_scenario(scenario_file), run_id="b" + secrets.token_hex(2)) as lab:
+        report = baselines.run_baselines(lab, timeout_s=30.0)
+    failed, bbr = report["baselines"]
+    assert failed["name"] == "tcp-cubic" and failed["time_s"] is None
+    assert failed["delivered_bytes"] == 0
+    assert failed["error"].startswith("bj->sh: sender exited with 1 and printed no report: ")
+    assert "FileNotFoundError" in failed["error"]
+    assert bbr["name"] == "tcp-bbr" and bbr["error"] is None
+    assert bbr["time_s"] is not None and bbr["delivered_bytes"] == 4 * (65536 + 1_000_003)
+    table = baselines.markdown_table(report)
+    assert f"| tcp-cubic | failed: {failed['error']} | | | |" in table.splitlines()
+    record = {
+        "wangate": {"time_s": 1.0, "complete": True, "timeout_s": 9.0},
+        "baselines": report,
+        "bound_s": 1.0,
+        "total_bytes": 1,
+        "scenario": "tiny",
+    }
+    assert rec.results_rows(record)[1] == ("tcp-cubic", None, f"failed: {failed['error']}")
+    row = rec.combined_table([record]).splitlines()[2].split(" | ")
+    assert row[4:6] == ["failed", f"{bbr['time_s']:.2f} s ({bbr['time_s']:.2f})"]
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(_problem is not None, reason=f"WAN lab unavailable: {_problem}")
+def test_baselines_carry_two_flows_between_the_same_sites(tmp_path: Path) -> None:
+    """A critical flow and a bulk flow from bj to sh share the best path: each baseline
+    gives each flow a receiver of its own, and both arrive whole."""
+    two_flows = TINY.replace(
+        '[[workload.flows.messages]]\nname = "bulk"',
+        '[[workload.flows]]\nsrc = "bj"\ndst = "sh"\nsteps = 4\ninterval_s = 0.3\n'
+        '[[workload.flows.messages]]\nname = "bulk"',
+    )
+    scenario_file = tmp_path / "two.toml"
+    scenario_file.write_text(two_flows)
+    scenario = load_scenario(scenario_file)
+    assert [len(f.messages) for f in scenario.flows] == [1, 1]
+    with Lab(scenario, run_id="f" + secrets.token_hex(2)) as lab:
+        report = baselines.run_baselines(lab, timeout_s=30.0, only=("tcp-bbr",))
+    (bbr,) = report["baselines"]
+    assert bbr["error"] is None, bbr["error"]
+    assert bbr["delivered_bytes"] == bbr["total_bytes"] == 4 * (65536 + 1_000_003)
+    assert bbr["time_s"] is not None
+    assert set(bbr["detail"]) == {"bj->sh #0", "bj->sh #1"}
+    assert [d["cc"] for d in bbr["detail"].values()] == ["bbr", "bbr"]

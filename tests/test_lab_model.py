@@ -163,39 +163,47 @@ def test_bad_parameters_are_refused() -> None:
         LinkParams().updated({"latency": 3})
 
 
-def test_every_shipped_scenario_loads() -> None:
+SUBJECTS = ("loss", "critical", "failover", "codecs", "coll", "multipath", "fair")
+
+
+def test_every_shipped_scenario_loads_and_is_named_by_subject() -> None:
     names = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
     for required in (
-        "clean3",
-        "lossy_fast",
-        "congest",
-        "blackhole",
-        "three_sites",
-        "loss1",
-        "loss01",
-        "loss5",
-        "burst1",
-        "degrade",
-        "jitter_swap",
+        "multipath_clean3",
+        "multipath_lossy_fast",
+        "multipath_congest",
+        "multipath_three_sites",
+        "failover_blackhole",
+        "failover_degrade",
+        "critical_bulk",
+        "critical_jitter",
+        "loss_1",
+        "loss_01",
+        "loss_5",
+        "loss_burst",
+        "fair_tcp",
+        "coll_3",
     ):
         assert required in names
     for name in names:
+        assert name.split("_")[0] in SUBJECTS, f"{name}: not named <subject>_..."
         scenario = load_scenario(name)
+        assert scenario.name == name
         # a scenario without a workload is driven by a bench module, and must say which
-        drivers = ("bench.issues", "bench.collectives")
+        drivers = ("python -m bench suite", "bench.collectives")
         assert scenario.flows or any(d in scenario.description for d in drivers), name
 
 
 def test_scenario_details() -> None:
-    degrade = load_scenario("degrade")
+    degrade = load_scenario("failover_degrade_rounds")
     event = degrade.timeline[0]
     assert (event.at_s, event.path, event.direction) == (5.0, "a", "both")
     assert event.changes == {"delay_ms": 30, "loss": 0.02}
-    swap = load_scenario("jitter_swap")
+    swap = load_scenario("critical_jitter")
     assert [e.at_s for e in swap.timeline[:4]] == [0.3, 0.3, 0.6, 0.6]
-    burst = load_scenario("burst1").paths[0].a_to_b
+    burst = load_scenario("loss_burst").paths[0].a_to_b
     assert burst.gilbert_elliott.average_loss == pytest.approx(0.01)
-    three = load_scenario("three_sites")
+    three = load_scenario("multipath_three_sites")
     assert [p.address_a for p in three.paths] == [f"10.77.{i}.1" for i in range(1, 6)]
 
 

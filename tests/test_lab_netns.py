@@ -84,7 +84,7 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
 def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
     run_id, orphan = _run_id(), _run_id()
     up = subprocess.Popen(
-        [sys.executable, "-m", "bench.lab", "up", "jitter_swap", "--run-id", run_id],
+        [sys.executable, "-m", "bench.lab", "up", "critical_jitter_rounds", "--run-id", run_id],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -72,7 +72,7 @@ def _transfer(lab: Lab, src: str, dst: str) -> tuple[str, str, int, list[str]]:
 
 
 def test_site_addresses_route_over_the_direct_link() -> None:
-    with Lab(load_scenario("coll3"), run_id="t" + secrets.token_hex(2)) as lab:
+    with Lab(load_scenario("coll_3"), run_id="t" + secrets.token_hex(2)) as lab:
         assert siteroutes.add_site_addresses(lab) == {
             "bj": "10.78.0.1",
             "sh": "10.78.0.2",
@@ -94,7 +94,7 @@ def test_site_addresses_route_over_the_direct_link() -> None:
 def test_congestion_control_per_namespace_or_per_route() -> None:
     allowed = siteroutes.allowed_congestion_controls()
     restricted = [cc for cc in _available() if cc not in allowed]
-    with Lab(load_scenario("coll3"), run_id="t" + secrets.token_hex(2)) as lab:
+    with Lab(load_scenario("coll_3"), run_id="t" + secrets.token_hex(2)) as lab:
         siteroutes.add_site_addresses(lab)
         cases = [(allowed[-1], "sysctl")] + ([(restricted[0], "route")] if restricted else [])
         for algorithm, how in cases:

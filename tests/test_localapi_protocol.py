@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wangate.errors import LocalProtocolError
+from wangate.errors import RemoteProtocolError
 from wangate.localapi.access import AccessPolicy, PeerCredentials, connection_cap_refusal
 from wangate.localapi.protocol import (
     MAX_HEADER_BYTES,
@@ -418,7 +418,7 @@ def test_random_bytes_only_raise_frame_error(data: bytes) -> None:
         try:
             decode_all(candidate)
         except FrameError as exc:
-            assert isinstance(exc, LocalProtocolError)
+            assert isinstance(exc, RemoteProtocolError)  # the other side sent it
             assert exc.code
 
 

@@ -43,7 +43,7 @@ def test_burst_sends_at_once_and_keeps_the_bucket() -> None:
 def test_install_replaces_a_connections_pacer() -> None:
     quic = QuicConnection(configuration=QuicConfiguration(is_client=True))
     before = quic._loss._pacer
-    pacer = install_burstable_pacer(quic._loss)
+    pacer = install_burstable_pacer(quic)
     assert quic._loss._pacer is pacer and isinstance(pacer, BurstablePacer)
     assert pacer._max_datagram_size == before._max_datagram_size
     assert (pacer.bucket_max, pacer.packet_time) == (before.bucket_max, before.packet_time)

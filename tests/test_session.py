@@ -772,17 +772,18 @@ def test_a_route_back_from_a_blackhole_is_timed_by_fresh_acks_and_taken_again() 
     sent = send_many(pair, "bj", [(8 << 20) - 64] * 2, seed=3)  # both paths busy throughout
     pair.run_for(0.5)
     assert pair.sessions["bj"].path_snapshot("a", pair.now)["role"] == "critical"
-    sender = pair.sessions["bj"]._senders["a"]
+    record = pair.sessions["bj"]._paths["a"]
+    sender = record.sender
     assert sender.inflight
     pair.set_silent("a", True)  # acks on their way and written since wait for its end
     pair.run_for(3.0)
-    assert not sender.usable
+    assert not record.usable
     pair.set_silent("a", False)
     back_at = pair.now
     pair.run_for(0.05)
     # The acks that waited out the blackhole are of datagrams given up long ago: they
     # time nothing (they would say 3 s) and are not taken for reordering.
-    assert sender.usable
+    assert record.usable
     assert sender.estimator.srtt_s < 0.025
     assert sender.estimator.rtt_p99_s < 0.05
     assert sender.rto_floor_s == pytest.approx(MIN_RTO_S)

@@ -32,7 +32,6 @@ from wangate.errors import (
     DeadlineExceeded,
     GatewayError,
     GatewayUnavailable,
-    LocalProtocolError,
     MessageFailed,
     PeerUnreachable,
     RecvTimeout,
@@ -757,7 +756,7 @@ class AsyncClient:
                     future.set_result((reply, payload))
         except GatewayError as exc:
             self._fail(exc)
-        except (OSError, ConnectionClosed, LocalProtocolError) as exc:
+        except (OSError, ConnectionClosed, FrameError) as exc:
             self._fail(_lost(self._session.path, exc))
 
     def _fail(self, error: GatewayError) -> None:

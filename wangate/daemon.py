@@ -1,8 +1,10 @@
-"""The gateway daemon: sessions per peer, QUIC links per path, the local API.
+"""The gateway daemon: listeners, dialers, one driver per peer, the local API.
 
-This is the asyncio shell around the pure ``PeerSession``: it dials and accepts path
-connections, hands their bytes to the sessions, drives the sessions' timers, and
-turns session events into deliveries for trainers.
+``Gateway`` accepts and dials path connections (``PathLink``), authenticates them and
+hands each to its peer's ``PeerDriver`` (wangate.net.peer_driver), which drives that
+peer's pure ``PeerSession``. It implements ``GatewayService`` for the local API: a
+trainer's message goes server -> ``Gateway.submit`` -> ``PeerDriver.submit`` ->
+session -> ``PeerDriver.pump`` -> link. See wangate/net/README.md.
 """
 
 from __future__ import annotations
@@ -16,33 +18,22 @@ import os
 import random
 import socket
 import time
-from collections import OrderedDict, deque
 from typing import Any
 
 from aioquic.quic.connection import QuicConnection
 
 from wangate import __version__
 from wangate.config import Config, PathConfig, PeerConfig
-from wangate.core.events import (
-    MessageDelivered,
-    MessageDropped,
-    MessageFailed,
-    MessageReceived,
-    MessageTaken,
-    PathStateChanged,
-    PeerStateChanged,
-)
 from wangate.core.frames import Hello
 from wangate.core.governor import BulkGovernor
 from wangate.core.liveness import PEER_QUIET_S
-from wangate.core.message import MessageHeader
+from wangate.core.message import MAX_HEADER_BYTES, MessageHeader
 from wangate.core.outbound import CodingPolicy
-from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import (
     DeadlineExceeded,
     GatewayError,
-    LocalProtocolError,
+    LinkError,
     PeerUnreachable,
     RecvTimeout,
 )
@@ -51,16 +42,10 @@ from wangate.localapi.inbox import Inbox
 from wangate.localapi.server import LocalApiServer
 from wangate.metrics import GatewayMetrics
 from wangate.metrics_http import MetricsServer
-from wangate.net.link import (
-    DATAGRAM_OVERHEAD_BYTES,
-    ERROR_DUPLICATE,
-    ERROR_PROTOCOL,
-    ERROR_RESET,
-    ERROR_SHUTDOWN,
-    LinkHost,
-    PathLink,
-)
+from wangate.net.aioquic_compat import AioquicIncompatible, check_aioquic
+from wangate.net.link import DATAGRAM_OVERHEAD_BYTES, LocalSite, PathLink
 from wangate.net.listener import PeerListener, listen_for_peers
+from wangate.net.peer_driver import MAX_OUTCOMES, PeerDriver
 from wangate.net.tls import (
     authenticate_peer,
     client_quic_configuration,
@@ -77,47 +62,27 @@ DIAL_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
 SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
-MAX_OUTCOMES = 65536  # finished messages per peer whose outcome Client.wait can still tell
-RECENT_FAILURES = 10
 
 
-class PeerState:
-    """The shell's side of one peer: its session, links, timer and counters."""
-
-    def __init__(self, session: PeerSession) -> None:
-        self.session = session
-        self.links: dict[str, PathLink] = {}
-        self.instance_id: int | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at: float | None = None
-        self.pump_scheduled = False
-        self.backlog_freed = asyncio.Event()
-        # the last failures, for status(): msg_id, tag, step, reason
-        self.failures: deque[dict[str, Any]] = deque(maxlen=RECENT_FAILURES)
-        # finished messages: None once a trainer took it, else why it failed
-        self.outcomes: OrderedDict[int, str | None] = OrderedDict()
-        self.outcome_changed = asyncio.Event()  # an outcome or the peer's state changed
-
-    def finish(self, msg_id: int, failure: str | None) -> None:
-        self.outcomes[msg_id] = failure
-        while len(self.outcomes) > MAX_OUTCOMES:
-            self.outcomes.popitem(last=False)
-        self.outcome_changed.set()
-
-
-class Gateway(LinkHost):
+class Gateway:
     """One site's gateway; implements ``GatewayService`` for the local API."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self.site_name = config.site.name
         self.instance_id = random.getrandbits(63) | 1
-        self.max_message_bytes = config.limits.max_message_bytes
+        self.max_message_bytes = config.limits.max_message_bytes  # of a payload
+        # the limit on a message body says so in the hello: a payload at the limit, plus
+        # the largest header, must pass
+        self.site = LocalSite(
+            self.site_name, self.instance_id, self.max_message_bytes + MAX_HEADER_BYTES
+        )
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
+        self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
-        self.peers: dict[str, PeerState] = {
-            peer.name: self._new_peer_state(peer.name, now) for peer in config.peers
+        self.peers: dict[str, PeerDriver] = {
+            peer.name: self._new_driver(peer.name, now) for peer in config.peers
         }
         self._dial_tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._servers: list[PeerListener] = []
@@ -128,18 +93,17 @@ class Gateway(LinkHost):
             (p.max_datagram_size for peer in config.peers for p in peer.paths), default=1452
         )
         self.local_messages = 0
-        self.metrics = GatewayMetrics()  # fed by submit() and _drain_events()
         self._metrics_server: MetricsServer | None = None
 
-    def _new_peer_state(self, peer: str, now: float) -> PeerState:
+    def _new_driver(self, peer: str, now: float) -> PeerDriver:
         config = self.config
         target_ms = config.critical.host_delay_target_ms
         host_delay_target_s = target_ms / 1000 if target_ms else math.inf
-        return PeerState(
+        return PeerDriver(
             PeerSession(
                 self.site_name,
                 peer,
-                max_message_bytes=self.max_message_bytes,
+                max_message_bytes=self.site.max_message_bytes,
                 inbox_window_bytes=config.limits.peer_inbox_bytes,
                 now=now,
                 coding=CodingPolicy(
@@ -152,23 +116,28 @@ class Gateway(LinkHost):
                 partial_idle_s=config.limits.partial_message_idle_s,
                 peer_dead_s=config.limits.peer_dead_s,
                 configured_paths=len(config.peer(peer).paths),
-            )
+            ),
+            inbox=self.inbox,
+            metrics=self.metrics,
+            clock=time.monotonic,
+            on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
         )
 
     # ----------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        try:
+            check_aioquic()
+        except AioquicIncompatible as exc:
+            raise GatewayError(str(exc), code="startup") from None
         server_cfg = server_quic_configuration(
             self.config, max_datagram_size=self._accept_datagram_bytes
         )
 
         def accept(connection: QuicConnection) -> PathLink:
             require_client_certificate(connection)
-            return PathLink(
-                connection,
-                host=self,
-                dialed=False,
-                datagram_bytes=self._accept_datagram_bytes,
+            return self._new_link(
+                connection, dialed=False, datagram_bytes=self._accept_datagram_bytes
             )
 
         def authenticated(link: Any) -> bool:
@@ -240,11 +209,8 @@ class Gateway(LinkHost):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for state in self.peers.values():
-            for link in list(state.links.values()):
-                link.close(error_code=ERROR_SHUTDOWN, reason_phrase="gateway shutting down")
-            if state.timer is not None:
-                state.timer.cancel()
+        for driver in self.peers.values():
+            driver.close(LinkError.SHUTDOWN, "gateway shutting down")
         for server in self._servers:
             server.close()
         if self._local_api is not None:
@@ -252,11 +218,6 @@ class Gateway(LinkHost):
         if self._metrics_server is not None:
             await self._metrics_server.close()
         await asyncio.sleep(0)  # let the close frames go out
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -------------------------------------------------------------- reload
 
@@ -273,7 +234,7 @@ class Gateway(LinkHost):
             self.add_path(peer, path)
 
     def add_peer(self, peer: PeerConfig) -> None:
-        self.peers[peer.name] = self._new_peer_state(peer.name, time.monotonic())
+        self.peers[peer.name] = self._new_driver(peer.name, time.monotonic())
         for path in peer.paths:
             self._start_dialing(peer.name, path)
 
@@ -283,14 +244,10 @@ class Gateway(LinkHost):
             return
         for key in [key for key in self._dial_tasks if key[0] == name]:
             self._dial_tasks.pop(key).cancel()
-        for link in list(state.links.values()):
-            link.refuse(ERROR_SHUTDOWN, "peer removed from the configuration")
-        if state.timer is not None:
-            state.timer.cancel()
         waiting = state.session.status()["messages_in_flight"]
+        state.close(LinkError.SHUTDOWN, "peer removed from the configuration")
         if waiting:
             log.warning("peer %s removed: %d messages to it are given up", name, waiting)
-        state.backlog_freed.set()  # senders waiting for room learn the peer is gone
 
     def add_path(self, peer: str, path: PathConfig) -> None:
         self._count_paths(peer)
@@ -303,7 +260,7 @@ class Gateway(LinkHost):
         state = self.peers.get(peer)
         link = state.links.get(path_name) if state is not None else None
         if link is not None:
-            link.refuse(ERROR_SHUTDOWN, "path removed from the configuration")
+            link.refuse(LinkError.SHUTDOWN, "path removed from the configuration")
         self._count_paths(peer)
 
     def _count_paths(self, peer: str) -> None:
@@ -374,9 +331,8 @@ class Gateway(LinkHost):
             self.config, peer, max_datagram_size=path.max_datagram_size
         )
         _, link = await loop.create_datagram_endpoint(
-            lambda: PathLink(
+            lambda: self._new_link(
                 QuicConnection(configuration=configuration),
-                host=self,
                 dialed=True,
                 peer=peer,
                 path=path.name,
@@ -390,9 +346,29 @@ class Gateway(LinkHost):
         link.connect((remote_host, remote_port))
         return link
 
-    # ------------------------------------------------------------ LinkHost
+    # --------------------------------------------------------------- links
 
-    def authenticate(self, link: PathLink) -> str:
+    def _new_link(
+        self,
+        connection: QuicConnection,
+        *,
+        dialed: bool,
+        datagram_bytes: int,
+        peer: str | None = None,
+        path: str | None = None,
+    ) -> PathLink:
+        return PathLink(
+            connection,
+            site=self.site,
+            authenticate=self._authenticate,
+            attach=self._attach,
+            dialed=dialed,
+            peer=peer,
+            path=path,
+            datagram_bytes=datagram_bytes,
+        )
+
+    def _authenticate(self, link: PathLink) -> str:
         return authenticate_peer(
             link._quic,
             ca_path=self.config.tls.ca,
@@ -400,162 +376,26 @@ class Gateway(LinkHost):
             expected_site=link.peer if link.dialed else None,
         )
 
-    def link_ready(self, link: PathLink, hello: Hello) -> PeerSession | None:
-        assert link.peer is not None and link.path is not None
-        if link.peer not in self.peers:  # removed by a reload since it authenticated
-            link.refuse(ERROR_PROTOCOL, f"peer {link.peer} is not configured")
+    def _attach(self, link: PathLink, hello: Hello) -> PeerDriver | None:
+        """The driver of the peer ``link`` is a path to, if the path is configured and
+        the driver takes it."""
+        assert link.peer is not None
+        driver = self.peers.get(link.peer)
+        if driver is None:  # removed by a reload since it authenticated
+            link.refuse(LinkError.PROTOCOL, f"peer {link.peer} is not configured")
             return None
         peer_cfg = self.config.peer(link.peer)
         if hello.path not in {p.name for p in peer_cfg.paths}:
-            link.refuse(ERROR_PROTOCOL, f"path {hello.path!r} is not configured for {link.peer}")
+            link.refuse(
+                LinkError.PROTOCOL, f"path {hello.path!r} is not configured for {link.peer}"
+            )
             return None
-        state = self.peers[link.peer]
-        now = time.monotonic()
-        if state.instance_id is not None and state.instance_id != hello.instance_id:
-            log.warning("peer %s restarted: messages in progress with it fail", link.peer)
-            state.session.peer_restarted(now)
-            # connections to the old instance are dead even if they have not timed out
-            for old in list(state.links.values()):
-                if old is not link:
-                    old.refuse(ERROR_DUPLICATE, "peer restarted")
-        state.instance_id = hello.instance_id
-        existing = state.links.get(hello.path)
-        if existing is not None and existing is not link:
-            # Both sides dialed the same path: keep the connection dialed by the site
-            # whose name sorts first, on both sides alike.
-            if existing.dialer_site <= link.dialer_site:
-                link.refuse(ERROR_DUPLICATE, f"path {hello.path} is already connected")
-                return None
-            existing.refuse(ERROR_DUPLICATE, f"path {hello.path} replaced by the peer's dial")
-        state.session.set_peer_limits(hello.max_message_bytes)
+        if not driver.admit(link, hello):
+            return None
         if not link.dialed:  # accepted with the listener's size: fit this path's MTU too
             path_mtu_bytes = peer_cfg.path(hello.path).max_datagram_size
             link.datagram_bytes = min(link.datagram_bytes, path_mtu_bytes - DATAGRAM_OVERHEAD_BYTES)
-        state.links[hello.path] = link
-        log.info(
-            "%s/%s up: %s -> %s (%s)",
-            link.peer,
-            hello.path,
-            link.local_address,
-            link.remote_address,
-            "dialed" if link.dialed else "accepted",
-        )
-        self._touch(state)
-        return state.session
-
-    def link_closed(self, link: PathLink, reason: str) -> None:
-        if link.peer is None or link.peer not in self.peers or link.path is None:
-            return
-        state = self.peers[link.peer]
-        if state.links.get(link.path) is link:
-            del state.links[link.path]
-            state.session.path_down(link.path, time.monotonic(), reason)
-            log.info("%s/%s down: %s", link.peer, link.path, reason)
-            self._touch(state)
-
-    def session_touched(self, session: PeerSession) -> None:
-        self._touch(self.peers[session.peer])
-
-    def datagram_handled(self, session: PeerSession) -> None:
-        # deliver what completed, re-arm the timer; this link transmits right after
-        self._touch(self.peers[session.peer], pump=False)
-
-    # ------------------------------------------------------- session driving
-
-    def _touch(self, state: PeerState, pump: bool = True) -> None:
-        self._drain_events(state)
-        self._arm_timer(state)
-        if pump and not state.pump_scheduled:
-            state.pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump, state)
-
-    def _pump(self, state: PeerState) -> None:
-        state.pump_scheduled = False
-        for link in list(state.links.values()):
-            link.transmit()
-
-    def _arm_timer(self, state: PeerState) -> None:
-        deadline = state.session.get_timer()
-        if deadline == state.timer_at:
-            return
-        if state.timer is not None:
-            state.timer.cancel()
-            state.timer = None
-        state.timer_at = deadline
-        if deadline is not None:
-            delay_s = max(0.0, deadline - time.monotonic())
-            state.timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer, state)
-
-    def _on_timer(self, state: PeerState) -> None:
-        state.timer = None
-        state.timer_at = None
-        state.session.handle_timer(time.monotonic())
-        self._touch(state)
-
-    def _drain_events(self, state: PeerState) -> None:
-        session = state.session
-        failed: list[MessageFailed] = []
-        while (event := session.next_event()) is not None:
-            if isinstance(event, MessageReceived):
-                self._deliver(session.peer, event)
-            elif isinstance(event, MessageDelivered):
-                self.metrics.message_delivered(session.peer, event.critical, event.elapsed_s)
-                state.backlog_freed.set()
-            elif isinstance(event, MessageFailed):
-                failed.append(event)
-                state.failures.append(
-                    {
-                        "msg_id": event.msg_id,
-                        "tag": event.tag,
-                        "step": event.step,
-                        "reason": event.reason,
-                    }
-                )
-                state.finish(event.msg_id, _failure_text(session.peer, event))
-                self.metrics.message_failed(session.peer)
-                state.backlog_freed.set()
-            elif isinstance(event, MessageTaken):
-                state.finish(event.msg_id, None)
-            elif isinstance(event, PeerStateChanged):
-                level = logging.WARNING if event.state == "unreachable" else logging.INFO
-                log.log(level, "peer %s %s: %s", session.peer, event.state, event.reason)
-                state.backlog_freed.set()  # a send waiting for room must fail, or may go on
-                state.outcome_changed.set()
-                if event.state == "unreachable":
-                    self.inbox.fail_waiters(self._hopeless_recv)
-            elif isinstance(event, MessageDropped):
-                log.warning(
-                    "dropped message %d from %s: %s", event.msg_id, session.peer, event.reason
-                )
-            elif isinstance(event, PathStateChanged):
-                log.warning(
-                    "path %s/%s %s: %s", session.peer, event.path, event.state, event.reason
-                )
-            elif isinstance(event, RouteChanged):
-                log.warning(
-                    "critical route to %s: %s -> %s (%s)",
-                    session.peer,
-                    event.previous or "none",
-                    event.current or "none",
-                    event.reason,
-                )
-        if failed:
-            _log_failures(session.peer, failed)
-
-    def _deliver(self, source: str, event: MessageReceived) -> None:
-        header = event.header
-        delivery = Delivery(
-            source=source,
-            tag=header.tag,
-            step=header.step,
-            critical=header.critical,
-            meta=header.meta,
-            payload=event.payload,
-            checksum=header.checksum,
-            msg_id=event.msg_id,
-        )
-        if not self.inbox.try_deliver(delivery):
-            self._spawn(self.inbox.deliver(delivery))
+        return driver
 
     # ------------------------------------------------------ GatewayService
 
@@ -567,7 +407,7 @@ class Gateway(LinkHost):
             self.local_messages += 1
             return 0
         state = self._peer_for(submission)
-        self._check_reachable(state)
+        state.check_reachable()
         if self._backlogged(state, submission):
             return None
         return self._submit(state, submission, arrived_at)
@@ -582,7 +422,7 @@ class Gateway(LinkHost):
         deadline_s = submission.deadline_s
         deadline_at = None if deadline_s is None else arrived_at + deadline_s
         while True:
-            self._check_reachable(state)  # never wait for room behind a dead peer
+            state.check_reachable()  # never wait for room behind a dead peer
             if not self._backlogged(state, submission):
                 break
             state.backlog_freed.clear()
@@ -602,13 +442,7 @@ class Gateway(LinkHost):
                 raise GatewayError(f"peer {submission.peer!r} was removed", code="unknown_peer")
         return self._submit(state, submission, arrived_at)
 
-    def _check_reachable(self, state: PeerState) -> None:
-        try:
-            state.session.check_reachable(time.monotonic())
-        finally:
-            self._drain_events(state)  # the peer may have just been declared unreachable
-
-    def _peer_for(self, submission: Submission) -> PeerState:
+    def _peer_for(self, submission: Submission) -> PeerDriver:
         state = self.peers.get(submission.peer)
         if state is None:
             known = ", ".join(sorted(self.peers)) or "none"
@@ -619,7 +453,7 @@ class Gateway(LinkHost):
             )
         return state
 
-    def _backlogged(self, state: PeerState, submission: Submission) -> bool:
+    def _backlogged(self, state: PeerDriver, submission: Submission) -> bool:
         """At most one inbox window of unsent bytes waits per peer; nothing more waits
         behind a peer gone quiet (until it is heard again or declared unreachable)."""
         session = state.session
@@ -631,7 +465,7 @@ class Gateway(LinkHost):
         size = len(memoryview(submission.payload).cast("B"))
         return pending + size > self.config.limits.peer_inbox_bytes
 
-    def _submit(self, state: PeerState, submission: Submission, arrived_at: float) -> int:
+    def _submit(self, state: PeerDriver, submission: Submission, arrived_at: float) -> int:
         header = MessageHeader(
             submission.tag,
             submission.step,
@@ -640,24 +474,11 @@ class Gateway(LinkHost):
             submission.meta,
         )
         deadline_s = submission.deadline_s
-        try:
-            msg_id = state.session.submit(
-                header,
-                submission.payload,
-                time.monotonic(),
-                deadline_at=None if deadline_s is None else arrived_at + deadline_s,
-            )
-        except LocalProtocolError as exc:
-            raise GatewayError(str(exc), code="too_large") from exc
-        finally:
-            self._drain_events(state)
-        if submission.critical:
-            # leaves now: on a busy loop, the next turn can be milliseconds away
-            self._touch(state, pump=False)
-            self._pump(state)
-        else:
-            self._touch(state)
-        return msg_id
+        return state.submit(
+            header,
+            submission.payload,
+            deadline_at=None if deadline_s is None else arrived_at + deadline_s,
+        )
 
     async def receive(
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
@@ -665,10 +486,7 @@ class Gateway(LinkHost):
         delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
         state = self.peers.get(delivery.source)
         if state is not None:
-            # the payload is a view into the message body the session counted
-            payload = memoryview(delivery.payload)
-            state.session.consumed(memoryview(payload.obj).nbytes, delivery.msg_id)
-            self._touch(state)
+            state.consumed(delivery.body_bytes, delivery.msg_id)
         return delivery
 
     def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
@@ -723,7 +541,7 @@ class Gateway(LinkHost):
                     f"(the last {MAX_OUTCOMES} are kept)",
                     code="unknown_message",
                 )
-            self._check_reachable(state)
+            state.check_reachable()
             state.outcome_changed.clear()
             remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
             try:
@@ -769,7 +587,7 @@ class Gateway(LinkHost):
                         row["state_reason"] = "not connected"
                 row["peer_state"] = state.session.peer_state(now)[0]
                 rows.append(row)
-            self._drain_events(state)
+            state.drain_events()
         return rows
 
     def status(self) -> dict[str, Any]:
@@ -778,7 +596,7 @@ class Gateway(LinkHost):
         peers: dict[str, Any] = {}
         for name, state in self.peers.items():
             liveness = state.session.liveness(now)
-            self._drain_events(state)
+            state.drain_events()
             peers[name] = {
                 **liveness,
                 "paths_up": sorted(
@@ -809,7 +627,7 @@ class Gateway(LinkHost):
         if link is None:
             raise GatewayError(f"path {peer}/{path} is not connected", code="path_down")
         log.warning("%s/%s: connection reset by operator", peer, path)
-        link.refuse(ERROR_RESET, "reset by operator")
+        link.refuse(LinkError.RESET, "reset by operator")
 
     def client_settings(self) -> dict[str, Any]:
         compression = self.config.compression
@@ -822,32 +640,6 @@ class Gateway(LinkHost):
             "max_message_bytes": self.max_message_bytes,
             "collective": self.config.collective_settings(),
         }
-
-
-def _failure_text(peer: str, event: MessageFailed) -> str:
-    return (
-        f"message {event.msg_id} (tag {event.tag!r}, step {event.step}) to {peer} failed: "
-        f"{event.reason}"
-    )
-
-
-def _log_failures(peer: str, failed: list[MessageFailed]) -> None:
-    """One line per burst: a dead peer fails hundreds of messages at once."""
-    if len(failed) == 1:
-        log.warning("%s", _failure_text(peer, failed[0]))
-        return
-    reasons = list(dict.fromkeys(event.reason for event in failed))
-    ids = [event.msg_id for event in failed]
-    log.warning(
-        "%d messages to %s failed (ids %d..%d, tags %s): %s%s",
-        len(failed),
-        peer,
-        min(ids),
-        max(ids),
-        ", ".join(sorted({repr(event.tag) for event in failed})[:5]),
-        "; ".join(reasons[:3]),
-        f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else "",
-    )
 
 
 def _fmt(host: str, port: int) -> str:

@@ -7,6 +7,84 @@ fix the call, versus drop or penalise the peer.
 
 from __future__ import annotations
 
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """Every error code a gateway or client puts on an error (``GatewayError.code``, the
+    local API's error replies; proto/localapi.md). ``closes_connection``: after a reply
+    with this code the gateway closes the trainer's connection (the next frame cannot
+    be found, or the connection was refused), so the client must reconnect.
+    """
+
+    # a frame the reader cannot step over: the connection closes
+    BAD_MAGIC = "bad_magic"
+    BAD_VERSION = "bad_version"
+    BAD_FLAGS = "bad_flags"
+    HEADER_TOO_LARGE = "header_too_large"
+    TOO_LARGE = "too_large"  # a payload over max_message_bytes: not worth skipping
+    # the connection itself is refused
+    ACCESS_DENIED = "access_denied"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    # one request fails; the connection goes on
+    BAD_HEADER = "bad_header"
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_OP = "unknown_op"
+    OVER_BUDGET = "over_budget"
+    UNKNOWN_PEER = "unknown_peer"
+    UNKNOWN_PATH = "unknown_path"
+    UNKNOWN_MESSAGE = "unknown_message"
+    PATH_DOWN = "path_down"
+    PEER_UNREACHABLE = "peer_unreachable"
+    DEADLINE = "deadline"
+    MESSAGE_FAILED = "message_failed"
+    TIMEOUT = "timeout"
+    INTERNAL = "internal"
+    ERROR = "error"
+    # raised by the client or the daemon itself, never sent on the socket
+    UNAVAILABLE = "unavailable"
+    CONNECT_TIMEOUT = "connect_timeout"
+    CLOSED = "closed"
+    BAD_REPLY = "bad_reply"
+    STARTUP = "startup"
+    SOCKET_IN_USE = "socket_in_use"
+    BAD_SOCKET_PATH = "bad_socket_path"
+    SOCKET_ERROR = "socket_error"
+
+    @property
+    def closes_connection(self) -> bool:
+        return self in _CLOSING_CODES
+
+
+_CLOSING_CODES = frozenset(
+    {
+        ErrorCode.BAD_MAGIC,
+        ErrorCode.BAD_VERSION,
+        ErrorCode.BAD_FLAGS,
+        ErrorCode.HEADER_TOO_LARGE,
+        ErrorCode.TOO_LARGE,
+        ErrorCode.ACCESS_DENIED,
+        ErrorCode.TOO_MANY_CONNECTIONS,
+    }
+)
+
+
+class LinkError(enum.IntEnum):
+    """Application error codes closing a QUIC connection between gateways (proto/wire.md).
+
+    Each one closes that connection; ``unexpected`` ones are logged as warnings.
+    """
+
+    AUTHENTICATION_FAILED = 0x2A  # mirrors the TLS alert bad_certificate(42), RFC 8446 §6.2
+    PROTOCOL = 0x102  # the peer broke the wire protocol
+    DUPLICATE = 0x103  # another connection carries this path (both sites dialed it)
+    SHUTDOWN = 0x104  # the gateway stops, or the peer/path left its configuration
+    RESET = 0x105  # an operator reset the path (``wangate`` reset_path)
+
+    @property
+    def unexpected(self) -> bool:
+        return self not in (LinkError.DUPLICATE, LinkError.SHUTDOWN)
+
 
 class WangateError(Exception):
     """Base of every error wangate raises on purpose."""

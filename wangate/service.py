@@ -39,6 +39,7 @@ class Delivery:
     payload: Buffer
     checksum: int
     msg_id: int = 0  # the sending gateway's id for it; 0 for messages within the site
+    body_bytes: int = 0  # the message body the session counted (header too): credit to release
 
 
 def local_delivery(site: str, submission: Submission) -> Delivery:

@@ -1,6 +1,6 @@
 """python -m bench.collectives [--sites 3|4] [--runs 3] [--half] [--methods ...]
 
-Brings up the lab scenario ``coll3`` / ``coll4`` (``coll3_half`` with ``--half``),
+Brings up the lab scenario ``coll_3`` / ``coll_4`` (``coll_3_half`` with ``--half``),
 gives each site a routable address, and times an allreduce of 8M float32 with Gloo
 over TCP cubic and BBR, with the naive all-to-all over wangate and with the wangate
 allreduce, in that order, in one lab; writes ``results/collectives/<scenario>.json``
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--half",
         action="store_true",
-        help="coll3_half (gz's links half as fast) instead of coll3/coll4",
+        help="coll_3_half (gz's links half as fast) instead of coll_3/coll_4",
     )
     parser.add_argument(
         "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "rsag", "allreduce"]
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cubic-runs", type=int, default=None, help="default: --runs")
     parser.add_argument("--wangate-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
-    names = ["coll3_half"] if args.half else [f"coll{n}" for n in args.sites]
+    names = ["coll_3_half"] if args.half else [f"coll_{n}" for n in args.sites]
     records = []
     try:
         for name in names:

@@ -20,6 +20,8 @@ from bench.lab.lab import Lab
 from bench.lab.scenario import Flow, PathSpec, Scenario
 
 BASE_PORT = 9100
+FLOW_PORT_STEP = 16  # flow i of a baseline listens on its port + i * 16: two flows between
+# the same sites share the best path and its address, so they need ports of their own
 BASELINES = (
     ("tcp-cubic", "tcp", "cubic"),
     ("tcp-bbr", "tcp", "bbr"),
@@ -74,6 +76,25 @@ class BaselineResult:
     message_latency_p50_s: float | None
     message_latency_max_s: float | None
     detail: dict[str, Any]
+    error: str | None = None  # why the baseline failed (it is a row, not the end of the run)
+
+
+def _report_line(out: bytes) -> dict[str, Any] | None:
+    """The JSON object a transfer process printed last, or None if it printed none."""
+    lines = out.strip().splitlines()
+    if not lines:
+        return None
+    try:
+        report = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def _failure(role: str, process: subprocess.Popen[bytes], err: bytes) -> str:
+    last = err.decode(errors="replace").strip().splitlines()
+    why = f": {last[-1]}" if last else ""
+    return f"{role} exited with {process.returncode} and printed no report{why}"
 
 
 def run_baseline(
@@ -81,7 +102,8 @@ def run_baseline(
 ) -> BaselineResult:
     scenario = lab.scenario
     receivers, senders, flows = [], [], scenario.flows
-    for flow in flows:
+    ports = [port + index * FLOW_PORT_STEP for index in range(len(flows))]
+    for flow, flow_port in zip(flows, ports, strict=True):
         path = best_path(scenario, flow)
         receiver = lab.run_in(
             flow.dst,
@@ -93,7 +115,7 @@ def run_baseline(
                 "--proto",
                 proto,
                 "--bind",
-                f"{path.address_of(flow.dst)}:{port}",
+                f"{path.address_of(flow.dst)}:{flow_port}",
                 "--messages",
                 str(len(schedule(flow))),
             ],
@@ -103,7 +125,7 @@ def run_baseline(
         receiver.stdout.readline()  # ready
         receivers.append(receiver)
     lab.start_timeline()
-    for flow in flows:
+    for flow, flow_port in zip(flows, ports, strict=True):
         path = best_path(scenario, flow)
         argv = [
             sys.executable,
@@ -115,19 +137,26 @@ def run_baseline(
             "--bind",
             path.address_of(flow.src),
             "--to",
-            f"{path.address_of(flow.dst)}:{port}",
+            f"{path.address_of(flow.dst)}:{flow_port}",
             "--schedule",
             json.dumps(schedule(flow)),
         ]
         if cc:
             argv += ["--cc", cc]
-        senders.append(lab.run_in(flow.src, argv, stdout=subprocess.PIPE))
+        senders.append(lab.run_in(flow.src, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     deadline = time.monotonic() + timeout_s
     finish_times, latencies, delivered, detail = [], [], 0, {}
+    errors: list[str] = []
     complete = True
-    for flow, sender, receiver in zip(flows, senders, receivers, strict=True):
+    routes = [f"{flow.src}->{flow.dst}" for flow in flows]
+    if len(set(routes)) < len(routes):  # several flows between the same sites
+        routes = [f"{route} #{index}" for index, route in enumerate(routes)]
+    for flow, sender, receiver, route in zip(flows, senders, receivers, routes, strict=True):
         try:
-            sent = json.loads(sender.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            out, err = sender.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            sent = _report_line(out) or {}
+            if not sent:
+                errors.append(f"{route}: {_failure('sender', sender, err)}")
         except subprocess.TimeoutExpired:
             sender.kill()
             sender.communicate()
@@ -135,13 +164,12 @@ def run_baseline(
         if not sent:
             receiver.terminate()
         try:
-            out = receiver.communicate(timeout=10)[0]
-            got = json.loads(out) if out else {"completed": []}
+            got = _report_line(receiver.communicate(timeout=10)[0]) or {}
         except subprocess.TimeoutExpired:
             receiver.kill()
             receiver.communicate()
-            got = {"completed": []}
-        completed = got["completed"]
+            got = {}
+        completed = got.get("completed", [])
         plan = schedule(flow)
         delivered += sum(size for _, size in plan[: len(completed)])
         if len(completed) < len(plan) or "started" not in sent:
@@ -150,7 +178,7 @@ def run_baseline(
         start = float(sent["started"])
         finish_times.append(completed[-1] - start)
         latencies += [done - (start + at) for (at, _), done in zip(plan, completed, strict=True)]
-        detail[f"{flow.src}->{flow.dst}"] = {
+        detail[route] = {
             "path": best_path(scenario, flow).name,
             "cc": sent.get("cc"),
             "time_s": completed[-1] - start,
@@ -164,6 +192,7 @@ def run_baseline(
         message_latency_p50_s=latencies[len(latencies) // 2] if latencies else None,
         message_latency_max_s=latencies[-1] if latencies else None,
         detail=detail,
+        error="; ".join(errors) or None,
     )
 
 
@@ -176,7 +205,20 @@ def run_baselines(lab: Lab, timeout_s: float = 120.0, only: tuple[str, ...] = ()
     for offset, (name, proto, cc) in enumerate(BASELINES):
         if only and name not in only:
             continue
-        results.append(run_baseline(lab, name, proto, cc, BASE_PORT + offset, timeout_s))
+        try:
+            result = run_baseline(lab, name, proto, cc, BASE_PORT + offset, timeout_s)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            result = BaselineResult(
+                name=name,
+                time_s=None,
+                delivered_bytes=0,
+                total_bytes=sum(f.total_bytes for f in scenario.flows),
+                message_latency_p50_s=None,
+                message_latency_max_s=None,
+                detail={},
+                error=f"{type(exc).__name__}: {exc}",
+            )
+        results.append(result)
     multi_path = any(len(scenario.paths_between(f.src, f.dst)) > 1 for f in scenario.flows)
     return {
         "scenario": scenario.name,
@@ -203,6 +245,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         " | 1.00 | |",
     ]
     for result in report["baselines"]:
+        if result.get("error"):
+            lines.append(f"| {result['name']} | failed: {result['error']} | | | |")
+            continue
         if result["time_s"] is None:
             delivered = result["delivered_bytes"] / 1e6
             lines.append(

@@ -1,6 +1,6 @@
 """The Lab: one run's namespaces, TUN pairs and forwarders, set up and torn down safely.
 
-    with Lab(load_scenario("clean3"), run_id="t1") as lab:
+    with Lab(load_scenario("multipath_clean3"), run_id="t1") as lab:
         receiver = lab.run_in("sh", ["python", "-m", "something"])
         lab.start_timeline()
 

@@ -313,6 +313,9 @@ def results_rows(record: dict[str, Any]) -> list[tuple[str, float | None, str]]:
         )
     )
     for result in (record["baselines"] or {}).get("baselines", []):
+        if result.get("error"):
+            rows.append((result["name"], None, f"failed: {result['error']}"))
+            continue
         note = (
             ""
             if result["time_s"] is not None
@@ -450,10 +453,12 @@ def combined_table(records: list[dict[str, Any]]) -> str:
     for record in records:
         bound = float(record["bound_s"])
         cells = {name: "-" for name in names}
-        for name, time_s, _ in results_rows(record):
+        for name, time_s, note in results_rows(record):
             if name not in cells:
                 continue
-            if time_s is None:
+            if note.startswith("failed"):
+                cells[name] = "failed"
+            elif time_s is None:
                 timeout = (
                     record["wangate"]["timeout_s"]
                     if name == "wangate"

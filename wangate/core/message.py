@@ -21,6 +21,7 @@ FLAG_CRITICAL = 0x01
 # version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32
 _HEAD = struct.Struct("!BBHqII")
 HEAD_BYTES = _HEAD.size  # 20
+MAX_HEADER_BYTES = HEAD_BYTES + MAX_TAG_BYTES + MAX_META_BYTES  # a body's bytes before the payload
 Buffer = bytes | bytearray | memoryview
 
 

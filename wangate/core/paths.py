@@ -70,7 +70,6 @@ class PathSender:
     largest_acked: int = 0
     inflight: dict[int, SentDatagram] = field(default_factory=dict)
     last_sent_at: float = 0.0
-    usable: bool = True  # False while the path is declared down
     back_at: float = 0.0  # when it was last heard again after being down
     recently_lost: dict[int, SentDatagram] = field(default_factory=dict)
     spurious_losses: int = 0

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import (
@@ -81,6 +82,28 @@ MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen 
 Buffer = bytes | bytearray | memoryview
 
 
+@dataclass
+class PathRecord:
+    """Everything the session knows of one path, in one place.
+
+    ``connected``: the shell reported the path's connection up (``path_up``) and not
+    since down; ``usable``: connected and not declared down by its own silence;
+    ``state``/``why``: what was last reported as ``PathStateChanged``.
+    """
+
+    sender: PathSender
+    receiver: PathReceiver
+    connected: bool = True
+    usable: bool = True
+    state: str = "up"  # up, degraded or down
+    why: str = "connected"
+
+    @property
+    def open(self) -> bool:
+        """May carry data now."""
+        return self.usable and self.connected
+
+
 class PeerSession:
     def __init__(
         self,
@@ -102,9 +125,7 @@ class PeerSession:
         # a window below one message could never admit that message
         self.inbox_window_bytes = max(inbox_window_bytes, max_message_bytes)
         self._events: deque[Event] = deque()
-        self._senders: dict[str, PathSender] = {}
-        self._receivers: dict[str, PathReceiver] = {}
-        self._closed: set[str] = set()  # path_down called: no connection to send on
+        self._paths: dict[str, PathRecord] = {}
 
         # sending
         self._next_msg_id = 1
@@ -116,7 +137,6 @@ class PeerSession:
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self._governor = governor or BulkGovernor(target_delay_s=math.inf)
         self.peer_critical_path: str | None = None  # the path the peer sends critical data on
-        self._path_states: dict[str, str] = {}
 
         self._liveness = PeerLiveness(peer_dead_s, now)
         self.configured_paths = configured_paths
@@ -144,45 +164,51 @@ class PeerSession:
 
     @property
     def path_names(self) -> list[str]:
-        return list(self._senders)
+        return list(self._paths)
 
     def path_up(self, path: str, *, datagram_bytes: int, now: float) -> None:
         """A path's connection is established and authenticated."""
         if datagram_bytes < MIN_DATAGRAM_BYTES:
             raise LocalProtocolError(f"path {path}: datagrams of {datagram_bytes} B are too small")
-        sender = self._senders.get(path)
-        if sender is None:
-            sender = PathSender(path, datagram_bytes, PathEstimator())
-            self._senders[path] = sender
+        record = self._paths.get(path)
+        if record is None:
+            record = PathRecord(PathSender(path, datagram_bytes, PathEstimator()), PathReceiver())
+            self._paths[path] = record
+        sender = record.sender
         sender.datagram_bytes = datagram_bytes
-        sender.usable = True
-        self._closed.discard(path)
+        record.usable = record.connected = True
         sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
         sender.estimator.on_heard(now)
         self._heard_peer(now)
-        self._receivers.setdefault(path, PathReceiver())
         self._credit_dirty.add(path)
         self._route_dirty = True
-        if self._path_states.get(path, "up") == "down":
-            self._events.append(PathStateChanged(path, "up", "connected"))
-        self._path_states[path] = "up"
+        if record.state == "down":
+            self._set_state(path, record, "up", "connected")
+        record.state, record.why = "up", "connected"
         self._reselect(now)
 
     def path_down(self, path: str, now: float, reason: str) -> None:
         """A path's connection closed: whatever it had in flight goes out elsewhere."""
-        sender = self._senders.get(path)
-        if sender is None:
+        record = self._paths.get(path)
+        if record is None:
             return
-        self._requeue(sender, sender.take_all_inflight(), outage=True)
+        sender = record.sender
+        self._requeue(record, sender.take_all_inflight(), outage=True)
         sender.estimator.forget_losses()
-        self._closed.add(path)
-        if sender.usable:
-            sender.usable = False
+        record.connected = False
+        if record.usable:
+            record.usable = False
             self._events.append(PathStateChanged(path, "down", reason))
-        self._path_states[path] = "down"
+        record.state, record.why = "down", reason
         # acks owed on the old connection die with it; the byte count carries on
-        self._receivers[path] = PathReceiver(received_bytes=self._receivers[path].received_bytes)
+        record.receiver = PathReceiver(received_bytes=record.receiver.received_bytes)
         self._reselect(now)
+
+    def _set_state(self, path: str, record: PathRecord, state: str, why: str) -> None:
+        """Report a change of ``path``'s state (nothing if it is unchanged)."""
+        if state != record.state:
+            self._events.append(PathStateChanged(path, state, why))
+        record.state, record.why = state, why
 
     def peer_restarted(self, now: float) -> None:
         """The peer came back as a new instance: it forgot everything in progress, and
@@ -208,11 +234,11 @@ class PeerSession:
         self._held.clear()
         self._liveness.restarted(now)
         self._update_liveness(now)
-        for sender in self._senders.values():
-            sender.take_all_inflight()
+        for record in self._paths.values():
+            record.sender.take_all_inflight()
         self._outbox.reset()
         self._inbound.peer_restarted()
-        self._credit_dirty.update(self._senders)
+        self._credit_dirty.update(self._paths)
 
     # ---------------------------------------------------------------- liveness
 
@@ -226,12 +252,8 @@ class PeerSession:
         return self._liveness.state, self._liveness.reason(now, *self._paths_up())
 
     def _paths_up(self) -> tuple[int, int]:
-        up = sum(
-            1
-            for name, ok in self._usable().items()
-            if ok and self._path_states.get(name, "up") == "up"
-        )
-        return up, max(self.configured_paths, len(self._senders))
+        up = sum(1 for record in self._paths.values() if record.open and record.state == "up")
+        return up, max(self.configured_paths, len(self._paths))
 
     def _update_liveness(self, now: float) -> None:
         liveness = self._liveness
@@ -325,10 +347,11 @@ class PeerSession:
         return self._outbox.waiting_bytes() + sum(m.body_len for m in self._queue.messages.values())
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
-        sender = self._senders.get(path)
-        if sender is None or path in self._closed:
+        record = self._paths.get(path)
+        if record is None or not record.connected:
             return None
-        if sender.usable:
+        sender = record.sender
+        if record.usable:
             piece = self._next_piece(path, sender.datagram_bytes - SHARD_HEADER_BYTES, now)
             if piece is not None:
                 message = piece.message
@@ -385,10 +408,10 @@ class PeerSession:
         return bool(scheduler.duplicates) and scheduler.duplicate_target() == path
 
     def _usable(self) -> dict[str, bool]:
-        return {n: s.usable and n not in self._closed for n, s in self._senders.items()}
+        return {n: r.open for n, r in self._paths.items()}
 
     def _estimators(self) -> dict[str, PathEstimator]:
-        return {n: s.estimator for n, s in self._senders.items()}
+        return {n: r.sender.estimator for n, r in self._paths.items()}
 
     def _next_piece(self, path: str, max_bytes: int, now: float) -> Piece | None:
         """What ``path`` should carry next: critical work if it is the critical route,
@@ -412,8 +435,8 @@ class PeerSession:
         critical_active = now - self._last_critical_at < CRITICAL_ACTIVE_S
         governor = self._governor
         if now >= governor.next_update_at:
-            senders = self._senders
-            delay_s = common_delay_s(senders[n].estimator for n, ok in usable.items() if ok)
+            paths = self._paths
+            delay_s = common_delay_s(paths[n].sender.estimator for n, ok in usable.items() if ok)
             governor.update(now, delay_s, critical_active)
         if governor.allows(now) and scheduler.bulk_helps(
             path,
@@ -437,23 +460,23 @@ class PeerSession:
         if change is not None:
             self._events.append(change)
             self._route_dirty = True
-            left = self._senders.get(change.previous or "")
-            if left is not None and left.estimator.state(now).kind != "up":
+            left = self._paths.get(change.previous or "")
+            if left is not None and left.sender.estimator.state(now).kind != "up":
                 self._rescue_critical(left)
         self._adapt_coding(open_paths)
 
-    def _rescue_critical(self, sender: PathSender) -> None:
+    def _rescue_critical(self, record: PathRecord) -> None:
         """The critical route left a path that went bad: the critical data still on it
         is repaired on the new route now, not after the old path's timeout (a late
         arrival is harmless; the receiver keeps the first copy)."""
         messages = self._queue.messages
         seqs = [
             seq
-            for seq, sent in sender.inflight.items()
+            for seq, sent in record.sender.inflight.items()
             if sent.msg_id in messages and messages[sent.msg_id].critical
         ]
         if seqs:
-            self._requeue(sender, sender.give_up(seqs), outage=True)
+            self._requeue(record, record.sender.give_up(seqs), outage=True)
 
     def _adapt_coding(self, open_paths: set[str]) -> None:
         """Symbol size fits every open path; repair count follows the measured loss,
@@ -463,7 +486,7 @@ class PeerSession:
         if not policy.k or not open_paths:
             queue.symbol_bytes = 0
             return
-        senders = [self._senders[n] for n in open_paths]
+        senders = [self._paths[n].sender for n in open_paths]
         queue.symbol_bytes = min(s.datagram_bytes for s in senders) - REPAIR_HEADER_BYTES
         # random loss seen by a block spread over the paths in proportion to their rates
         rates = [s.estimator.planning_rate_bps for s in senders]
@@ -475,12 +498,13 @@ class PeerSession:
         queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
 
     def _requeue(
-        self, sender: PathSender, lost: Iterable[SentDatagram], *, outage: bool = False
+        self, record: PathRecord, lost: Iterable[SentDatagram], *, outage: bool = False
     ) -> None:
-        """Send elsewhere what ``sender``'s path lost (or swallowed in an outage)."""
+        """Send elsewhere what ``record``'s path lost (or swallowed in an outage)."""
+        sender = record.sender
         estimator = sender.estimator
         for sent in lost:
-            if outage or not sender.usable or sent.sent_at < sender.back_at:  # the outage
+            if outage or not record.usable or sent.sent_at < sender.back_at:  # the outage
                 estimator.on_abandoned(sent.size_bytes, sent.sent_at)
             else:
                 estimator.on_lost(sent.size_bytes, sent.sent_at)
@@ -488,9 +512,10 @@ class PeerSession:
                 self._queue.mark_lost(sent.msg_id, sent.start, sent.end, sent.block, sent.symbol)
 
     def _on_ack(self, path: str, ack: Ack, now: float) -> None:
-        sender = self._senders.get(path)
-        if sender is None:
+        record = self._paths.get(path)
+        if record is None:
             return
+        sender = record.sender
         est = sender.estimator
         acked, late_acked = sender.acknowledge(ack, now)
         if acked:
@@ -519,17 +544,17 @@ class PeerSession:
                     now,
                     declared_lost=True,
                 )
-        self._requeue(sender, sender.detect_lost(now))
+        self._requeue(record, sender.detect_lost(now))
 
     # --------------------------------------------------------------- receiving
 
     def handle_datagram(self, path: str, data: bytes, now: float) -> None:
         """One DATAGRAM frame from the peer; raises RemoteProtocolError if malformed."""
-        receiver = self._receivers.get(path)
-        if receiver is None:
+        record = self._paths.get(path)
+        if record is None:
             raise LocalProtocolError(f"datagram on path {path} that is not up")
-        sender = self._senders[path]
-        self._heard(path, sender, now)
+        receiver, sender = record.receiver, record.sender
+        self._heard(path, record, now)
         datagram = decode_datagram(data)
         sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
         if isinstance(datagram, ProbeDatagram):
@@ -553,7 +578,7 @@ class PeerSession:
 
     def _release(self, body_bytes: int) -> None:
         self._inbound.release(body_bytes)
-        self._credit_dirty.update(self._senders)
+        self._credit_dirty.update(self._paths)
 
     @property
     def granted_bytes(self) -> int:
@@ -561,58 +586,68 @@ class PeerSession:
 
     # ----------------------------------------------------------------- control
 
-    def _heard(self, path: str, sender: PathSender, now: float) -> None:
+    def _heard(self, path: str, record: PathRecord, now: float) -> None:
         """Anything at all arrived on ``path``: a path declared down is back."""
         self._heard_peer(now)
-        sender.estimator.on_heard(now)
-        if not sender.usable and path not in self._closed:
-            sender.usable = True
-            sender.back_at = now
+        record.sender.estimator.on_heard(now)
+        if not record.usable and record.connected:
+            record.usable = True
+            record.sender.back_at = now
             self._events.append(PathStateChanged(path, "up", "heard again"))
-            self._path_states[path] = "up"
+            record.state, record.why = "up", "heard again"
 
     def handle_control(self, path: str, frame: ControlFrame, now: float) -> None:
-        sender = self._senders.get(path)
-        if sender is not None:
-            self._heard(path, sender, now)
-        if isinstance(frame, Ack):
-            self._on_ack(path, frame, now)
-        elif isinstance(frame, Credit):
-            if self._outbox.grant(frame.granted_bytes):
-                self._admit(now)
-        elif isinstance(frame, RouteChosen):
-            self.peer_critical_path = frame.path
-        elif isinstance(frame, MessagesDone):
-            for msg_id in frame.msg_ids:
-                done = self._queue.done(msg_id)
-                if done is not None:
-                    self._confirmed(done, now)
-                    if len(self._held) < MAX_HELD_RECORDS:
-                        self._held[msg_id] = (done.tag, done.step)
-        elif isinstance(frame, MessagesTaken):
-            for msg_id in frame.msg_ids:
-                if self._held.pop(msg_id, None) is not None:
-                    self._events.append(MessageTaken(msg_id))
-                    continue
-                done = self._queue.done(msg_id)  # "taken" overtook "done" on another path
-                if done is not None:
-                    self._confirmed(done, now)
-                    self._events.append(MessageTaken(msg_id))
-        elif isinstance(frame, RepairRequested):
-            self._queue.repair_blocks(frame.msg_id, frame.blocks)
-        elif isinstance(frame, MessageRejected):
-            dropped = self._queue.drop(frame.msg_id)
-            if dropped is not None:
-                self._events.append(
-                    MessageFailed(
-                        frame.msg_id,
-                        f"peer {self.peer} rejected it: {frame.reason}",
-                        dropped.tag,
-                        dropped.step,
-                    )
+        """One control frame from the peer on ``path``'s stream, dispatched by its type;
+        a frame with no handler here (a second ``Hello``) is the peer's error."""
+        handler = _CONTROL_HANDLERS.get(type(frame))
+        if handler is None:
+            raise RemoteProtocolError(
+                f"unexpected {type(frame).__name__.lower()} frame on path {path}"
+            )
+        record = self._paths.get(path)
+        if record is not None:
+            self._heard(path, record, now)
+        handler(self, path, frame, now)
+
+    def _on_credit(self, path: str, frame: Credit, now: float) -> None:
+        if self._outbox.grant(frame.granted_bytes):
+            self._admit(now)
+
+    def _on_route(self, path: str, frame: RouteChosen, now: float) -> None:
+        self.peer_critical_path = frame.path
+
+    def _on_done(self, path: str, frame: MessagesDone, now: float) -> None:
+        for msg_id in frame.msg_ids:
+            done = self._queue.done(msg_id)
+            if done is not None:
+                self._confirmed(done, now)
+                if len(self._held) < MAX_HELD_RECORDS:
+                    self._held[msg_id] = (done.tag, done.step)
+
+    def _on_taken(self, path: str, frame: MessagesTaken, now: float) -> None:
+        for msg_id in frame.msg_ids:
+            if self._held.pop(msg_id, None) is not None:
+                self._events.append(MessageTaken(msg_id))
+                continue
+            done = self._queue.done(msg_id)  # "taken" overtook "done" on another path
+            if done is not None:
+                self._confirmed(done, now)
+                self._events.append(MessageTaken(msg_id))
+
+    def _on_repair_request(self, path: str, frame: RepairRequested, now: float) -> None:
+        self._queue.repair_blocks(frame.msg_id, frame.blocks)
+
+    def _on_rejected(self, path: str, frame: MessageRejected, now: float) -> None:
+        dropped = self._queue.drop(frame.msg_id)
+        if dropped is not None:
+            self._events.append(
+                MessageFailed(
+                    frame.msg_id,
+                    f"peer {self.peer} rejected it: {frame.reason}",
+                    dropped.tag,
+                    dropped.step,
                 )
-        else:
-            raise RemoteProtocolError("hello sent twice on one path")
+            )
 
     def _confirmed(self, done: OutboundMessage, now: float) -> None:
         self.messages_sent += 1
@@ -624,9 +659,9 @@ class PeerSession:
     def control_to_send(self, path: str, now: float) -> bytes:
         """Control frames due on ``path``'s stream (may be empty)."""
         out: list[bytes] = []
-        receiver = self._receivers.get(path)
-        if receiver is not None:
-            ack = receiver.take_ack(now)
+        record = self._paths.get(path)
+        if record is not None:
+            ack = record.receiver.take_ack(now)
             if ack is not None:
                 out.append(encode_control(ack))
         if path in self._credit_dirty:
@@ -665,8 +700,8 @@ class PeerSession:
         if current in usable:
             return current
         if not usable:
-            return next(iter(self._senders), None)
-        return min(usable, key=lambda n: self._senders[n].estimator.srtt_s)
+            return next(iter(self._paths), None)
+        return min(usable, key=lambda n: self._paths[n].sender.estimator.srtt_s)
 
     # ------------------------------------------------------------ timers/events
 
@@ -688,17 +723,18 @@ class PeerSession:
             bulk_at = self._governor.next_allowed_at()
             if bulk_at is not None and self._queue.has_bulk_work:
                 deadlines.append(bulk_at)
-        for name, sender in self._senders.items():
-            if name in self._closed:
+        for record in self._paths.values():
+            if not record.connected:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
+            sender = record.sender
             loss = sender.loss_deadline()
             if loss is not None:
                 deadlines.append(loss)
             deadlines.append(sender.last_sent_at + PROBE_INTERVAL_S)
             heard_at = sender.estimator.last_heard_at
-            if sender.usable and heard_at is not None:
+            if record.usable and heard_at is not None:
                 deadlines.append(heard_at + sender.estimator.silence_timeout_s())
-            ack = self._receivers[name].ack_deadline()
+            ack = record.receiver.ack_deadline()
             if ack is not None:
                 deadlines.append(ack)
         return min(deadlines)
@@ -716,7 +752,7 @@ class PeerSession:
         dropped = len(inbound.rejections)
         inbound.expire(now)
         if len(inbound.rejections) > dropped:
-            self._credit_dirty.update(self._senders)  # their bytes count as consumed
+            self._credit_dirty.update(self._paths)  # their bytes count as consumed
 
     def handle_timer(self, now: float) -> None:
         self._update_liveness(now)
@@ -724,25 +760,24 @@ class PeerSession:
         self._expire_inbound(now)
         if now >= self._credit_refresh_at:
             self._credit_refresh_at = now + CREDIT_REFRESH_S
-            self._credit_dirty.update(self._senders)
-        for name, sender in self._senders.items():
-            self._requeue(sender, sender.detect_lost(now))
-            if name in self._closed:
+            self._credit_dirty.update(self._paths)
+        for name, record in self._paths.items():
+            sender = record.sender
+            self._requeue(record, sender.detect_lost(now))
+            if not record.connected:
                 continue
             state = sender.estimator.state(now)
-            if sender.usable and state.kind == "down":
-                sender.usable = False
-                self._requeue(sender, sender.take_all_inflight(), outage=True)
+            if record.usable and state.kind == "down":
+                record.usable = False
+                self._requeue(record, sender.take_all_inflight(), outage=True)
                 sender.estimator.forget_losses()
-            if state.kind != self._path_states.get(name, "up"):
-                self._events.append(PathStateChanged(name, state.kind, state.reason))
-            self._path_states[name] = state.kind
+            self._set_state(name, record, state.kind, state.reason)
         if now >= self._scheduler.next_select_at:
             self._reselect(now)
         if now >= self._done_check_at:
             self._done_check_at = now + DONE_CHECK_S
             timeout_s = max(
-                [DONE_TIMEOUT_S, *(4 * s.estimator.srtt_s for s in self._senders.values())]
+                [DONE_TIMEOUT_S, *(4 * r.sender.estimator.srtt_s for r in self._paths.values())]
             )
             for message in list(self._queue.messages.values()):
                 if message.acked_at is not None and now - message.acked_at > timeout_s:
@@ -754,10 +789,11 @@ class PeerSession:
     # ------------------------------------------------------------------- views
 
     def path_snapshot(self, path: str, now: float) -> dict[str, object]:
-        sender = self._senders[path]
+        record = self._paths[path]
+        sender = record.sender
         row: dict[str, object] = dict(sender.estimator.snapshot(now))
-        row["recv_bytes"] = self._receivers[path].received_bytes
-        row["usable"] = sender.usable
+        row["recv_bytes"] = record.receiver.received_bytes
+        row["usable"] = record.usable
         row["spurious_losses"] = sender.spurious_losses
         row["rto_ms"] = sender.retransmission_timeout_s() * 1e3
         row["role"] = self._scheduler.role(path)
@@ -821,3 +857,16 @@ class PeerSession:
             "bulk_limit_bps": int(self._governor.rate_bps or 0),
             "bulk_limit_cuts": self._governor.cuts,
         }
+
+
+_ControlHandler = Callable[[PeerSession, str, ControlFrame, float], None]
+# Every control frame the peer may send once a path is up; Hello is not among them.
+_CONTROL_HANDLERS: dict[type, _ControlHandler] = {
+    Ack: PeerSession._on_ack,  # type: ignore[dict-item]
+    Credit: PeerSession._on_credit,  # type: ignore[dict-item]
+    RouteChosen: PeerSession._on_route,  # type: ignore[dict-item]
+    MessagesDone: PeerSession._on_done,  # type: ignore[dict-item]
+    MessagesTaken: PeerSession._on_taken,  # type: ignore[dict-item]
+    RepairRequested: PeerSession._on_repair_request,  # type: ignore[dict-item]
+    MessageRejected: PeerSession._on_rejected,  # type: ignore[dict-item]
+}

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgpack
 
-from wangate.errors import LocalProtocolError
+from wangate.errors import ErrorCode, RemoteProtocolError
 
 MAGIC = b"WG"
 VERSION = 1
@@ -48,11 +48,12 @@ OPTIONAL_KEYS: dict[str, frozenset[str]] = {"send": frozenset({"deadline_s"})}
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
 # Error codes that leave the stream unusable: the reader cannot find the next frame.
-FATAL_CODES = frozenset({"bad_magic", "bad_version", "bad_flags", "header_too_large", "too_large"})
+FATAL_CODES = frozenset(code for code in ErrorCode if code.closes_connection)
 
 
-class FrameError(LocalProtocolError):
-    """A frame breaks the local API protocol.
+class FrameError(RemoteProtocolError):
+    """A frame breaks the local API protocol: the other side (a trainer, for the
+    gateway; the gateway, for a client) sent something malformed.
 
     ``code`` is the error code sent back; ``request_id`` the request's id when the
     header got far enough to tell; ``fatal`` means the connection must close because

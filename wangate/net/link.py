@@ -1,17 +1,24 @@
-"""One QUIC connection carrying one WAN path to one peer gateway (the asyncio shell).
+"""One QUIC connection carrying one WAN path to one peer gateway.
 
-It only moves bytes: DATAGRAM frames and control-stream bytes go to the peer's
-``PeerSession``, and whenever aioquic can send, the link pulls datagrams from it
-(pull, not push: the session decides what goes where at transmit time, and aioquic's
-own datagram queue stays a few entries long, so nothing waits behind a full window).
+A link handshakes, authenticates the peer's site, exchanges the ``Hello`` and from
+then on only moves bytes between aioquic and its :class:`~wangate.net.peer_driver.
+PeerDriver`: what arrives (DATAGRAM frames, control frames) goes to the driver, and
+whenever aioquic may send, the driver fills the link from the session (pull, not push).
+
+A link's life is explicit (:class:`LinkState`), h11-style: every transition is in
+``_TRANSITIONS`` and any other is a :class:`~wangate.errors.LocalProtocolError`::
+
+    handshaking -> authenticated -> up -> closed
+         \\______________\\__________________/
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
@@ -19,47 +26,46 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.errors import RemoteProtocolError, WangateError
+from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
+from wangate.net import aioquic_compat as compat
 from wangate.net.pacing import install_burstable_pacer
-from wangate.net.tls import AUTHENTICATION_FAILED_ERROR_CODE
 
 if TYPE_CHECKING:
-    from wangate.core.session import PeerSession
+    from wangate.net.peer_driver import PeerDriver
 
 log = logging.getLogger("wangate.link")
 
 CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1)
-ERROR_PROTOCOL = 0x102
-ERROR_DUPLICATE = 0x103
-ERROR_SHUTDOWN = 0x104
-ERROR_RESET = 0x105
 DATAGRAM_OVERHEAD_BYTES = 40  # short header, packet number, AEAD tag, frame type+length
-PENDING_LOW_WATER = 4  # datagrams queued inside aioquic before we stop adding
-FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
 
 
-class LinkHost:
-    """What a link needs from its gateway (implemented by ``wangate.daemon.Gateway``)."""
+class LinkState(enum.Enum):
+    HANDSHAKING = "handshaking"
+    AUTHENTICATED = "authenticated"  # the peer's certificate names a configured site
+    UP = "up"  # hellos exchanged; attached to the peer's driver
+    CLOSED = "closed"
 
-    site_name: str
+
+_TRANSITIONS: dict[LinkState, frozenset[LinkState]] = {
+    LinkState.HANDSHAKING: frozenset({LinkState.AUTHENTICATED, LinkState.CLOSED}),
+    LinkState.AUTHENTICATED: frozenset({LinkState.UP, LinkState.CLOSED}),
+    LinkState.UP: frozenset({LinkState.CLOSED}),
+    LinkState.CLOSED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class LocalSite:
+    """What a link says of its own site in its ``Hello``."""
+
+    name: str
     instance_id: int
     max_message_bytes: int
 
-    def authenticate(self, link: PathLink) -> str:  # returns the peer's site name
-        raise NotImplementedError
 
-    def link_ready(self, link: PathLink, hello: Hello) -> PeerSession | None:
-        raise NotImplementedError
-
-    def link_closed(self, link: PathLink, reason: str) -> None:
-        raise NotImplementedError
-
-    def session_touched(self, session: PeerSession) -> None:
-        raise NotImplementedError
-
-    def datagram_handled(self, session: PeerSession) -> None:
-        raise NotImplementedError
+Authenticate = Callable[["PathLink"], str]  # the peer's site name, or raises
+Attach = Callable[["PathLink", Hello], "PeerDriver | None"]  # None: refused
 
 
 class PathLink(QuicConnectionProtocol):
@@ -68,53 +74,72 @@ class PathLink(QuicConnectionProtocol):
         quic: QuicConnection,
         stream_handler: Callable[..., None] | None = None,
         *,
-        host: LinkHost,
+        site: LocalSite,
+        authenticate: Authenticate,
+        attach: Attach,
         dialed: bool,
         peer: str | None = None,
         path: str | None = None,
         datagram_bytes: int = 1200,
     ) -> None:
         super().__init__(quic, stream_handler)
-        self.host = host
+        self.site = site
+        self._authenticate = authenticate
+        self._attach = attach
         self.dialed = dialed
         self.peer = peer  # known up front when we dial; from the certificate when we accept
         self.path = path
         self.datagram_bytes = datagram_bytes - DATAGRAM_OVERHEAD_BYTES
-        self.session: PeerSession | None = None
-        self.authenticated = False
-        self.refused: str | None = None
+        self.state = LinkState.HANDSHAKING
+        self.driver: PeerDriver | None = None  # set once up
+        self.refused: str | None = None  # why we closed it, if we did
         self._decoder = ControlStreamDecoder()
         self._hello_sent = False
         self._protocol_errors = 0
-        self._closed_reported = False
-        self._pacer = install_burstable_pacer(quic._loss)
+        self.pacer = install_burstable_pacer(quic)
+        self.pending = compat.datagrams_pending(quic)  # aioquic's DATAGRAM queue
+        self.send_datagram = quic.send_datagram_frame  # per datagram: no wrapper call
         self._after_receive: asyncio.Handle | None = None
-        self._datagrams_handled = False
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
         self._handshake_done: asyncio.Future[None] = self._loop.create_future()
 
+    def _move(self, to: LinkState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise LocalProtocolError(
+                f"link {self.peer}/{self.path}: {self.state.value} -> {to.value} is not allowed"
+            )
+        self.state = to
+
+    @property
+    def authenticated(self) -> bool:
+        """Authenticated and not closed (the listener's test for an established link)."""
+        return self.state in (LinkState.AUTHENTICATED, LinkState.UP)
+
     @property
     def dialer_site(self) -> str:
         assert self.peer is not None
-        return self.host.site_name if self.dialed else self.peer
+        return self.site.name if self.dialed else self.peer
 
     @property
     def remote_address(self) -> str:
-        paths = self._quic._network_paths
-        if paths:
-            host, port = paths[0].addr[:2]
-            return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-        return "?"
+        address = compat.peer_address(self._quic)
+        return "?" if address is None else _fmt(*address)
 
     @property
     def local_address(self) -> str:
         if self._transport is None:
             return "?"
         host, port = self._transport.get_extra_info("sockname")[:2]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        return _fmt(str(host), int(port))
 
-    # ------------------------------------------------------------- events
+    async def wait_handshake(self, timeout_s: float) -> None:
+        """Return once the handshake completed (even before this call); raise
+        ``ConnectionError`` if the connection closed first, ``TimeoutError`` after
+        ``timeout_s``."""
+        await asyncio.wait_for(asyncio.shield(self._handshake_done), timeout_s)
+
+    # ------------------------------------------------------------- receiving
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         # aioquic transmits after every datagram; one turn of the loop may read dozens,
@@ -126,20 +151,18 @@ class PathLink(QuicConnectionProtocol):
 
     def _answer_received(self) -> None:
         self._after_receive = None
-        if self._datagrams_handled and self.session is not None:
-            self._datagrams_handled = False
-            # deliver what completed, re-arm the timer; then acks and whatever else is due
-            self.host.datagram_handled(self.session)
+        if self.driver is not None:
+            self.driver.datagrams_handled()
         self.transmit()
 
-    async def wait_handshake(self, timeout_s: float) -> None:
-        """Return once the handshake completed (even before this call); raise
-        ``ConnectionError`` if the connection closed first, ``TimeoutError`` after
-        ``timeout_s``."""
-        await asyncio.wait_for(asyncio.shield(self._handshake_done), timeout_s)
-
     def quic_event_received(self, event: events.QuicEvent) -> None:
-        if isinstance(event, events.HandshakeCompleted):
+        if isinstance(event, events.DatagramFrameReceived):
+            if self.state is LinkState.UP:  # nothing from an unauthenticated peer
+                self._on_datagram(event.data)
+        elif isinstance(event, events.StreamDataReceived):
+            if self.state in (LinkState.AUTHENTICATED, LinkState.UP):
+                self._on_stream_data(event)
+        elif isinstance(event, events.HandshakeCompleted):
             if not self._handshake_done.done():
                 self._handshake_done.set_result(None)
             self._on_handshake()
@@ -148,55 +171,45 @@ class PathLink(QuicConnectionProtocol):
             if not self._handshake_done.done():
                 self._handshake_done.set_exception(ConnectionError(reason))
                 self._handshake_done.exception()  # retrieved: nobody need be waiting
-            self._report_closed(f"connection closed: {reason}")
-        elif self.refused is not None or not self.authenticated:
-            return  # nothing from an unauthenticated peer is ever looked at
-        elif isinstance(event, events.StreamDataReceived):
-            self._on_stream_data(event)
-        elif isinstance(event, events.DatagramFrameReceived):
-            self._on_datagram(event.data)
+            self._mark_closed(f"connection closed: {reason}")
 
     def _on_handshake(self) -> None:
-        try:
-            self.peer = self.host.authenticate(self)
-        except WangateError as exc:  # an AuthenticationError, or our own misconfiguration
-            self.refuse(AUTHENTICATION_FAILED_ERROR_CODE, f"site authentication failed: {exc}")
+        if self.state is not LinkState.HANDSHAKING:
             return
-        self.authenticated = True
+        try:
+            self.peer = self._authenticate(self)
+        except WangateError as exc:  # an AuthenticationError, or our own misconfiguration
+            self.refuse(LinkError.AUTHENTICATION_FAILED, f"site authentication failed: {exc}")
+            return
+        self._move(LinkState.AUTHENTICATED)
         if self.dialed:
             self._send_hello()
 
     def _send_hello(self) -> None:
         assert self.path is not None
-        hello = Hello(
-            self.host.site_name, self.path, self.host.instance_id, self.host.max_message_bytes
-        )
+        site = self.site
+        hello = Hello(site.name, self.path, site.instance_id, site.max_message_bytes)
         self._quic.send_stream_data(CONTROL_STREAM_ID, encode_control(hello))
         self._hello_sent = True
 
     def _on_stream_data(self, event: events.StreamDataReceived) -> None:
         if event.stream_id != CONTROL_STREAM_ID:
-            self.refuse(ERROR_PROTOCOL, f"unexpected stream {event.stream_id}")
+            self.refuse(LinkError.PROTOCOL, f"unexpected stream {event.stream_id}")
             return
         try:
             frames = self._decoder.feed(event.data)
-            now = time.monotonic()
-            for frame in frames:
-                if self.session is None:
-                    if not isinstance(frame, Hello):
-                        raise RemoteProtocolError("first control frame is not a hello")
-                    self._on_hello(frame)
-                    if self.session is None:
-                        return
-                else:
-                    self.session.handle_control(self.path or "", frame, now)
+            if frames and self.state is LinkState.AUTHENTICATED:
+                first = frames.pop(0)
+                if not isinstance(first, Hello):
+                    raise RemoteProtocolError("first control frame is not a hello")
+                if not self._on_hello(first):
+                    return
+            if frames and self.driver is not None:
+                self.driver.control_received(self, frames)
         except WangateError as exc:
-            self.refuse(ERROR_PROTOCOL, f"control stream: {exc}")
-            return
-        if self.session is not None:
-            self.host.session_touched(self.session)
+            self.refuse(LinkError.PROTOCOL, f"control stream: {exc}")
 
-    def _on_hello(self, hello: Hello) -> None:
+    def _on_hello(self, hello: Hello) -> bool:
         if hello.site != self.peer:
             raise RemoteProtocolError(
                 f"hello names site {hello.site!r} but the certificate is {self.peer!r}"
@@ -206,66 +219,62 @@ class PathLink(QuicConnectionProtocol):
         self.path = hello.path
         if not self._hello_sent:
             self._send_hello()
-        session = self.host.link_ready(self, hello)
-        if session is None:
-            return
-        self.session = session
-        session.path_up(self.path, datagram_bytes=self.datagram_bytes, now=time.monotonic())
+        driver = self._attach(self, hello)
+        if driver is None or self.state is LinkState.CLOSED:
+            return False
+        self._move(LinkState.UP)
+        self.driver = driver
+        driver.link_up(self)
+        return True
 
     def _on_datagram(self, data: bytes) -> None:
-        if self.session is None or self.path is None:
-            return
+        assert self.driver is not None
         try:
-            self.session.handle_datagram(self.path, data, time.monotonic())
-            # a message may be complete, and an ack deadline may be new: without this
-            # both would wait for whatever timer happened to be armed
-            self._datagrams_handled = True
+            self.driver.datagram_received(self, data)
         except RemoteProtocolError as exc:
             self._protocol_errors += 1
             log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)
             if self._protocol_errors >= MAX_PROTOCOL_ERRORS:
-                self.refuse(ERROR_PROTOCOL, f"{self._protocol_errors} malformed datagrams")
+                self.refuse(LinkError.PROTOCOL, f"{self._protocol_errors} malformed datagrams")
 
-    def refuse(self, code: int, reason: str) -> None:
+    # --------------------------------------------------------------- closing
+
+    def refuse(self, code: LinkError, reason: str) -> None:
+        """Close the connection with ``code``, telling the peer why."""
         if self.refused is None:
             self.refused = reason
             # both sites dialing one path is expected (one connection is kept): not a warning
-            level = logging.INFO if code in (ERROR_DUPLICATE, ERROR_SHUTDOWN) else logging.WARNING
+            level = logging.WARNING if code.unexpected else logging.INFO
             log.log(level, "closing connection with %s: %s", self.remote_address, reason)
-        self.close(error_code=code, reason_phrase=reason[:200])
-        self._report_closed(reason)
+        self.close(error_code=code.value, reason_phrase=reason[:200])
+        self._mark_closed(reason)
 
-    def _report_closed(self, reason: str) -> None:
-        if not self._closed_reported:
-            self._closed_reported = True
-            self.host.link_closed(self, reason)
+    def _mark_closed(self, reason: str) -> None:
+        if self.state is LinkState.CLOSED:
+            return
+        self._move(LinkState.CLOSED)
+        if self.driver is not None:
+            self.driver.link_down(self, reason)
 
     # ------------------------------------------------------------- sending
 
     def transmit(self) -> None:
-        session, path = self.session, self.path
-        if session is None or path is None or self._closed_reported:
+        """aioquic may send: the driver fills this link from the session first."""
+        if self.driver is None or self.state is not LinkState.UP:
             super().transmit()
-            return
-        quic = self._quic
-        pending = quic._datagrams_pending  # aioquic 1.7.2: no public view of this queue
-        for _ in range(FILL_ROUNDS):
-            now = time.monotonic()
-            control = session.control_to_send(path, now)
-            if control:
-                quic.send_stream_data(CONTROL_STREAM_ID, control)
-            added = 0
-            # unpaced while critical data waits: what is pulled now must not wait for it
-            critical = session.has_critical_for(path)
-            while len(pending) < PENDING_LOW_WATER:
-                datagram = session.datagram_to_send(path, now)
-                if datagram is None:
-                    break
-                quic.send_datagram_frame(datagram)
-                added += 1
-            self._pacer.burst = critical or session.has_critical_for(path)
-            super().transmit()
-            if added == 0 or pending:
-                break  # nothing more to send, or aioquic's window/pacer is full
         else:
-            self._transmit_soon()  # more to send: continue after other work had a turn
+            self.driver.fill(self)
+
+    def flush(self) -> None:
+        """Hand what is queued to aioquic's packet builder (within window and pacer)."""
+        super().transmit()
+
+    def transmit_soon(self) -> None:
+        self._transmit_soon()
+
+    def send_control(self, data: bytes) -> None:
+        self._quic.send_stream_data(CONTROL_STREAM_ID, data)
+
+
+def _fmt(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

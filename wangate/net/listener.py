@@ -36,7 +36,7 @@ from typing import Any, cast
 from aioquic._buffer import Buffer
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection, QuicConnectionState
+from aioquic.quic.connection import NetworkAddress, QuicConnection
 from aioquic.quic.packet import (
     QuicErrorCode,
     QuicPacketType,
@@ -48,13 +48,13 @@ from aioquic.quic.packet import (
 from aioquic.quic.retry import QuicRetryTokenHandler
 
 from wangate.core.admission import AdmissionLimits, HandshakeAdmission
+from wangate.net import aioquic_compat as compat
 from wangate.net.drain import open_draining_endpoint
 
 log = logging.getLogger("wangate.listener")
 
 MIN_INITIAL_CID_BYTES = 8  # a client's first Destination Connection ID (RFC 9000 §7.2)
 REPORT_INTERVAL_S = 10.0  # at most one summary of dropped traffic per interval
-_OPEN_STATES = (QuicConnectionState.FIRSTFLIGHT, QuicConnectionState.CONNECTED)
 
 CreateProtocol = Callable[[QuicConnection], QuicConnectionProtocol]
 IsEstablished = Callable[[QuicConnectionProtocol], bool]
@@ -294,7 +294,7 @@ class PeerListener(asyncio.DatagramProtocol):
         """After a half-open connection handled a datagram: authenticated, or refused?"""
         if self._is_established(protocol):
             self.admission.established(protocol)
-        elif protocol._quic._state not in _OPEN_STATES or protocol._quic._close_pending:
+        elif compat.closing(protocol._quic):
             # refused (or failed) before authenticating: its close is on its way out
             # (sent by the protocol's own deferred transmit, if any), then nothing stays
             self.admission.closed(protocol)

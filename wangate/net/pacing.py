@@ -14,7 +14,10 @@ Pure: aioquic passes ``now``.
 
 from __future__ import annotations
 
-from aioquic.quic.recovery import QuicPacketPacer, QuicPacketRecovery
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.recovery import QuicPacketPacer
+
+from wangate.net.aioquic_compat import replace_pacer
 
 
 class BurstablePacer(QuicPacketPacer):
@@ -33,11 +36,13 @@ class BurstablePacer(QuicPacketPacer):
             super().update_after_send(now)
 
 
-def install_burstable_pacer(recovery: QuicPacketRecovery) -> BurstablePacer:
-    """Swap a fresh connection's pacer for a ``BurstablePacer`` (aioquic 1.7.2 internals)."""
-    old = recovery._pacer
-    pacer = BurstablePacer(max_datagram_size=old._max_datagram_size)
-    pacer.bucket_max, pacer.bucket_time = old.bucket_max, old.bucket_time
-    pacer.evaluation_time, pacer.packet_time = old.evaluation_time, old.packet_time
-    recovery._pacer = pacer
-    return pacer
+def install_burstable_pacer(connection: QuicConnection) -> BurstablePacer:
+    """Swap a fresh connection's pacer for a ``BurstablePacer``."""
+
+    def burstable(old: QuicPacketPacer) -> BurstablePacer:
+        pacer = BurstablePacer(max_datagram_size=old._max_datagram_size)
+        pacer.bucket_max, pacer.bucket_time = old.bucket_max, old.bucket_time
+        pacer.evaluation_time, pacer.packet_time = old.evaluation_time, old.packet_time
+        return pacer
+
+    return replace_pacer(connection, burstable)

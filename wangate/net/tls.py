@@ -25,7 +25,14 @@ from aioquic.quic.connection import QuicConnection
 
 from wangate.certs import load_ca_certificates, verify_site_certificate
 from wangate.config import Config
-from wangate.errors import AuthenticationError, ConfigError, LocalProtocolError, WangateError
+from wangate.errors import (
+    AuthenticationError,
+    ConfigError,
+    LinkError,
+    LocalProtocolError,
+    WangateError,
+)
+from wangate.net import aioquic_compat as compat
 from wangate.net.congestion import CONGESTION_CONTROL_NAME
 
 ALPN = "wangate/1"
@@ -33,7 +40,7 @@ IDLE_TIMEOUT_S = 10.0
 MAX_DATAGRAM_FRAME_SIZE = 65536
 # Application error code closing a connection whose peer failed site authentication.
 # 0x2A mirrors the TLS alert bad_certificate(42) (RFC 8446 section 6.2).
-AUTHENTICATION_FAILED_ERROR_CODE = 0x2A
+AUTHENTICATION_FAILED_ERROR_CODE = LinkError.AUTHENTICATION_FAILED
 
 
 def server_quic_configuration(config: Config, *, max_datagram_size: int) -> QuicConfiguration:
@@ -85,20 +92,16 @@ def require_client_certificate(connection: QuicConnection) -> None:
         raise LocalProtocolError(
             "require_client_certificate() must be called before the connection receives data"
         )
-    original_initialize = connection._initialize
 
-    def initialize(peer_cid: bytes) -> None:
-        original_initialize(peer_cid)
+    def initialized() -> None:
         context = connection.tls
-        if not hasattr(context, "_request_client_certificate"):
-            raise LocalProtocolError("this aioquic cannot request client certificates")
-        context._request_client_certificate = True
+        compat.request_client_certificate(context)
         # Without a ticket fetcher a client's PSK (and its 0-RTT data) is never accepted,
         # and without a handler no ticket is ever issued.
         context.get_session_ticket_cb = None
         context.new_session_ticket_cb = None
 
-    setattr(connection, "_initialize", initialize)  # noqa: B010 - instance override
+    compat.after_initialize(connection, initialized)
     setattr(connection, "_wangate_requests_client_certificate", True)  # noqa: B010
 
 
@@ -117,7 +120,7 @@ def authenticate_peer(
     failure too. Calling it before the handshake completed, or on a server connection
     that did not :func:`require_client_certificate`, is a :class:`LocalProtocolError`.
     """
-    if not getattr(connection, "_handshake_complete", False):
+    if not compat.handshake_complete(connection):
         raise LocalProtocolError("authenticate_peer() needs a completed handshake")
     is_server = not connection.configuration.is_client
     if is_server and not getattr(connection, "_wangate_requests_client_certificate", False):
@@ -125,14 +128,15 @@ def authenticate_peer(
     context = connection.tls
     if context.session_resumed:
         raise AuthenticationError("peer resumed a session instead of presenting a certificate")
-    certificate = context._peer_certificate
+    certificate = compat.peer_certificate(context)
     if certificate is None:
         raise AuthenticationError("peer presented no certificate")
     try:
         trusted_cas = load_ca_certificates(ca_path)
     except WangateError as exc:  # fail closed: no CA to check against, no peer
         raise AuthenticationError(f"cannot check the peer: {exc}") from exc
-    site = verify_site_certificate(certificate, list(context._peer_certificate_chain), trusted_cas)
+    chain = compat.peer_certificate_chain(context)
+    site = verify_site_certificate(certificate, chain, trusted_cas)
     if expected_site is not None and site != expected_site:
         raise AuthenticationError(
             f"peer certificate names site {site!r}, but this connection is to {expected_site!r}"

@@ -1,0 +1,1 @@
+"""Named benchmark suites by subject (``python -m bench suite NAME``); see ``run.py``."""

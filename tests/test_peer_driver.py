@@ -1,0 +1,241 @@
+"""The shell in one process: two gateways, real QUIC/TLS on loopback, no subprocesses.
+
+Each ``PeerDriver`` is driven by aioquic connections on 127.0.x.y, the way aioquic's
+own ``tests/test_asyncio.py`` runs client and server in one loop: paths come up, go
+down and reconnect; a redial from one site replaces its stale connection; a peer that
+restarts fails what it held and its paths come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from wangate.config import load_config
+from wangate.core.events import MessageReceived
+from wangate.core.message import MessageHeader
+from wangate.daemon import Gateway
+from wangate.errors import GatewayError, LinkError, LocalProtocolError
+from wangate.errors import MessageFailed as MessageFailedError
+from wangate.loopback import PATH_NAMES, write_site_configs
+from wangate.net.link import LinkState, PathLink
+from wangate.service import Delivery, Submission
+
+pytestmark = pytest.mark.timeout(90)
+A = PATH_NAMES[0]
+
+
+async def poll(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def submission(peer: str, tag: str, payload: bytes, step: int = 0) -> Submission:
+    return Submission(peer, tag, step, False, b"", payload, zlib.crc32(payload))
+
+
+def link(gateway: Gateway, peer: str, path: str) -> PathLink | None:
+    return gateway.peers[peer].links.get(path)
+
+
+def both_up(bj: Gateway, sh: Gateway, path: str) -> bool:
+    a, b = link(bj, "sh", path), link(sh, "bj", path)
+    return a is not None and b is not None and a.state is b.state is LinkState.UP
+
+
+async def pair(directory: Path, paths: int = 1, extra: str = "") -> tuple[Gateway, Gateway]:
+    bj_site, sh_site = write_site_configs(directory, 2, paths, mtu=1500, extra_toml=extra)
+    bj = Gateway(load_config(bj_site.config_path))
+    sh = Gateway(load_config(sh_site.config_path))  # sh dials, bj answers
+    await bj.start()
+    await sh.start()
+    for path in PATH_NAMES[:paths]:
+        await poll(lambda path=path: both_up(bj, sh, path))  # type: ignore[misc]
+    return bj, sh
+
+
+async def exchange(sender: Gateway, receiver: Gateway, tag: str, payload: bytes) -> None:
+    await sender.submit(submission(receiver.site_name, tag, payload))
+    delivery = await receiver.receive(tag, sender.site_name, None, 10.0)
+    assert bytes(delivery.payload) == payload
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------- paths
+
+
+async def _up_down_reconnect(directory: Path) -> None:
+    bj, sh = await pair(directory, paths=2)
+    try:
+        await exchange(sh, bj, "first", b"\x01\x02\x03" * 1000)
+        old_sh, old_bj = link(sh, "bj", A), link(bj, "sh", A)
+        sh.reset_path("bj", A)  # the operator's reset: both sides see the path go
+        assert old_sh is not None and old_sh.state is LinkState.CLOSED
+        assert old_sh.refused == "reset by operator"
+        await poll(lambda: old_bj is not None and old_bj.state is LinkState.CLOSED)
+        assert A not in bj.peers["sh"].links or link(bj, "sh", A) is not old_bj
+        await poll(lambda: both_up(bj, sh, A))  # sh dials again
+        new_sh, new_bj = link(sh, "bj", A), link(bj, "sh", A)
+        assert new_sh is not old_sh and new_bj is not old_bj
+        # connected both (a loaded machine may show a loopback path degraded, never down)
+        assert [row["state"] != "down" for row in sh.paths()] == [True, True]
+        await exchange(sh, bj, "after", bytes(range(256)) * 400)
+        await exchange(bj, sh, "back", b"\xff" * 70_000)
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_path_goes_down_and_reconnects_with_data_intact(tmp_path: Path) -> None:
+    run(_up_down_reconnect(tmp_path))
+
+
+async def _stale_replaced(directory: Path) -> None:
+    bj, sh = await pair(directory)
+    try:
+        stale_bj, old_sh = link(bj, "sh", A), link(sh, "bj", A)
+        assert stale_bj is not None and old_sh is not None and old_sh._transport is not None
+        # sh gives the connection up, and its close is lost on the way: bj still holds it
+        old_sh._transport.sendto = lambda *args: None  # type: ignore[method-assign]
+        old_sh.refuse(LinkError.RESET, "gone on this side")
+        assert stale_bj.state is LinkState.UP
+        # sh's redial replaces the stale connection at once, not when it idles out (10 s)
+        await poll(lambda: stale_bj.state is LinkState.CLOSED, timeout_s=5.0)
+        assert stale_bj.refused == f"path {A} reconnected"
+        await poll(lambda: both_up(bj, sh, A), timeout_s=5.0)
+        assert link(sh, "bj", A) is not old_sh
+        await exchange(sh, bj, "after-redial", b"\x07" * 50_000)
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_redial_from_the_same_site_replaces_its_stale_connection(tmp_path: Path) -> None:
+    run(_stale_replaced(tmp_path))
+
+
+async def _restart(directory: Path) -> None:
+    bj, sh = await pair(directory)
+    config = bj.config
+    try:
+        msg_id = await sh.submit(submission("bj", "held", b"\x05" * 3000))
+        await poll(lambda: sh.peers["bj"].session.message_state(msg_id) == "held")
+        first_instance = bj.instance_id
+        await bj.close()  # no trainer took "held": it is lost with this instance
+        bj = Gateway(config)
+        await bj.start()
+        assert bj.instance_id != first_instance
+        with pytest.raises(MessageFailedError, match="restarted with it in its inbox"):
+            await sh.wait_message("bj", msg_id, 10.0)
+        await poll(lambda: both_up(bj, sh, A))
+        assert sh.peers["bj"].instance_id == bj.instance_id
+        await exchange(sh, bj, "after-restart", b"\x09" * 20_000)
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_restarted_peer_fails_what_it_held_and_its_paths_come_back(tmp_path: Path) -> None:
+    run(_restart(tmp_path))
+
+
+async def _link_states(directory: Path) -> None:
+    bj, sh = await pair(directory)
+    try:
+        live = link(sh, "bj", A)
+        assert live is not None
+        with pytest.raises(LocalProtocolError, match="up -> authenticated is not allowed"):
+            live._move(LinkState.AUTHENTICATED)
+        live.refuse(LinkError.SHUTDOWN, "test")
+        with pytest.raises(LocalProtocolError, match="closed -> up is not allowed"):
+            live._move(LinkState.UP)
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_link_moves_only_along_its_transition_table(tmp_path: Path) -> None:
+    run(_link_states(tmp_path))
+
+
+# ------------------------------------------------------------ submit
+
+
+async def _at_the_limit(directory: Path) -> None:
+    limits = "[limits]\nmax_message_bytes = 200000\nclient_budget_bytes = 1000000\n"
+    bj, sh = await pair(directory, extra=limits)
+    try:
+        payload = bytes(range(256)) * 781 + b"\x00" * 64  # exactly 200 000 bytes
+        assert len(payload) == sh.max_message_bytes
+        await exchange(sh, bj, "t" * 1024, payload)  # the longest tag, too
+        with pytest.raises(GatewayError) as refused:
+            await sh.submit(submission("bj", "x" * 1025, b"abc"))
+        assert refused.value.code == "bad_request"  # the request, not the connection
+        assert "tag must be 1..1024 bytes" in str(refused.value)
+        await exchange(sh, bj, "still", b"\x01" * 10)
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_payload_at_the_limit_passes_and_a_bad_tag_fails_only_its_request(
+    tmp_path: Path,
+) -> None:
+    run(_at_the_limit(tmp_path))
+
+
+# ----------------------------------------------------------- delivery
+
+
+async def _credit(directory: Path) -> None:
+    _, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
+    sh = Gateway(load_config(sh_site.config_path))  # not started: no links needed
+    session = sh.peers["bj"].session
+    before = session.granted_bytes
+    # a payload that is no view of its body: the credit is the body's size regardless
+    payload = b"\x11" * 10
+    sh.inbox.try_deliver(Delivery("bj", "t", 0, False, b"", payload, 0, 7, body_bytes=50))
+    delivery = await sh.receive("t", "bj", None, 1.0)
+    assert bytes(delivery.payload) == payload
+    assert session.granted_bytes == before + 50
+    await sh.close()
+
+
+def test_credit_returns_the_body_bytes_the_session_counted(tmp_path: Path) -> None:
+    run(_credit(directory=tmp_path))
+
+
+def received(msg_id: int, size: int) -> MessageReceived:
+    header = MessageHeader("t", msg_id, False, 0, b"")
+    return MessageReceived(msg_id, header, memoryview(bytes([msg_id]) * size), size + 30)
+
+
+async def _order(directory: Path) -> None:
+    limits = "[limits]\nmax_message_bytes = 1000\npeer_inbox_bytes = 1000\n"
+    limits += "client_budget_bytes = 1000\n"
+    _, sh_site = write_site_configs(directory, 2, 1, mtu=1500, extra_toml=limits)
+    sh = Gateway(load_config(sh_site.config_path))
+    driver = sh.peers["bj"]
+    driver._deliver(received(1, 600))  # queued
+    driver._deliver(received(2, 600))  # refused: 1 200 bytes would wait for bj
+    first = await sh.receive("t", "bj", None, 1.0)  # room again, the retry not yet run
+    driver._deliver(received(3, 10))  # fits now, but must not overtake message 2
+    second = await sh.receive("t", "bj", None, 1.0)
+    third = await sh.receive("t", "bj", None, 1.0)
+    assert [first.msg_id, second.msg_id, third.msg_id] == [1, 2, 3]
+    assert bytes(second.payload) == b"\x02" * 600 and bytes(third.payload) == b"\x03" * 10
+    await sh.close()
+
+
+def test_a_refused_delivery_keeps_its_place_among_its_sources_messages(tmp_path: Path) -> None:
+    run(_order(tmp_path))
