@@ -5,7 +5,7 @@
     .venv/bin/python -m bench.loss_long trade        # sans-IO, fake link and clock, ~5 min
 
 ``run`` plays each scenario (default: every ``loss_long_*`` and
-``multipath_long_lossy``) ``--runs`` times in the WAN lab: this tree's gateways with
+``loss_long_3paths``) ``--runs`` times in the WAN lab: this tree's gateways with
 TCP BBR in the same lab right after (single-path scenarios), then, with ``--before
 DIR`` (a folder holding another ``wangate`` package, e.g. ``git archive main wangate |
 tar -x -C DIR``), that gateway without baselines, alternately, so that both see the
@@ -44,7 +44,7 @@ AIM_MULTIPATH = 0.88  # of the sum of the path rates
 
 def default_scenarios() -> list[str]:
     names = sorted(p.stem for p in SCENARIO_DIR.glob("loss_long_*.toml"))
-    return [*names, "multipath_long_lossy"]
+    return [*names, "loss_long_3paths"]
 
 
 def _run(args: argparse.Namespace) -> int:
