@@ -25,7 +25,7 @@ from bench.suite.common import (
 
 SCENARIO = "multipath_clean3"  # only its links: the gradients are the workload
 RESULT_NAME = "codecs_lab"
-GRADIENT_SEED = 31
+GRADIENT_SEED = 31  # the gradient of the RESULTS.md table (error columns match it exactly)
 CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk:0.01", "split:0.01/int8", "int8+zstd")
 CODEC_REPEATS = 2  # each codec's gradient is sent this many times (rounds of all codecs)
 
