@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from wangate.loopback import LoopbackSites
+from wangate.rows import GatewayStatus, PathRow
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,8 +45,10 @@ def test_paths_json_has_the_contract_keys(sites: LoopbackSites) -> None:
         if any(r["role"] == "critical" for r in rows) or time.monotonic() > deadline:
             break
     assert [(r["peer"], r["path"]) for r in rows] == [("sh", "fiber-a"), ("sh", "fiber-b")]
+    every_key = [f.name for f in dataclasses.fields(PathRow)]
     for row in rows:
         assert row.keys() >= CONTRACT_KEYS
+        assert list(row) == every_key  # every row has every key, in the documented order
         assert row["state"] in ("up", "degraded")
         assert row["role"] in ("critical", "backup", "bulk")
         assert row["local"].startswith("127.0.10.")
@@ -65,16 +70,25 @@ def test_paths_watch_refreshes_until_interrupted(sites: LoopbackSites) -> None:
          "--watch", "--interval", "0.2"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    time.sleep(2.0)
+    assert process.stdout is not None
+    seen: list[str] = []
+    for line in process.stdout:  # until the third table (the module's timeout bounds it)
+        seen.append(line)
+        if sum("PEER  PATH" in x for x in seen) == 3:
+            break
     process.terminate()
-    out, _ = process.communicate(timeout=10)
-    assert out.count("PEER  PATH") >= 3  # refreshed several times
-    assert "site bj" in out
+    process.communicate(timeout=10)
+    assert process.returncode == -signal.SIGTERM
+    text = "".join(seen)
+    assert text.count("\033[2J\033[H") == 3 and text.count(" site bj\n") == 3  # cleared each time
+    rows = [line.split()[:2] for line in seen if line.startswith("sh ")]
+    assert rows == [["sh", "fiber-a"], ["sh", "fiber-b"]] * 2  # two whole tables before the third
 
 
 def test_status_and_a_missing_socket(sites: LoopbackSites, tmp_path: Path) -> None:
     result = wangate("status", "-s", str(sites["bj"].socket_path), "--json")
     status = json.loads(result.stdout)
+    assert GatewayStatus.from_dict(status).to_dict() == status  # nothing lost or added
     assert status["site"] == "bj"
     assert status["peers"]["sh"]["paths_up"] == ["fiber-a", "fiber-b"]
     missing = wangate("status", "-s", str(tmp_path / "nope.sock"))

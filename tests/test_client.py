@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import wangate
+from tests.selfsite import default_client_settings
 from tests.test_localapi_server import GatewayThread, raw_connect, read_reply
 from wangate.codec import encode_tensor
 from wangate.localapi.protocol import SendRequest, encode_request
-from wangate.localapi.selfsite import default_client_settings
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_status_paths_ping_and_site(gateway: GatewayThread) -> None:
         gw.send("bj", "s", np.zeros(1))
         status = gw.status()
         assert status["site"] == "bj" and status["version"] == wangate.__version__
-        assert status["messages"]["submitted"] == 1 and status["messages"]["queued"] == 1
+        assert status["local_messages"] == 1 and status["inbox"]["queued"] == 1
         assert gw.paths() == []
         gw.ping()
 
@@ -247,7 +247,7 @@ def test_async_cancelled_call_leaves_connection_usable(gateway: GatewayThread) -
     async def scenario() -> None:
         async with wangate.AsyncClient(gateway.path) as gw:
             waiting = asyncio.create_task(gw.recv("never", timeout=None))
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(gateway.wait_for_waiters, 1)  # the gateway holds the recv
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -280,7 +280,7 @@ def test_async_gateway_going_away_fails_pending_calls(sock_path: Path) -> None:
     async def scenario() -> None:
         async with wangate.AsyncClient(sock_path) as gw:
             waiting = asyncio.create_task(gw.recv("x", timeout=None))
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(gateway.wait_for_waiters, 1)
             await asyncio.get_running_loop().run_in_executor(None, gateway.__exit__)
             with pytest.raises(wangate.GatewayUnavailable):
                 await asyncio.wait_for(waiting, 5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -507,14 +508,22 @@ def test_golden_plan_digest_tags_and_announcement() -> None:
 
 
 def test_measured_shares_from_reports() -> None:
+    from dataclasses import replace
+
     from wangate.collective.capacity import Reports, own_capacity_mbps
+    from wangate.rows import PathRow
+
+    def row(peer: str, state: Any, rate_mbps: float | None) -> PathRow:
+        down = PathRow.not_connected(peer, "p", "*", "(peer dials)")
+        return replace(down, state=state, rate_mbps=rate_mbps)
 
     rows = [
-        {"peer": "gz", "state": "up", "rate_mbps": 80.0},
-        {"peer": "gz", "state": "down", "rate_mbps": 500.0},  # down: not counted
-        {"peer": "sh", "state": "degraded", "rate_mbps": 20.0},
-        {"peer": "xx", "state": "up", "rate_mbps": 900.0},  # not in the call
-        {"peer": "sh", "state": "up", "rate_mbps": float("nan")},
+        row("gz", "up", 80.0),
+        row("gz", "down", 500.0),  # down: not counted
+        row("sh", "degraded", 20.0),
+        row("xx", "up", 900.0),  # not in the call
+        row("sh", "up", float("nan")),
+        row("sh", "up", None),  # not measured yet
     ]
     assert own_capacity_mbps(rows, ("bj", "gz", "sh")) == 100.0
     plan = Plan.equal(["bj", "gz", "sh"])

@@ -707,3 +707,17 @@ def test_partial_message_idle_timeout(conf_dir: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_text(conf_dir, MINIMAL + "\n[limits]\npartial_message_idle_s = 0\n")
     assert str(info.value).startswith(f"{CONFIG_NAME}: limits.partial_message_idle_s: ")
+
+
+def test_proto_wire_md_shows_every_fec_key_with_its_default() -> None:
+    import dataclasses
+    import tomllib
+
+    from wangate.config import FecConfig
+
+    text = (Path(__file__).resolve().parent.parent / "proto" / "wire.md").read_text()
+    section = text[text.index("### Settings (`[fec]`)") :]
+    block = section[section.index("```toml\n") + 8 : section.index("```\n", 8)]
+    documented = tomllib.loads(block)["fec"]
+    defaults = {f.name: f.default for f in dataclasses.fields(FecConfig)}
+    assert documented == defaults

@@ -44,7 +44,7 @@ async def _handshake_before_waiting(directory: Path) -> None:
         await link.wait_handshake(1.0)
         await _poll(lambda: sh.peers["bj"].links.get(path.name) is link)
         await _poll(lambda: path.name in bj.peers["sh"].links)
-        assert [row["state"] for row in sh.paths()] == ["up"]
+        assert [row.state for row in sh.paths()] == ["up"]
         assert link.refused is None
     finally:
         await sh.close()

@@ -33,6 +33,7 @@ def small(source: str, index: int) -> np.ndarray:
     return rng.integers(-1000, 1000, size=1 + index % 257, dtype=np.int32)
 
 
+@pytest.mark.slow
 def test_bulk_and_small_messages_both_ways_arrive_identical(sites: LoopbackSites) -> None:
     """128 MiB of float32 in 32 MiB messages each way at once, plus 1,000 small ones."""
     names = ("bj", "sh")
@@ -170,6 +171,7 @@ def test_reset_of_an_unknown_path_is_refused(sites: LoopbackSites) -> None:
     assert info.value.code == "unknown_path"
 
 
+@pytest.mark.slow
 def test_one_gibibyte_message_arrives_identical(sites: LoopbackSites) -> None:
     """The largest size the contract promises, through both daemons and both sockets."""
     arr = np.arange(256 * MiB, dtype=np.uint32)  # 1 GiB, every word distinct

@@ -236,6 +236,31 @@ def test_srtt_three_times_min_is_degraded_with_a_readable_reason() -> None:
     assert est.state(now) == PathState("degraded", "srtt 124 ms > 3x min 40 ms")
 
 
+def test_a_busy_host_on_a_loopback_path_is_not_degradation() -> None:
+    # `wangate demo` on a loaded machine: min 0.6 ms, srtt 9..17 ms (the hosts' scheduling)
+    est = PathEstimator()
+    est.on_heard(0.0)
+    now = _feed_rtts(est, [0.0006] * 5 + [0.017] * 40, start_s=0.0, step_s=0.01)
+    assert est.srtt_s == pytest.approx(0.017, rel=0.01) and est.min_rtt_s == 0.0006
+    est.on_heard(now)
+    assert est.state(now) == PathState("up", "ok")
+
+
+def test_a_short_path_is_degraded_past_three_times_the_floor() -> None:
+    est = PathEstimator()
+    est.on_heard(0.0)
+    now = _feed_rtts(est, [0.0006] * 5 + [0.0305] * 60, start_s=0.0, step_s=0.01)
+    assert 0.030 < est.srtt_s < 0.0305
+    est.on_heard(now)
+    assert est.state(now) == PathState("degraded", "srtt 30 ms > 3x the 10 ms floor (min 0.6 ms)")
+    # a path whose minimum is above the floor is judged by its own minimum
+    long_path = PathEstimator(rtt_degraded_floor_s=0.001)
+    long_path.on_heard(0.0)
+    now = _feed_rtts(long_path, [0.002] * 5 + [0.007] * 60, start_s=0.0, step_s=0.01)
+    long_path.on_heard(now)
+    assert long_path.state(now) == PathState("degraded", "srtt 7 ms > 3x min 2 ms")
+
+
 def test_rtt_noise_on_a_very_short_path_is_not_degradation() -> None:
     est = PathEstimator()
     est.on_heard(0.0)

@@ -44,7 +44,13 @@ def test_measured_link_matches_configuration() -> None:
     serialisation_ms = (1200 + 28) * 8 / 20e6 * 1000
     assert abs(result["delay_median_ms"] - (20.0 + serialisation_ms)) < 3.0
     assert result["sent_packets"] == 6000
-    assert abs(result["loss"] - 0.02) < 0.01
+    # the emulator's own loss decisions over every packet that reached it (both blasts):
+    # what the model is configured for, whatever the machine's load
+    a = result["forwarder_stats"]["a"]["a_to_b"]
+    model_loss = a["dropped_loss"] / (a["pushed_packets"] - a["dropped_queue"])
+    assert abs(model_loss - 0.02) < 0.005, a
+    # end to end a busy host can drop more at its own sockets, not (beyond sampling) less
+    assert model_loss - 0.01 < result["loss"] < 0.10
     assert abs(result["saturated_received_mbps"] - 20.0 * 0.98) < 0.1 * 19.6
     assert result["blackhole_sent"] == 500
     assert result["blackhole_received"] == 0
@@ -109,7 +115,8 @@ def test_timeline_changes_delay_during_a_run() -> None:
         timeline=(TimelineEvent(0.5, "a", "a_to_b", {"delay_ms": 40.0}),),
     )
     with Lab(scenario, run_id=_run_id()) as lab:
-        lab.start_timeline()
-        time.sleep(1.0)
+        # the timeline started 1 s ago: the forwarders apply the change at 0.5 s as they
+        # take the start command, before any packet of the blast reaches them
+        lab.start_timeline(time.monotonic() - 1.0)
         late = blast(lab, [("a", 2.0, 200, 0.0)])[0]
     assert abs(late.received["delay_median_ms"] - 40.0) < 3.0

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wangate.localapi import framing
 from wangate.localapi.framing import (
     EAGER_READ_BYTES,
     STAGING_BYTES,
@@ -68,22 +69,30 @@ class EndlessSocket:
         self.sent += n
         return n
 
+    def recvmsg_into(
+        self, buffers: list[memoryview], ancbufsize: int, flags: int
+    ) -> tuple[int, list[object], int, None]:
+        return self.recv_into(buffers[0]), [], 0, None
 
-def test_a_client_that_never_stops_sending_still_lets_the_loop_turn() -> None:
+    def fileno(self) -> int:
+        return -1
+
+
+def test_a_client_that_never_stops_sending_still_lets_the_loop_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     size = 3 * EAGER_READ_BYTES
 
     async def main() -> tuple[int, bytes]:
         sock = EndlessSocket()
-        loop = asyncio.get_running_loop()
         waits = 0
 
-        async def sock_recv_into(_sock: object, buf: memoryview) -> int:
+        async def wait(_loop: object, _fileno: int, *, write: bool) -> None:
             nonlocal waits
             waits += 1
             await asyncio.sleep(0)  # the turn of the loop a real wait would give
-            return sock.recv_into(buf)
 
-        loop.sock_recv_into = sock_recv_into  # type: ignore[method-assign,assignment]
+        monkeypatch.setattr(framing, "_wait", wait)
         reader = AsyncFrameReader(sock, size)  # type: ignore[arg-type]
         payload = bytes(await reader.read_payload(size))
         return waits, payload

@@ -17,10 +17,12 @@ from wangate.errors import RemoteProtocolError
 from wangate.localapi.access import AccessPolicy, PeerCredentials, connection_cap_refusal
 from wangate.localapi.protocol import (
     MAX_HEADER_BYTES,
+    OPS,
     FrameError,
     HelloRequest,
     PingRequest,
     RecvRequest,
+    ResetPathRequest,
     SendRequest,
     WaitRequest,
     decode_prefix,
@@ -271,6 +273,13 @@ REQUEST_VECTORS = {
     ),
     "recv_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0), b""),
     "wait_request": (WaitRequest(9, "sh", 41, 30.0), b""),
+    "reset_path_request": (ResetPathRequest(11, "sh", "fiber-a"), b""),
+    # the payload's 8 bytes are in the segment whose descriptor comes with the frame
+    "send_segment_request": (
+        SendRequest(4, "sh", "layer3.grad", 12, False, META, CHECKSUM, None, (0, 8), 5),
+        b"",
+    ),
+    "recv_segments_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
@@ -306,8 +315,39 @@ REPLY_VECTORS = {
         },
         PAYLOAD,
     ),
+    "recv_segment_reply": (
+        {
+            "ok": True,
+            "id": 3,
+            "source": "bj",
+            "tag": "layer3.grad",
+            "step": 12,
+            "critical": True,
+            "meta": META,
+            "checksum": CHECKSUM,
+            "segment": [64, 8],
+        },
+        b"",
+    ),
+    "send_released_reply": ({"ok": True, "id": 6, "message_id": 42, "released": [5]}, b""),
+    "bad_segment_reply": (
+        error_reply(
+            4,
+            "bad_segment",
+            "the segment holds 4096 bytes, the request names 8192 bytes at offset 0",
+        ),
+        b"",
+    ),
     "error_reply": (error_reply(None, "bad_header", "header is not valid msgpack"), b""),
     "wait_reply": ({"ok": True, "id": 9, "outcome": "taken"}, b""),
+    "reset_path_reply": ({"ok": True, "id": 11}, b""),
+    "unknown_path_reply": (
+        error_reply(
+            11, "unknown_path", "no path 'fiber-x' to peer 'sh' in /etc/wangate/wangate.toml"
+        ),
+        b"",
+    ),
+    "path_down_reply": (error_reply(11, "path_down", "path sh/fiber-a is not connected"), b""),
     "wait_failed_reply": (
         error_reply(
             9,
@@ -390,6 +430,24 @@ def test_reply_vectors_decode_and_reencode_exactly(name: str) -> None:
     assert decode_reply(frame.header) == expected
     assert frame.payload == payload
     assert encode_header(expected, len(payload)) + payload == raw
+
+
+def test_every_op_is_documented_and_every_vector_is_tested() -> None:
+    doc = (VECTORS.parent / "localapi.md").read_text()
+    for op in OPS:
+        assert f"\n| `{op}`" in doc, op
+    for code in ("unknown_path", "path_down"):
+        assert f"| `{code}`" in doc, code
+    on_disk = {
+        p.name.removeprefix("localapi_").removesuffix(".hex") for p in VECTORS.glob("localapi_*")
+    }
+    assert on_disk == set(REQUEST_VECTORS) | set(REPLY_VECTORS)
+    decoded = set()
+    for name in REQUEST_VECTORS:
+        frame = split_frame(load_vector(name), LIMIT)
+        assert frame is not None
+        decoded.add(decode_request(frame.header, len(frame.payload)).__class__.__name__)
+    assert "ResetPathRequest" in decoded
 
 
 def test_send_vector_checksum_matches_its_payload() -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import wangate
+from tests.selfsite import SelfSiteService, default_client_settings
 from wangate.errors import GatewayError
 from wangate.localapi.framing import SyncFrameReader
 from wangate.localapi.inbox import Inbox
@@ -28,7 +29,6 @@ from wangate.localapi.protocol import (
     encode_prefix,
     encode_request,
 )
-from wangate.localapi.selfsite import SelfSiteService, default_client_settings
 from wangate.localapi.server import MAX_REQUESTS_IN_FLIGHT, LocalApiServer
 from wangate.service import Submission
 
@@ -90,6 +90,15 @@ class GatewayThread:
 
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], timeout_s: float = 10.0) -> Any:
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout_s)
+
+    def wait_for_waiters(self, count: int, timeout_s: float = 10.0) -> None:
+        """Return once exactly ``count`` recvs wait in the inbox (polled on its loop)."""
+
+        async def poll() -> None:
+            while self.service.inbox.mailbox.waiter_count() != count:
+                await asyncio.sleep(0.001)
+
+        self.run(lambda: asyncio.wait_for(poll(), timeout_s), timeout_s + 1)
 
     def __enter__(self) -> GatewayThread:
         self._thread.start()
@@ -335,11 +344,9 @@ def test_pending_recv_of_a_closed_client_loses_nothing(sock_path: Path) -> None:
     with GatewayThread(sock_path) as gateway:
         gone = raw_connect(sock_path)
         gone.sendall(encode_request(RecvRequest(1, "t", None, None, None)))
-        gateway.run(lambda: asyncio.sleep(0.05))
-        assert gateway.service.inbox.mailbox.waiter_count() == 1
+        gateway.wait_for_waiters(1)
         gone.close()
-        gateway.run(lambda: asyncio.sleep(0.05))
-        assert gateway.service.inbox.mailbox.waiter_count() == 0
+        gateway.wait_for_waiters(0)
         with wangate.Client(sock_path) as gw:
             gw.send("bj", "t", np.arange(3, dtype=np.int32), step=4)
             assert gw.recv("t", timeout=1).tolist() == [0, 1, 2]

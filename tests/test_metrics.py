@@ -1,98 +1,25 @@
-"""Prometheus metrics: exposition text, histogram math, the HTTP endpoint, a live daemon."""
+"""Prometheus metrics: the families for fixed rows, histogram math, the HTTP endpoint, a
+live daemon."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-import re
 import socket
 import time
 from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from wangate.errors import GatewayError, LocalProtocolError
 from wangate.loopback import LoopbackSites, site_address
-from wangate.metrics import (
-    CONTENT_TYPE,
-    Exposition,
-    GatewayMetrics,
-    Histogram,
-    escape_help,
-    escape_label_value,
-    format_value,
-)
+from wangate.metrics import CONTENT_TYPE, GatewayMetrics, Histogram
 from wangate.metrics_http import MetricsServer, parse_request_head
+from wangate.rows import GatewayStatus, PathRow
 
 pytestmark = pytest.mark.timeout(120)
-
-# ---------------------------------------------------------------- formatter
-
-
-def test_label_values_escape_backslash_quote_and_newline() -> None:
-    assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
-    assert escape_help('say "hi"\\\nbye') == 'say "hi"\\\\\\nbye'
-
-
-def test_values_print_exactly() -> None:
-    assert format_value(0) == "0"
-    assert format_value(12345678901234567890) == "12345678901234567890"
-    assert format_value(True) == "1"
-    assert format_value(0.25) == "0.25"
-    assert format_value(12.3 * 1e-3) == "0.0123"  # 0.012300000000000002 before rounding
-    assert format_value(1e-9) == "1e-09"
-    assert format_value(math.inf) == "+Inf"
-    assert format_value(-math.inf) == "-Inf"
-    assert format_value(math.nan) == "NaN"
-
-
-def test_exposition_text_for_gauge_counter_and_histogram() -> None:
-    exposition = Exposition()
-    exposition.declare("t_temp_celsius", "gauge", 'Temperature "here"\nand there.')
-    exposition.declare("t_requests_total", "counter", "Requests.")
-    exposition.declare("t_latency_seconds", "histogram", "Latency.")
-    exposition.add("t_temp_celsius", {"room": 'a"b'}, 21.5)
-    exposition.add("t_temp_celsius", {}, -3)
-    exposition.add("t_requests_total", {"code": "200", "path": "/x\\y"}, 7)
-    histogram = Histogram((0.1, 1.0))
-    for value in (0.05, 0.1, 0.5, 3.0):
-        histogram.observe(value)
-    exposition.add_histogram("t_latency_seconds", {"op": "get"}, histogram)
-    assert exposition.render() == (
-        '# HELP t_temp_celsius Temperature "here"\\nand there.\n'
-        "# TYPE t_temp_celsius gauge\n"
-        't_temp_celsius{room="a\\"b"} 21.5\n'
-        "t_temp_celsius -3\n"
-        "# HELP t_requests_total Requests.\n"
-        "# TYPE t_requests_total counter\n"
-        't_requests_total{code="200",path="/x\\\\y"} 7\n'
-        "# HELP t_latency_seconds Latency.\n"
-        "# TYPE t_latency_seconds histogram\n"
-        't_latency_seconds_bucket{op="get",le="0.1"} 2\n'
-        't_latency_seconds_bucket{op="get",le="1.0"} 3\n'
-        't_latency_seconds_bucket{op="get",le="+Inf"} 4\n'
-        't_latency_seconds_sum{op="get"} 3.65\n'
-        't_latency_seconds_count{op="get"} 4\n'
-    )
-
-
-def test_exposition_refuses_bad_names_and_misuse() -> None:
-    exposition = Exposition()
-    with pytest.raises(LocalProtocolError, match="invalid metric name"):
-        exposition.declare("1bad", "gauge", "x")
-    with pytest.raises(LocalProtocolError, match="_total"):
-        exposition.declare("t_requests", "counter", "x")
-    exposition.declare("t_ok", "gauge", "x")
-    with pytest.raises(LocalProtocolError, match="declared twice"):
-        exposition.declare("t_ok", "gauge", "x")
-    with pytest.raises(LocalProtocolError, match="invalid label name"):
-        exposition.add("t_ok", {"bad-label": "v"}, 1)
-    with pytest.raises(LocalProtocolError, match="not declared"):
-        exposition.add("t_missing", {}, 1)
-    with pytest.raises(LocalProtocolError, match="not a histogram"):
-        exposition.add_histogram("t_ok", {}, Histogram((1.0,)))
-
 
 # ---------------------------------------------------------------- histogram
 
@@ -134,18 +61,19 @@ ROW_UP: dict[str, Any] = {
     "rtt_p99_ms": 20.5, "jitter_ms": 0.25, "loss": 0.01, "loss_samples": 100,
     "rate_mbps": 80.0, "inflight_bytes": 3000, "rto_ms": 200.0, "sent_bytes": 123456,
     "recv_bytes": 654321, "acked_bytes": 120000, "lost_bytes": 1200, "spurious_losses": 2,
-    "role": "critical",
+    "role": "critical", "peer_state": "degraded",
 }  # fmt: skip
 ROW_DOWN: dict[str, Any] = {
     "peer": "sh", "path": 'we"ird', "local": "*", "remote": "(peer dials)", "state": "down",
     "state_reason": "not connected", "srtt_ms": None, "min_rtt_ms": None, "jitter_ms": None,
     "loss": None, "loss_samples": 0, "rate_mbps": None, "sent_bytes": 0, "recv_bytes": 0,
-    "role": "bulk",
+    "role": "bulk", "peer_state": "degraded",
 }  # fmt: skip
 STATUS: dict[str, Any] = {
     "site": "bj", "version": "0.1.0", "uptime_s": 3.5, "local_messages": 4,
+    "inbox": {"queued": 0, "waiting_recvs": 0},
     "peers": {"sh": {
-        "state": "degraded", "silent_s": 0.25, "messages_held": 3,
+        "state": "degraded", "state_reason": "loss", "silent_s": 0.25, "messages_held": 3,
         "paths_up": ["fiber-a"], "messages_sent": 5, "messages_received": 6,
         "bytes_sent": 7000, "bytes_received": 8000, "messages_waiting": 1,
         "messages_in_flight": 2, "repair_datagrams": 3, "repair_bytes": 3600,
@@ -154,7 +82,9 @@ STATUS: dict[str, Any] = {
     }},
 }  # fmt: skip
 
-EXPECTED = """\
+# The exposition the hand-written writer produced for these rows, before the metrics moved
+# to prometheus_client: the names, label sets and values may not change.
+GOLDEN = """\
 # HELP wangate_info This gateway: site name and version.
 # TYPE wangate_info gauge
 wangate_info{site="bj",version="0.1.0"} 1
@@ -308,47 +238,93 @@ wangate_message_delivery_seconds_count{peer="sh",class="bulk"} 2
 """
 
 
-def test_gateway_exposition_for_fixed_rows_is_exact() -> None:
+CRITICAL = {"class": "critical"}  # "class" cannot be a keyword argument
+BULK = {"class": "bulk"}
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> tuple[dict[str, tuple[str, str]], Series]:
+    """({family: (type, help)}, {(sample name, labels): value}), no duplicates."""
+    families: dict[str, tuple[str, str]] = {}
+    series: Series = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name not in families
+        families[family.name] = (family.type, family.documentation)
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in series, f"duplicate series {key}"
+            series[key] = float(sample.value)
+    return families, series
+
+
+def value(series: Series, name: str, **labels: str) -> float:
+    return series[name, frozenset(labels.items())]
+
+
+def fixed_metrics() -> GatewayMetrics:
     metrics = GatewayMetrics((0.01, 0.1))
     metrics.message_delivered("sh", True, 0.004)
     metrics.message_delivered("sh", False, 0.05)
     metrics.message_delivered("sh", False, 2.0)
     metrics.message_failed("sh")
-    assert metrics.render([ROW_UP, ROW_DOWN], STATUS) == EXPECTED
+    return metrics
 
 
-def check_exposition(text: str) -> dict[str, float]:
-    """Parse text format 0.0.4 strictly enough for our output; {series: value}."""
-    declared: dict[str, str] = {}
-    series: dict[str, float] = {}
-    helped: set[str] = set()
-    sample = re.compile(
-        r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\})? (\S+)'
-    )
+def render_fixed() -> str:
+    rows = [PathRow.from_dict(ROW_UP), PathRow.from_dict(ROW_DOWN)]
+    text = fixed_metrics().render(rows, GatewayStatus.from_dict(STATUS)).decode("utf-8")
     assert text.endswith("\n")
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            helped.add(line.split(" ")[2])
-        elif line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert name in helped and name not in declared
-            declared[name] = kind
-        else:
-            match = sample.fullmatch(line)
-            assert match is not None, line
-            name = match.group(1)
-            family = re.sub(r"_(bucket|sum|count)$", "", name)
-            assert name in declared or declared.get(family) == "histogram", line
-            key = name + (match.group(2) or "")
-            assert key not in series, f"duplicate series {key}"
-            series[key] = float(match.group(3))
-    return series
+    return text
 
 
-def test_exposition_parses_back() -> None:
-    series = check_exposition(EXPECTED)
-    assert series['wangate_path_state{peer="sh",path="fiber-a",state="up"}'] == 1.0
-    assert series['wangate_path_srtt_seconds{peer="sh",path="fiber-a"}'] == 0.0123
+def test_families_names_labels_and_values_are_the_golden_ones() -> None:
+    families, series = parse(render_fixed())
+    golden_families, golden_series = parse(GOLDEN)
+    assert families == golden_families  # names, types and help texts
+    assert series == golden_series  # every series: name, label set, exact value
+    assert list(families) == list(golden_families)  # in the same order
+
+
+def test_text_format_lines_for_fixed_rows() -> None:
+    lines = render_fixed().splitlines()
+    # counters keep their _total names in HELP/TYPE (text format 0.0.4)
+    assert "# TYPE wangate_path_sent_bytes_total counter" in lines
+    # label values escaped: quote, backslash and line feed (the path is named we"ird)
+    assert 'wangate_path_info{local="*",path="we\\"ird",peer="sh",remote="(peer dials)"} 1.0' in (
+        lines
+    )
+    # unit conversion leaves no noise: 12.3 ms is 0.0123 s
+    assert 'wangate_path_srtt_seconds{path="fiber-a",peer="sh"} 0.0123' in lines
+    # a path never measured has no RTT series at all
+    assert not [line for line in lines if "srtt" in line and "ird" in line]
+
+
+def test_label_values_with_backslashes_and_line_feeds_parse_back_exactly() -> None:
+    odd = 'a\\b"c\nd'
+    row = PathRow.from_dict({**ROW_DOWN, "path": odd, "remote": "[::1]:7443"})
+    text = GatewayMetrics().render([row], GatewayStatus.from_dict(STATUS)).decode("utf-8")
+    _, series = parse(text)
+    assert value(series, "wangate_path_state", peer="sh", path=odd, state="down") == 1.0
+    info = {"peer": "sh", "path": odd, "local": "*", "remote": "[::1]:7443"}
+    assert value(series, "wangate_path_info", **info) == 1.0
+
+
+def test_the_collector_reads_the_rows_at_scrape_time() -> None:
+    from wangate.metrics import GatewayCollector, render
+
+    reads: list[int] = []
+    status = GatewayStatus.from_dict(STATUS)
+
+    def read() -> tuple[list[PathRow], GatewayStatus]:
+        reads.append(1)
+        return [PathRow.from_dict({**ROW_UP, "sent_bytes": 1000 * len(reads)})], status
+
+    collector = GatewayCollector(GatewayMetrics(), read)
+    assert reads == []
+    for expected in (1000.0, 2000.0):
+        _, series = parse(render(collector).decode("utf-8"))
+        sent = value(series, "wangate_path_sent_bytes_total", peer="sh", path="fiber-a")
+        assert sent == expected
 
 
 # --------------------------------------------------------------------- HTTP
@@ -384,9 +360,9 @@ async def http_exchange(
 def test_metrics_server_answers_get_metrics_and_refuses_the_rest() -> None:
     renders = []
 
-    def render() -> str:
+    def render() -> bytes:
         renders.append(1)
-        return "# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
+        return b"# HELP x_up Up.\n# TYPE x_up gauge\nx_up 1\n"
 
     async def main() -> None:
         server = MetricsServer(render, max_request_bytes=1024, read_timeout_s=0.3)
@@ -431,7 +407,7 @@ def test_metrics_server_reports_a_busy_address_as_a_config_problem() -> None:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
             port = taken.getsockname()[1]
-            server = MetricsServer(lambda: "")
+            server = MetricsServer(lambda: b"")
             with pytest.raises(GatewayError, match=r"\[metrics\] listen"):
                 await server.start("127.0.0.1", port)
 
@@ -476,35 +452,47 @@ def test_a_running_gateway_serves_its_paths_as_metrics(tmp_path: Any) -> None:
         while True:  # the sender learns of delivery one ack after the receiver has it
             status, body = http_get(host, port, "/metrics")
             assert status == "HTTP/1.1 200 OK"
-            series = check_exposition(body.decode())
-            done = 'wangate_message_delivery_seconds_count{peer="sh",class="bulk"}'
-            if series[done] == 1 or time.monotonic() > deadline:
+            _, series = parse(body.decode())
+            done = value(series, "wangate_message_delivery_seconds_count", peer="sh", **BULK)
+            if done == 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         assert http_get(host, port, "/")[0] == "HTTP/1.1 404 Not Found"
-    critical = 'wangate_message_delivery_seconds_count{peer="sh",class="critical"}'
-    assert series[critical] == 1
-    assert series['wangate_message_delivery_seconds_count{peer="sh",class="bulk"}'] == 1
-    assert series['wangate_peer_messages_sent_total{peer="sh"}'] == 2
+    count = "wangate_message_delivery_seconds_count"
+    assert value(series, count, peer="sh", **CRITICAL) == 1
+    assert value(series, count, peer="sh", **BULK) == 1
+    assert value(series, "wangate_peer_messages_sent_total", peer="sh") == 2
     for path in ("fiber-a", "fiber-b"):
-        labels = f'{{peer="sh",path="{path}"}}'
         states = {
-            s: series[f'wangate_path_state{{peer="sh",path="{path}",state="{s}"}}']
+            s: value(series, "wangate_path_state", peer="sh", path=path, state=s)
             for s in ("up", "degraded", "down")
         }
         # up or degraded (a busy test machine can inflate RTTs), never down
         assert states["down"] == 0 and states["up"] + states["degraded"] == 1, states
-        assert 0 < series[f"wangate_path_srtt_seconds{labels}"] < 1
-        assert 0 < series[f"wangate_path_min_rtt_seconds{labels}"] < 1
-        assert series[f"wangate_path_sent_bytes_total{labels}"] > 0
-        assert series[f"wangate_path_loss_ratio{labels}"] >= 0
+        assert 0 < value(series, "wangate_path_srtt_seconds", peer="sh", path=path) < 1
+        assert 0 < value(series, "wangate_path_min_rtt_seconds", peer="sh", path=path) < 1
+        assert value(series, "wangate_path_sent_bytes_total", peer="sh", path=path) > 0
+        assert value(series, "wangate_path_loss_ratio", peer="sh", path=path) >= 0
         roles = [
-            series[f'wangate_path_role{{peer="sh",path="{path}",role="{r}"}}']
+            value(series, "wangate_path_role", peer="sh", path=path, role=r)
             for r in ("critical", "backup", "bulk")
         ]
         assert sorted(roles) == [0, 0, 1]
     sent = sum(
-        series[f'wangate_path_sent_bytes_total{{peer="sh",path="{p}"}}']
+        value(series, "wangate_path_sent_bytes_total", peer="sh", path=p)
         for p in ("fiber-a", "fiber-b")
     )
     assert sent >= 4 * 50_000  # the bulk message's body crossed some path
+
+
+def test_byte_counters_stay_exact_and_floats_lose_only_conversion_noise() -> None:
+    big = (1 << 50) + 1  # 1 PiB and a byte: more digits than 12
+    row = PathRow.from_dict({**ROW_UP, "sent_bytes": big, "srtt_ms": 0.1 + 0.2})
+    status = GatewayStatus.from_dict(
+        {**STATUS, "uptime_s": 1 / 3, "peers": {"sh": {**STATUS["peers"]["sh"], "silent_s": 2 / 3}}}
+    )
+    _, series = parse(GatewayMetrics().render([row], status).decode("utf-8"))
+    assert value(series, "wangate_path_sent_bytes_total", peer="sh", path="fiber-a") == big
+    assert value(series, "wangate_path_srtt_seconds", peer="sh", path="fiber-a") == 0.0003
+    assert value(series, "wangate_uptime_seconds") == 0.333333333333
+    assert value(series, "wangate_peer_silent_seconds", peer="sh") == 0.666666666667

@@ -88,7 +88,7 @@ async def _up_down_reconnect(directory: Path) -> None:
         new_sh, new_bj = link(sh, "bj", A), link(bj, "sh", A)
         assert new_sh is not old_sh and new_bj is not old_bj
         # connected both (a loaded machine may show a loopback path degraded, never down)
-        assert [row["state"] != "down" for row in sh.paths()] == [True, True]
+        assert [row.state != "down" for row in sh.paths()] == [True, True]
         await exchange(sh, bj, "after", bytes(range(256)) * 400)
         await exchange(bj, sh, "back", b"\xff" * 70_000)
     finally:

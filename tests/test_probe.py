@@ -369,6 +369,16 @@ def test_parse_address() -> None:
             parse_address(bad)
 
 
+def test_host_port_writes_what_parse_address_reads() -> None:
+    from wangate.net.address import host_port
+
+    assert host_port("10.0.0.1", 7000) == "10.0.0.1:7000"
+    assert host_port("fd00::1", 7443) == "[fd00::1]:7443"
+    assert host_port("::ffff:10.0.0.1", 0) == "[::ffff:10.0.0.1]:0"
+    for host, port in (("10.0.0.1", 7000), ("fd00::1", 7443), ("::", 65535)):
+        assert parse_address(host_port(host, port)) == (host, port)
+
+
 def test_options_are_validated() -> None:
     target = ("127.0.0.1", 1)
     with pytest.raises(ConfigError, match="--size"):

@@ -62,6 +62,9 @@ def test_a_daemon_reports_ready_status_and_pings_the_watchdog(
         assert stop(daemon) == 0
         assert notify.messages()[-1][1] == "STOPPING=1\nSTATUS=shutting down"
         assert not bj.socket_path.exists()
+        # the start-up line names the site, then where its trainers connect
+        log = bj.log_path.read_text()
+        assert f"WARNING wangate: wangate up: site bj, trainers at {bj.socket_path}\n" in log
     finally:
         stop(daemon)
         if peer is not None:

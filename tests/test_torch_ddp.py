@@ -18,7 +18,7 @@ import torch
 from tests.torch_ddp_worker import batch, build_model, flat_params
 from wangate.loopback import SITE_NAMES, LoopbackSites, SiteProcess
 
-pytestmark = pytest.mark.timeout(600)  # ~40 s on an idle 2-core machine
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # ~40 s on an idle 2-core machine
 
 SITES, RANKS, STEPS = 3, 2, 5
 ROOT = "bj"

@@ -6,10 +6,10 @@ and to receive the ones that arrive.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from wangate.client import AsyncClient, Client
-from wangate.collective import PartialResult
 from wangate.errors import (
     AccessDenied,
     AuthenticationError,
@@ -31,6 +31,30 @@ from wangate.errors import (
     TooManyConnections,
     WangateError,
 )
+
+if TYPE_CHECKING:
+    from wangate.client import AsyncClient, Client
+    from wangate.collective import PartialResult
+
+# The client (numpy, zstandard, msgpack) loads on first use, so that the daemon's core,
+# the CLI's start-up and tools that only need the errors do not pay for it (PEP 562).
+_LAZY = {
+    "AsyncClient": "wangate.client",
+    "Client": "wangate.client",
+    "PartialResult": "wangate.collective",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wangate' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AccessDenied",

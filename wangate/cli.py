@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -12,11 +11,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from wangate.errors import WangateError
 
 log = logging.getLogger("wangate")
+# Subcommands import what they need when they run (asyncio, the daemon, the client,
+# numpy): `wangate --help` and `wangate paths` start in a fraction of the time.
 # The collector is left as Python sets it. Freezing start-up objects and making full
 # collections 100 times rarer (as the daemon once did) bought nothing measurable: CPU per
 # GiB was the same and critical latency within noise either way round, and in one run
@@ -32,6 +32,8 @@ def _setup_logging(verbose: int) -> None:
 
 
 def _install_event_loop_policy() -> None:
+    import asyncio
+
     with contextlib.suppress(ImportError):
         import uvloop
 
@@ -42,6 +44,8 @@ def _install_event_loop_policy() -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from wangate.config import load_config
     from wangate.daemon import Gateway
     from wangate.reload import Reloader
@@ -78,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signal.SIGHUP, reload)
             if hangups:
                 reload()
-            log.warning("wangate %s up (site %s)", config.site.name, config.site.socket)
+            log.warning("wangate up: site %s, trainers at %s", config.site.name, config.site.socket)
             await stop.wait()
             notifier.stopping()
             log.warning("shutting down")
@@ -103,67 +107,17 @@ def _socket_from(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _fmt_num(value: Any, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def _fmt_bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
-
-
-def _switched(row: dict[str, Any]) -> str:
-    """When the critical route last moved (shown on the path that holds it)."""
-    ago = row.get("last_switch_s")
-    if row.get("role") != "critical" or ago is None:
-        return "-"
-    return f"{ago:.0f}s ago" if ago >= 1 else f"{ago * 1000:.0f}ms ago"
-
-
-def format_paths_table(rows: list[dict[str, Any]]) -> str:
-    headers = [
-        "PEER", "PATH", "LOCAL -> REMOTE", "STATE", "SRTT/MIN ms", "JITTER ms",
-        "LOSS (n)", "RATE Mb/s", "SENT", "RECV", "ROLE", "SWITCHED", "NOTE",
-    ]  # fmt: skip
-    table = [headers]
-    for r in rows:
-        loss = "-" if r.get("loss") is None else f"{r['loss'] * 100:.2f}% ({r['loss_samples']})"
-        table.append(
-            [
-                r["peer"],
-                r["path"],
-                f"{r['local']} -> {r['remote']}",
-                r["state"],
-                f"{_fmt_num(r.get('srtt_ms'), '.2f')}/{_fmt_num(r.get('min_rtt_ms'), '.2f')}",
-                _fmt_num(r.get("jitter_ms"), ".2f"),
-                loss,
-                _fmt_num(r.get("rate_mbps"), ".1f"),
-                _fmt_bytes(r.get("sent_bytes") or 0),
-                _fmt_bytes(r.get("recv_bytes") or 0),
-                r.get("role", "-"),
-                _switched(r),
-                r.get("state_reason", "") if r["state"] != "up" else "",
-            ]
-        )
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(headers))]
-    return "\n".join(
-        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in table
-    )
-
-
 def cmd_paths(args: argparse.Namespace) -> int:
     from wangate.client import Client
+    from wangate.rows import PathRow
+    from wangate.views import format_paths_table
 
     with Client(_socket_from(args)) as gw:
         while True:
-            rows = gw.paths()
+            rows = PathRow.from_dicts(gw.paths())
             if args.json:
-                print(json.dumps(rows, indent=None if args.watch else 2), flush=True)
+                text = json.dumps([row.to_dict() for row in rows], indent=None if args.watch else 2)
+                print(text, flush=True)
             else:
                 if args.watch:
                     print("\033[2J\033[H", end="")
@@ -176,26 +130,12 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from wangate.client import Client
+    from wangate.rows import GatewayStatus
+    from wangate.views import format_status
 
     with Client(_socket_from(args)) as gw:
-        status = gw.status()
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return 0
-    print(f"site {status['site']}  version {status['version']}  up {status['uptime_s']:.0f} s")
-    for name, peer in status.get("peers", {}).items():
-        up = ", ".join(peer.get("paths_up", [])) or "none"
-        print(
-            f"  peer {name}: {peer.get('state', '?')} ({peer.get('state_reason', '')}); "
-            f"paths up: {up}; sent {peer.get('messages_sent', 0)} messages "
-            f"({_fmt_bytes(peer.get('bytes_sent', 0))}), received "
-            f"{peer.get('messages_received', 0)} ({_fmt_bytes(peer.get('bytes_received', 0))})"
-        )
-        for failure in peer.get("recent_failures", []):
-            print(
-                f"    failed: message {failure['msg_id']} (tag {failure['tag']!r}, "
-                f"step {failure['step']}): {failure['reason']}"
-            )
+        status = GatewayStatus.from_dict(gw.status())
+    print(json.dumps(status.to_dict(), indent=2) if args.json else format_status(status))
     return 0
 
 
@@ -231,6 +171,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    import asyncio
+
     from wangate.errors import ConfigError
     from wangate.probe.analysis import format_report
     from wangate.probe.net import ProbeOptions, parse_address, probe_report, serve_responder

@@ -11,22 +11,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import mmap
 import os
 import socket
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from itertools import count
 from typing import Any, TypeVar
 
 import numpy as np
 
+from wangate.checksum import checksum_with_prefix
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor, read_meta
 from wangate.collective import api as _coll
 from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
+from wangate.core.buffer import Buffer
 from wangate.errors import (
     AccessDenied,
     DeadlineExceeded,
@@ -37,7 +39,12 @@ from wangate.errors import (
     RecvTimeout,
     TooManyConnections,
 )
-from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, SyncFrameReader
+from wangate.localapi.framing import (
+    AsyncFrameReader,
+    ConnectionClosed,
+    SyncFrameReader,
+    sock_sendall_with_fd,
+)
 from wangate.localapi.protocol import (
     MAX_ID,
     VERSION,
@@ -53,8 +60,9 @@ from wangate.localapi.protocol import (
     WaitRequest,
     decode_reply,
     encode_request,
+    segment_field,
 )
-from wangate.service import Buffer
+from wangate.localapi.segments import SegmentPool, map_delivered
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"
@@ -157,6 +165,8 @@ class _Session:
         self._policy = CodecPolicy()
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
         self.collective = CollectiveState()  # per-hop residuals of collectives
+        self.segment_min_bytes: int | None = None
+        self.pool = SegmentPool(0)
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -178,6 +188,44 @@ class _Session:
             tuple(tuple(rule) for rule in compression.get("tags", ())),
             compression.get("min_lossy_bytes", 0),
         )
+        segments = settings.get("segments")
+        # payloads from this size on go in shared memory, if the gateway takes them
+        self.segment_min_bytes = None
+        if isinstance(segments, dict):
+            self.segment_min_bytes = int(segments["min_bytes"])
+            pool_bytes = int(segments.get("pool_bytes", 2 * self.max_message_bytes))
+            self.pool = SegmentPool(pool_bytes)
+
+    def note_released(self, reply: dict[str, Any]) -> None:
+        """Segments the gateway let go of, named in any success reply."""
+        released = reply.get("released")
+        if isinstance(released, list):
+            self.pool.released(t for t in released if type(t) is int)
+
+    def segment_wanted(self, payload: memoryview) -> bool:
+        threshold = self.segment_min_bytes
+        return threshold is not None and payload.nbytes >= max(threshold, 1)
+
+    def fill_segment(self, payload: memoryview) -> tuple[int, int, mmap.mmap]:
+        """(token, descriptor, mapping) of a segment now holding ``payload``: the one
+        copy of the bytes on their way to the gateway (instead of through the socket)."""
+        token, fd, mapping = self.pool.lend(payload.nbytes)
+        try:
+            target = np.frombuffer(mapping, np.uint8, payload.nbytes)
+            target[:] = np.frombuffer(payload, np.uint8)
+            del target
+        except BaseException:
+            self.handed_back(token, fd, mapping, failed=True)
+            raise
+        return token, fd, mapping
+
+    def handed_back(self, token: int, fd: int, mapping: mmap.mmap, *, failed: bool) -> None:
+        """After a hand-over: an unpooled segment is closed; a refused one is free."""
+        if token == 0:
+            mapping.close()
+            os.close(fd)
+        elif failed:
+            self.pool.released([token])
 
     def encode(
         self, peer: str, tag: str, array: np.ndarray, codec: str | None
@@ -197,17 +245,18 @@ class _Session:
                 f"max_message_bytes of {self.max_message_bytes}: split the tensor",
                 code="too_large",
             )
-        return meta, payload, zlib.crc32(payload, zlib.crc32(meta))
+        # the encoder read the payload once; both checksums derive from that pass
+        return meta, payload, checksum_with_prefix(meta, encoded.payload_crc, payload.nbytes)
 
     def choose_spec(self, tag: str, nbytes: int, codec: str | None, dtype: np.dtype[Any]) -> str:
         return self._policy.choose(tag, nbytes, codec, dtype)
 
     def decode(self, reply: dict[str, Any], payload: memoryview) -> np.ndarray:
-        # The gateway checked the transport checksum before delivery; the tensor frame
-        # carries its own CRC, which decode_tensor checks: one pass over the bytes here.
+        # The gateway checked the transport checksum against the bytes before delivery;
+        # the frame's own CRC is checked against it without another pass over them.
         meta = _field(reply, "meta", bytes)
-        _field(reply, "checksum", int)
-        array = decode_tensor(meta, payload)
+        checksum = _field(reply, "checksum", int)
+        array = decode_tensor(meta, payload, transport_checksum=checksum)
         return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
 
 
@@ -242,9 +291,9 @@ _ERRORS: dict[str, type[GatewayError]] = {
 
 
 def _recv_request(
-    tag: str, source: str | None, step: int | None, timeout: float | None
+    tag: str, source: str | None, step: int | None, timeout: float | None, segments: bool = False
 ) -> Callable[[int], Request]:
-    return lambda rid: RecvRequest(rid, tag, source, step, timeout)
+    return lambda rid: RecvRequest(rid, tag, source, step, timeout, segments)
 
 
 def _send_request(
@@ -255,8 +304,30 @@ def _send_request(
     meta: bytes,
     checksum: int,
     deadline_s: float | None,
+    segment_bytes: int | None = None,
+    segment_id: int = 0,
 ) -> Callable[[int], Request]:
-    return lambda rid: SendRequest(rid, peer, tag, step, critical, meta, checksum, deadline_s)
+    segment = None if segment_bytes is None else (0, segment_bytes)
+    return lambda rid: SendRequest(
+        rid, peer, tag, step, critical, meta, checksum, deadline_s, segment, segment_id or None
+    )
+
+
+def _segment_payload(reply: dict[str, Any], fds: Any) -> memoryview | None:
+    """The payload of a reply that came as a segment, mapped copy-on-write."""
+    segment = reply.get("segment")
+    if segment is None:
+        return None
+    if not fds:
+        raise GatewayError("malformed reply from the gateway: a segment without a descriptor")
+    fd = fds.popleft()
+    try:
+        offset, length = segment_field(segment, reply.get("id"))
+        return map_delivered(fd, offset, length)
+    except (FrameError, OSError, ValueError) as exc:
+        raise GatewayError(f"malformed reply from the gateway: segment: {exc}") from None
+    finally:
+        os.close(fd)
 
 
 def _unix_socket() -> socket.socket:
@@ -355,9 +426,9 @@ class Client:
         say why); without, it keeps trying while the peer is there.
         """
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
-        reply, _ = self._call(request, payload)
-        return _field(reply, "message_id", int)
+        return self.send_encoded(
+            peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
+        )
 
     def recv(
         self,
@@ -368,7 +439,8 @@ class Client:
         timeout: float | None = None,
     ) -> np.ndarray:
         """The oldest message with ``tag`` (and source/step if given) as an array."""
-        reply, payload = self._call(_recv_request(tag, source, step, timeout))
+        segments = self._session.segment_min_bytes is not None
+        reply, payload = self._call(_recv_request(tag, source, step, timeout, segments))
         return self._session.decode(reply, payload)
 
     def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
@@ -387,11 +459,27 @@ class Client:
         *,
         step: int,
         critical: bool,
+        deadline_s: float | None = None,
     ) -> int:
         """Send a tensor already encoded by ``wangate.codec`` (the collectives use this to
         encode once for several peers)."""
-        request = _send_request(peer, tag, step, critical, meta, checksum, None)
-        return _field(self._call(request, payload)[0], "message_id", int)
+        session = self._session
+        if not session.segment_wanted(payload):
+            request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+            return _field(self._call(request, payload)[0], "message_id", int)
+        if not session.pool.has_free(payload.nbytes) and session.pool.lent_count:
+            self.ping()  # its reply says which segments the gateway let go of since
+        token, fd, mapping = session.fill_segment(payload)
+        failed = True
+        try:
+            request = _send_request(
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes, token
+            )
+            message_id = _field(self._call(request, fd=fd)[0], "message_id", int)
+            failed = False
+            return message_id
+        finally:
+            session.handed_back(token, fd, mapping, failed=failed)
 
     def allreduce(
         self,
@@ -446,6 +534,7 @@ class Client:
         _coll.run_sync(self, s.site, step, script)
 
     def paths(self) -> list[dict[str, Any]]:
+        """One map per path (proto/localapi.md); ``wangate.rows.PathRow.from_dicts`` types them."""
         return _field(self._call(PathsRequest)[0], "paths", list)
 
     def status(self) -> dict[str, Any]:
@@ -463,6 +552,7 @@ class Client:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+            self._session.pool.close()
 
     def __enter__(self) -> Client:
         return self
@@ -470,7 +560,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+    def _call(
+        self, build: Callable[[int], Request], payload: Buffer = b"", fd: int | None = None
+    ) -> Reply:
         with self._lock:
             sock = self._sock
             if sock is None:
@@ -479,6 +571,8 @@ class Client:
             body = memoryview(payload).cast("B")
             head = encode_request(build(rid), body.nbytes)
             try:
+                if fd is not None:  # the segment goes with the frame's first byte
+                    head = head[socket.send_fds(sock, [head], [fd]) :]
                 sock.sendall(head)
                 if body.nbytes:
                     sock.sendall(body)
@@ -506,7 +600,9 @@ class Client:
             reply = decode_reply(header)
         except FrameError as exc:
             raise _lost(self._session.path, f"protocol error: {exc}") from None
-        return reply, self._reader.read_payload(prefix.payload_bytes)
+        payload = self._reader.read_payload(prefix.payload_bytes)
+        self._session.note_released(reply)
+        return reply, _segment_payload(reply, self._reader.fds) or payload
 
     def _broken(self) -> None:
         if self._sock is not None:
@@ -597,9 +693,9 @@ class AsyncClient:
         deadline_s: float | None = None,
     ) -> int:
         meta, payload, checksum = self._session.encode(peer, tag, array, codec)
-        request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
-        reply, _ = await self._call(request, payload)
-        return _field(reply, "message_id", int)
+        return await self.send_encoded(
+            peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
+        )
 
     async def recv(
         self,
@@ -609,7 +705,8 @@ class AsyncClient:
         step: int | None = None,
         timeout: float | None = None,
     ) -> np.ndarray:
-        reply, payload = await self._call(_recv_request(tag, source, step, timeout))
+        segments = self._session.segment_min_bytes is not None
+        reply, payload = await self._call(_recv_request(tag, source, step, timeout, segments))
         return self._session.decode(reply, payload)
 
     async def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
@@ -626,9 +723,25 @@ class AsyncClient:
         *,
         step: int,
         critical: bool,
+        deadline_s: float | None = None,
     ) -> int:
-        request = _send_request(peer, tag, step, critical, meta, checksum, None)
-        return _field((await self._call(request, payload))[0], "message_id", int)
+        session = self._session
+        if not session.segment_wanted(payload):
+            request = _send_request(peer, tag, step, critical, meta, checksum, deadline_s)
+            return _field((await self._call(request, payload))[0], "message_id", int)
+        if not session.pool.has_free(payload.nbytes) and session.pool.lent_count:
+            await self.ping()  # its reply says which segments the gateway let go of since
+        token, fd, mapping = session.fill_segment(payload)
+        failed = True
+        try:
+            request = _send_request(
+                peer, tag, step, critical, meta, checksum, deadline_s, payload.nbytes, token
+            )
+            message_id = _field((await self._call(request, fd=fd))[0], "message_id", int)
+            failed = False
+            return message_id
+        finally:
+            session.handed_back(token, fd, mapping, failed=failed)
 
     async def allreduce(
         self,
@@ -698,6 +811,7 @@ class AsyncClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._session.pool.close()
         self._fail(GatewayUnavailable("this wangate client is closed", code="closed"))
 
     async def __aenter__(self) -> AsyncClient:
@@ -707,7 +821,9 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, build: Callable[[int], Request], payload: Buffer = b"") -> Reply:
+    async def _call(
+        self, build: Callable[[int], Request], payload: Buffer = b"", fd: int | None = None
+    ) -> Reply:
         if self._failure is not None:
             raise self._failure
         if self._sock is None:
@@ -720,20 +836,23 @@ class AsyncClient:
         self._pending[rid] = future
         try:
             # Shielded: a caller cancelled mid-write must not leave half a frame behind.
-            await asyncio.shield(asyncio.ensure_future(self._write(head, body)))
+            await asyncio.shield(asyncio.ensure_future(self._write(head, body, fd)))
             reply, reply_payload = await future
         finally:
             self._pending.pop(rid, None)
         _raise_for(reply)
         return reply, reply_payload
 
-    async def _write(self, head: bytes, body: memoryview) -> None:
+    async def _write(self, head: bytes, body: memoryview, fd: int | None = None) -> None:
         loop = asyncio.get_running_loop()
         sock = self._sock
         assert sock is not None
         async with self._write_lock:
             try:
-                await loop.sock_sendall(sock, head)
+                if fd is None:
+                    await loop.sock_sendall(sock, head)
+                else:
+                    await sock_sendall_with_fd(loop, sock, head, fd)
                 if body.nbytes:
                     await loop.sock_sendall(sock, body)
             except OSError as exc:  # every pending call learns it through its future
@@ -749,6 +868,8 @@ class AsyncClient:
                 prefix, header = head
                 reply = decode_reply(header)
                 payload = await self._reader.read_payload(prefix.payload_bytes)
+                payload = _segment_payload(reply, self._reader.fds) or payload
+                self._session.note_released(reply)
                 if reply["id"] is None:  # a refusal, or a frame it could not attribute
                     _raise_for_hello(reply)
                 future = self._pending.pop(reply["id"], None)

@@ -10,7 +10,7 @@ session -> ``PeerDriver.pump`` -> link. See wangate/net/README.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import ipaddress
 import logging
 import math
@@ -39,13 +39,17 @@ from wangate.errors import (
 )
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
+from wangate.localapi.segments import InboundSegments
 from wangate.localapi.server import LocalApiServer
-from wangate.metrics import GatewayMetrics
+from wangate.metrics import GatewayCollector, GatewayMetrics
+from wangate.metrics import render as render_metrics
 from wangate.metrics_http import MetricsServer
+from wangate.net.address import host_port
 from wangate.net.aioquic_compat import AioquicIncompatible, check_aioquic
 from wangate.net.link import DATAGRAM_OVERHEAD_BYTES, LocalSite, PathLink
 from wangate.net.listener import PeerListener, listen_for_peers
 from wangate.net.peer_driver import MAX_OUTCOMES, PeerDriver
+from wangate.net.sockbuf import enlarge_socket_buffers
 from wangate.net.tls import (
     authenticate_peer,
     client_quic_configuration,
@@ -53,6 +57,7 @@ from wangate.net.tls import (
     server_quic_configuration,
 )
 from wangate.reload import ReloadPlan
+from wangate.rows import GatewayStatus, PathRow, PeerStatus
 from wangate.service import Delivery, Submission, local_delivery
 from wangate.systemd import inherited_unix_listener
 
@@ -61,7 +66,6 @@ log = logging.getLogger("wangate.daemon")
 DIAL_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 10.0
-SOCKET_BUFFER_BYTES = 8 * 1024 * 1024
 
 
 class Gateway:
@@ -79,6 +83,7 @@ class Gateway:
         )
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
+        self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
         self.peers: dict[str, PeerDriver] = {
@@ -99,7 +104,7 @@ class Gateway:
         config = self.config
         target_ms = config.critical.host_delay_target_ms
         host_delay_target_s = target_ms / 1000 if target_ms else math.inf
-        return PeerDriver(
+        driver = PeerDriver(
             PeerSession(
                 self.site_name,
                 peer,
@@ -122,6 +127,9 @@ class Gateway:
             clock=time.monotonic,
             on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
         )
+        segments = self.inbound_segments
+        driver.session.use_body_buffers(segments.allocate, segments.free)
+        return driver
 
     # ----------------------------------------------------------- lifecycle
 
@@ -155,12 +163,12 @@ class Gateway:
                 )
             except OSError as exc:
                 raise self._startup_error(
-                    f"site.listen[{index}]", f"cannot listen on {_fmt(host, port)}", exc
+                    f"site.listen[{index}]", f"cannot listen on {host_port(host, port)}", exc
                 ) from None
             if server.transport is not None:
                 enlarge_socket_buffers(server.transport.get_extra_info("socket"))
             self._servers.append(server)
-            log.info("listening for peer gateways on %s", _fmt(host, port))
+            log.info("listening for peer gateways on %s", host_port(host, port))
         for peer in self.config.peers:
             for path in peer.paths:
                 self._start_dialing(peer.name, path)
@@ -181,16 +189,15 @@ class Gateway:
             raise self._startup_error("site.socket", str(exc)) from None
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)
         if self.config.metrics.listen is not None:
-            self._metrics_server = MetricsServer(
-                lambda: self.metrics.render(self.paths(), self.status())
-            )
+            collector = GatewayCollector(self.metrics, lambda: (self.paths(), self.status()))
+            self._metrics_server = MetricsServer(lambda: render_metrics(collector))
             try:
                 await self._metrics_server.start(*self.config.metrics.listen)
             except GatewayError as exc:
                 cause = exc.__cause__
                 if not isinstance(cause, OSError):
                     raise self._startup_error("metrics.listen", str(exc)) from None
-                where = _fmt(*self.config.metrics.listen)
+                where = host_port(*self.config.metrics.listen)
                 raise self._startup_error(
                     "metrics.listen", f"cannot listen on {where}", cause
                 ) from None
@@ -487,7 +494,12 @@ class Gateway:
         state = self.peers.get(delivery.source)
         if state is not None:
             state.consumed(delivery.body_bytes, delivery.msg_id)
-        return delivery
+        return self._with_segment(delivery)
+
+    def _with_segment(self, delivery: Delivery) -> Delivery:
+        """A delivery assembled in a segment carries its sealed descriptor from here."""
+        fd = self.inbound_segments.claim(memoryview(delivery.payload))
+        return delivery if fd is None else dataclasses.replace(delivery, segment_fd=fd)
 
     def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
         """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
@@ -555,11 +567,12 @@ class Gateway:
                     code="timeout",
                 ) from None
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self) -> list[PathRow]:
         now = time.monotonic()
-        rows: list[dict[str, Any]] = []
+        rows: list[PathRow] = []
         for peer in self.config.peers:
             state = self.peers[peer.name]
+            session = state.session
             for path in peer.paths:
                 link = state.links.get(path.name)
                 row: dict[str, Any] = {
@@ -567,55 +580,45 @@ class Gateway:
                     "path": path.name,
                     "local": link.local_address if link else (path.local or "*"),
                     "remote": link.remote_address if link else _fmt_remote(path),
-                    "state": "down",
-                    "state_reason": "not connected",
-                    "srtt_ms": None,
-                    "min_rtt_ms": None,
-                    "jitter_ms": None,
-                    "loss": None,
-                    "loss_samples": 0,
-                    "rate_mbps": None,
-                    "sent_bytes": 0,
-                    "recv_bytes": 0,
-                    "role": "bulk",
                 }
-                if path.name in state.session.path_names:
-                    snap = state.session.path_snapshot(path.name, now)
-                    row.update({k: snap[k] for k in snap if k != "usable"})
+                if path.name in session.path_names:
+                    row.update(session.path_snapshot(path.name, now))
                     if link is None:
-                        row["state"] = "down"
-                        row["state_reason"] = "not connected"
-                row["peer_state"] = state.session.peer_state(now)[0]
-                rows.append(row)
+                        row.update(state="down", state_reason="not connected")
+                    rows.append(
+                        PathRow.from_dict({**row, "peer_state": session.peer_state(now)[0]})
+                    )
+                else:
+                    rows.append(PathRow.not_connected(**row, peer_state=session.peer_state(now)[0]))
             state.drain_events()
         return rows
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GatewayStatus:
         now = time.monotonic()
         rows = self.paths()
-        peers: dict[str, Any] = {}
+        peers: dict[str, PeerStatus] = {}
         for name, state in self.peers.items():
             liveness = state.session.liveness(now)
             state.drain_events()
-            peers[name] = {
-                **liveness,
-                "paths_up": sorted(
-                    r["path"] for r in rows if r["peer"] == name and r["state"] != "down"
-                ),
-                **state.session.status(),
-                "recent_failures": list(state.failures),
-            }
-        return {
-            "site": self.site_name,
-            "version": __version__,
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
-            "peers": peers,
-            "local_messages": self.local_messages,
-            "inbox": {
-                "queued": self.inbox.mailbox.queued_count(),
-                "waiting_recvs": self.inbox.mailbox.waiter_count(),
-            },
-        }
+            peers[name] = PeerStatus.from_dict(
+                {
+                    **liveness,
+                    "paths_up": sorted(
+                        r.path for r in rows if r.peer == name and r.state != "down"
+                    ),
+                    **state.session.status(),
+                    "recent_failures": list(state.failures),
+                }
+            )
+        return GatewayStatus(
+            site=self.site_name,
+            version=__version__,
+            uptime_s=round(time.monotonic() - self.started_at, 3),
+            peers=peers,
+            local_messages=self.local_messages,
+            inbox_queued=self.inbox.mailbox.queued_count(),
+            inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
+        )
 
     def reset_path(self, peer: str, path: str) -> None:
         state = self.peers.get(peer)
@@ -639,41 +642,12 @@ class Gateway:
             },
             "max_message_bytes": self.max_message_bytes,
             "collective": self.config.collective_settings(),
+            "segments": {
+                "min_bytes": self.inbound_segments.min_bytes,
+                "pool_bytes": self.config.limits.client_budget_bytes,
+            },
         }
 
 
-def _fmt(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def _fmt_remote(path: PathConfig) -> str:
-    return _fmt(*path.remote) if path.remote else "(peer dials)"
-
-
-async def run_gateway(config: Config, *, ready: Any = None) -> None:
-    """Run until cancelled (SIGTERM/SIGINT handling lives in the CLI)."""
-    gateway = Gateway(config)
-    await gateway.start()
-    if ready is not None:
-        ready(gateway)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        with contextlib.suppress(Exception):
-            await gateway.close()
-
-
-def enlarge_socket_buffers(sock: socket.socket | None) -> None:
-    """Room for bursts: the kernel's default UDP buffers drop packets at high rates.
-
-    As root, SO_*BUFFORCE goes past net.core.[rw]mem_max; otherwise we get what the
-    limit allows.
-    """
-    if sock is None:
-        return
-    for force, plain in ((33, socket.SO_RCVBUF), (32, socket.SO_SNDBUF)):  # SO_*BUFFORCE
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, force, SOCKET_BUFFER_BYTES)
-        except OSError:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, plain, SOCKET_BUFFER_BYTES)
+    return host_port(*path.remote) if path.remote else "(peer dials)"

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from wangate.cli import format_paths_table
 from wangate.loopback import LoopbackSites, SiteProcess
+from wangate.rows import PathRow
+from wangate.views import format_paths_table
 
 SMALL_MESSAGES = 50
 
@@ -99,7 +100,7 @@ def run_demo(sites: int = 3, paths: int = 3, size_mib: int = 32) -> int:
         for site in lab.sites:
             with site.client() as gw:
                 print(f"\nsite {site.name}: wangate paths")
-                print(format_paths_table(gw.paths()))
+                print(format_paths_table(PathRow.from_dicts(gw.paths())))
         expected = len(names) * (len(names) - 1) * (SMALL_MESSAGES + 1)
         print(
             f"\n{tally.messages} of {expected} messages crossed, {tally.bytes / 2**20:.1f} MiB "

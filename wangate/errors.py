@@ -41,6 +41,8 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     INTERNAL = "internal"
     ERROR = "error"
+    BAD_SEGMENT = "bad_segment"  # a shared-memory segment that cannot be used as named
+    CHECKSUM = "checksum"  # a segment's bytes (within the site) do not match the checksum
     # raised by the client or the daemon itself, never sent on the socket
     UNAVAILABLE = "unavailable"
     CONNECT_TIMEOUT = "connect_timeout"

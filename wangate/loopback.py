@@ -26,6 +26,7 @@ from typing import Any
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.client import Client
 from wangate.errors import WangateError
+from wangate.rows import PathRow
 
 SITE_NAMES = ("bj", "sh", "gz", "sz", "hz", "cd")
 PATH_NAMES = ("fiber-a", "fiber-b", "fiber-c", "wave-d")
@@ -189,7 +190,7 @@ class LoopbackSites:
             while True:
                 up = 0
                 with contextlib.suppress(WangateError, OSError), site.client() as gw:
-                    up = sum(1 for row in gw.paths() if row["state"] != "down")
+                    up = sum(1 for row in PathRow.from_dicts(gw.paths()) if row.state != "down")
                 if up == expected:
                     break
                 if site.process is not None and site.process.poll() is not None:

@@ -1,13 +1,11 @@
-"""Prometheus metrics: what ``wangate paths`` shows, as time series.
+"""Prometheus metrics: what ``wangate paths`` and ``wangate status`` show, as time series.
 
-Three parts, each usable alone:
-
-* ``Exposition``: a tiny writer of the Prometheus text exposition format, version
-  0.0.4 (HELP/TYPE lines, label escaping, histogram series). Pure.
 * ``Histogram`` and ``GatewayMetrics``: send-to-acknowledged latency per peer and message
-  class, fed by the daemon's message events, and the rendering of a gateway's path rows
-  and status into metric families. Pure: the daemon passes its rows in.
-* ``MetricsServer`` (``wangate.metrics_http``): GET /metrics over HTTP/1.1.
+  class, fed by the daemon's message events. Pure.
+* ``GatewayCollector``: a ``prometheus_client`` collector that turns a gateway's
+  ``PathRow``s and ``GatewayStatus`` into metric families at scrape time;
+  ``render`` writes them in the text exposition format 0.0.4 (``generate_latest``).
+* ``MetricsServer`` (``wangate.metrics_http``): GET /metrics on the daemon's event loop.
 
 Units follow Prometheus conventions: seconds, bytes, ratios; counters end in ``_total``.
 """
@@ -17,19 +15,24 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Literal
+
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from wangate.errors import LocalProtocolError
+from wangate.rows import PATH_ROLES, PATH_STATES, PEER_STATES, GatewayStatus, PathRow, PeerStatus
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-MetricKind = Literal["gauge", "counter", "histogram"]
-Labels = Mapping[str, str]
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+MetricKind = Literal["gauge", "counter"]
 
 # Send -> acknowledged: a few ms for small messages on short paths, up to minutes for a
 # multi-GiB gradient on a slow one.
@@ -38,96 +41,7 @@ DELIVERY_BUCKETS_S: tuple[float, ...] = (
     60.0, 120.0,
 )  # fmt: skip
 
-PEER_STATES = ("up", "degraded", "unreachable", "restarted")
-PATH_STATES = ("up", "degraded", "down")
-PATH_ROLES = ("critical", "backup", "bulk")
 MESSAGE_CLASSES = ("critical", "bulk")
-
-
-# ---------------------------------------------------------------------- format
-
-
-def escape_label_value(value: str) -> str:
-    """Backslash, double quote and line feed are escaped in label values (format 0.0.4)."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    """Backslash and line feed are escaped in HELP text; quotes are not."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    """Integers exactly; floats to 12 significant digits (drops unit-conversion noise)."""
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(f"{value:.12g}"))
-
-
-class Exposition:
-    """Metric families in declaration order, each with its samples in insertion order."""
-
-    def __init__(self) -> None:
-        self._families: dict[str, tuple[MetricKind, str, list[str]]] = {}
-
-    def declare(self, name: str, kind: MetricKind, help_text: str) -> None:
-        if not _METRIC_NAME.fullmatch(name):
-            raise LocalProtocolError(f"invalid metric name {name!r}")
-        if kind == "counter" and not name.endswith("_total"):
-            raise LocalProtocolError(f"counter {name!r} must end in _total")
-        if name in self._families:
-            raise LocalProtocolError(f"metric {name!r} declared twice")
-        self._families[name] = (kind, help_text, [])
-
-    def add(self, name: str, labels: Labels, value: float) -> None:
-        """One sample of a gauge or counter."""
-        kind, _, lines = self._family(name)
-        if kind == "histogram":
-            raise LocalProtocolError(f"{name} is a histogram: use add_histogram")
-        lines.append(_sample_line(name, labels, value))
-
-    def add_histogram(self, name: str, labels: Labels, histogram: Histogram) -> None:
-        kind, _, lines = self._family(name)
-        if kind != "histogram":
-            raise LocalProtocolError(f"{name} is a {kind}, not a histogram")
-        if "le" in labels:
-            raise LocalProtocolError("'le' is reserved for histogram buckets")
-        for bound, count in histogram.cumulative_counts():
-            bucket_labels = {**labels, "le": format_value(float(bound))}
-            lines.append(_sample_line(f"{name}_bucket", bucket_labels, count))
-        lines.append(_sample_line(f"{name}_sum", labels, histogram.sum))
-        lines.append(_sample_line(f"{name}_count", labels, histogram.count))
-
-    def render(self) -> str:
-        out: list[str] = []
-        for name, (kind, help_text, lines) in self._families.items():
-            out.append(f"# HELP {name} {escape_help(help_text)}")
-            out.append(f"# TYPE {name} {kind}")
-            out.extend(lines)
-        return "".join(line + "\n" for line in out)
-
-    def _family(self, name: str) -> tuple[MetricKind, str, list[str]]:
-        family = self._families.get(name)
-        if family is None:
-            raise LocalProtocolError(f"metric {name!r} was not declared")
-        return family
-
-
-def _sample_line(name: str, labels: Labels, value: float) -> str:
-    if not labels:
-        return f"{name} {format_value(value)}"
-    parts = []
-    for key, text in labels.items():
-        if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
-            raise LocalProtocolError(f"invalid label name {key!r}")
-        parts.append(f'{key}="{escape_label_value(text)}"')
-    return f"{name}{{{','.join(parts)}}} {format_value(value)}"
 
 
 # ------------------------------------------------------------------ histogram
@@ -167,11 +81,12 @@ class Histogram:
 
 
 class GatewayMetrics:
-    """Per-message outcomes the daemon feeds; renders everything at scrape time."""
+    """Per-message outcomes the daemon feeds; turned into families at scrape time."""
 
     def __init__(self, bounds_s: Sequence[float] = DELIVERY_BUCKETS_S) -> None:
         self._bounds_s = tuple(bounds_s)
         Histogram(self._bounds_s)  # validate once, early
+        self._le = [_le(bound) for bound in (*self._bounds_s, math.inf)]  # bucket labels
         self._latency: dict[tuple[str, str], Histogram] = {}
         self._failed: dict[str, int] = {}
 
@@ -181,6 +96,9 @@ class GatewayMetrics:
     def message_failed(self, peer: str) -> None:
         self._failed[peer] = self._failed.get(peer, 0) + 1
 
+    def failed(self, peer: str) -> int:
+        return self._failed.get(peer, 0)
+
     def latency(self, peer: str, message_class: str) -> Histogram:
         key = (peer, message_class)
         histogram = self._latency.get(key)
@@ -188,44 +106,89 @@ class GatewayMetrics:
             histogram = self._latency[key] = Histogram(self._bounds_s)
         return histogram
 
-    def render(self, path_rows: Iterable[Mapping[str, Any]], status: Mapping[str, Any]) -> str:
-        """The exposition text for ``Gateway.paths()`` rows and ``Gateway.status()``."""
-        exposition = Exposition()
-        _site_families(exposition, status)
-        _path_families(exposition, path_rows)
-        peers: Mapping[str, Mapping[str, Any]] = status.get("peers", {})
-        _peer_families(exposition, peers, self._failed)
-        exposition.declare(
+    def families(self, rows: Sequence[PathRow], status: GatewayStatus) -> Iterator[Metric]:
+        """Every family for these rows and this status, in a fixed order."""
+        yield from _site_families(status)
+        yield from _path_families(rows)
+        yield from _peer_families(status.peers, self)
+        delivery = HistogramMetricFamily(
             "wangate_message_delivery_seconds",
-            "histogram",
             "Time from a message's submission until the peer acknowledged all of it.",
+            labels=("peer", "class"),
         )
-        for peer in peers:
+        for peer in status.peers:
             for message_class in MESSAGE_CLASSES:
-                exposition.add_histogram(
-                    "wangate_message_delivery_seconds",
-                    {"peer": peer, "class": message_class},
-                    self.latency(peer, message_class),
-                )
-        return exposition.render()
+                histogram = self.latency(peer, message_class)
+                counts = (n for _, n in histogram.cumulative_counts())
+                buckets = list(zip(self._le, counts, strict=True))
+                delivery.add_metric((peer, message_class), buckets, _clean(histogram.sum))
+        yield delivery
+
+    def render(self, rows: Sequence[PathRow], status: GatewayStatus) -> bytes:
+        """The exposition text (format 0.0.4) for these rows and this status."""
+        return render(GatewayCollector(self, lambda: (rows, status)))
 
 
-def _site_families(exposition: Exposition, status: Mapping[str, Any]) -> None:
-    exposition.declare("wangate_info", "gauge", "This gateway: site name and version.")
-    exposition.add(
-        "wangate_info",
-        {"site": str(status.get("site", "")), "version": str(status.get("version", ""))},
-        1,
+class GatewayCollector:
+    """A ``prometheus_client`` collector: reads the rows when scraped, never before."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        read: Callable[[], tuple[Sequence[PathRow], GatewayStatus]],
+    ) -> None:
+        self._metrics = metrics
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        rows, status = self._read()
+        yield from self._metrics.families(rows, status)
+
+
+def render(collector: GatewayCollector) -> bytes:
+    return generate_latest(collector)
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus writes it ("0.25", "1.0", "+Inf")."""
+    return str(floatToGoString(bound))  # type: ignore[no-untyped-call]
+
+
+def _clean(value: float) -> float:
+    """A float to 12 significant digits: drops unit-conversion noise (12.3 ms -> 0.0123 s,
+    not 0.012300000000000002). Integers (byte counters) stay exact."""
+    if isinstance(value, int) or not math.isfinite(value):
+        return value
+    return float(f"{value:.12g}")
+
+
+def _family(
+    name: str, kind: MetricKind, help_text: str, labels: Sequence[str]
+) -> CounterMetricFamily | GaugeMetricFamily:
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+def _site_families(status: GatewayStatus) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "wangate_info", "This gateway: site name and version.", labels=("site", "version")
     )
-    exposition.declare("wangate_uptime_seconds", "gauge", "Seconds since the gateway started.")
-    exposition.add("wangate_uptime_seconds", {}, float(status.get("uptime_s", 0.0)))
-    exposition.declare(
-        "wangate_local_messages_total", "counter", "Messages delivered within this site."
+    info.add_metric((status.site, status.version), 1)
+    yield info
+    yield GaugeMetricFamily(
+        "wangate_uptime_seconds",
+        "Seconds since the gateway started.",
+        value=_clean(status.uptime_s),
     )
-    exposition.add("wangate_local_messages_total", {}, int(status.get("local_messages", 0)))
+    yield CounterMetricFamily(
+        "wangate_local_messages_total",
+        "Messages delivered within this site.",
+        value=status.local_messages,
+    )
 
 
-# (metric, kind, help, row key, factor to base units); rows without the key are skipped
+# (metric, kind, help, PathRow field, factor to base units); a row's None is left out
 _PATH_VALUES: tuple[tuple[str, MetricKind, str, str, float], ...] = (
     ("wangate_path_srtt_seconds", "gauge", "Smoothed RTT (RFC 9002).", "srtt_ms", 1e-3),
     ("wangate_path_min_rtt_seconds", "gauge", "Minimum RTT over the last 10 s.",
@@ -256,38 +219,38 @@ _PATH_VALUES: tuple[tuple[str, MetricKind, str, str, float], ...] = (
 )  # fmt: skip
 
 
-def _path_families(exposition: Exposition, rows: Iterable[Mapping[str, Any]]) -> None:
-    rows = list(rows)
-    exposition.declare(
-        "wangate_path_info", "gauge", "A configured path and its current endpoints (always 1)."
+def _path_families(rows: Sequence[PathRow]) -> Iterator[Metric]:
+    info = GaugeMetricFamily(
+        "wangate_path_info",
+        "A configured path and its current endpoints (always 1).",
+        labels=("peer", "path", "local", "remote"),
     )
-    exposition.declare(
-        "wangate_path_state", "gauge", "1 for the path's current state (up, degraded, down)."
+    states = GaugeMetricFamily(
+        "wangate_path_state",
+        "1 for the path's current state (up, degraded, down).",
+        labels=("peer", "path", "state"),
     )
-    exposition.declare(
+    roles = GaugeMetricFamily(
         "wangate_path_role",
-        "gauge",
         "1 for the path's role for our sends (critical, backup, bulk).",
+        labels=("peer", "path", "role"),
     )
     for row in rows:
-        labels = {"peer": str(row["peer"]), "path": str(row["path"])}
-        exposition.add(
-            "wangate_path_info",
-            {**labels, "local": str(row.get("local", "")), "remote": str(row.get("remote", ""))},
-            1,
-        )
+        info.add_metric((row.peer, row.path, row.local, row.remote), 1)
         for state in PATH_STATES:
-            exposition.add("wangate_path_state", {**labels, "state": state}, row["state"] == state)
+            states.add_metric((row.peer, row.path, state), row.state == state)
         for role in PATH_ROLES:
-            exposition.add("wangate_path_role", {**labels, "role": role}, row.get("role") == role)
+            roles.add_metric((row.peer, row.path, role), row.role == role)
+    yield from (info, states, roles)
     for name, kind, help_text, key, factor in _PATH_VALUES:
-        exposition.declare(name, kind, help_text)
+        family = _family(name, kind, help_text, ("peer", "path"))
         for row in rows:
-            value = row.get(key)
-            if value is None:
-                continue
-            labels = {"peer": str(row["peer"]), "path": str(row["path"])}
-            exposition.add(name, labels, value if factor == 1.0 else value * factor)
+            value: float | None = getattr(row, key)
+            if value is not None:
+                family.add_metric(
+                    (row.peer, row.path), _clean(value if factor == 1 else value * factor)
+                )
+        yield family
 
 
 _PEER_VALUES: tuple[tuple[str, MetricKind, str, str], ...] = (
@@ -325,35 +288,37 @@ _PEER_VALUES: tuple[tuple[str, MetricKind, str, str], ...] = (
 )  # fmt: skip
 
 
-def _peer_families(
-    exposition: Exposition, peers: Mapping[str, Mapping[str, Any]], failed: Mapping[str, int]
-) -> None:
-    exposition.declare("wangate_peer_paths_up", "gauge", "Paths to the peer now connected.")
-    for peer, info in peers.items():
-        exposition.add("wangate_peer_paths_up", {"peer": peer}, len(info.get("paths_up", ())))
-    exposition.declare(
+def _peer_families(peers: Mapping[str, PeerStatus], metrics: GatewayMetrics) -> Iterator[Metric]:
+    paths_up = GaugeMetricFamily(
+        "wangate_peer_paths_up", "Paths to the peer now connected.", labels=("peer",)
+    )
+    states = GaugeMetricFamily(
         "wangate_peer_state",
-        "gauge",
         "1 for the peer's current state (up, degraded, unreachable, restarted).",
+        labels=("peer", "state"),
+    )
+    silent = GaugeMetricFamily(
+        "wangate_peer_silent_seconds",
+        "Seconds since anything was heard from the peer.",
+        labels=("peer",),
     )
     for peer, info in peers.items():
+        paths_up.add_metric((peer,), len(info.paths_up))
         for state in PEER_STATES:
-            exposition.add(
-                "wangate_peer_state", {"peer": peer, "state": state}, info.get("state") == state
-            )
-    exposition.declare(
-        "wangate_peer_silent_seconds", "gauge", "Seconds since anything was heard from the peer."
-    )
-    for peer, info in peers.items():
-        exposition.add(
-            "wangate_peer_silent_seconds", {"peer": peer}, float(info.get("silent_s", 0))
-        )
+            states.add_metric((peer, state), info.state == state)
+        silent.add_metric((peer,), _clean(info.silent_s))
+    yield from (paths_up, states, silent)
     for name, kind, help_text, key in _PEER_VALUES:
-        exposition.declare(name, kind, help_text)
+        family = _family(name, kind, help_text, ("peer",))
         for peer, info in peers.items():
-            exposition.add(name, {"peer": peer}, int(info.get(key, 0)))
-    exposition.declare(
-        "wangate_peer_messages_failed_total", "counter", "Messages that could not be delivered."
+            value = info.messages_held if key == "messages_held" else info.counter(key)
+            family.add_metric((peer,), _clean(value))
+        yield family
+    failed = CounterMetricFamily(
+        "wangate_peer_messages_failed_total",
+        "Messages that could not be delivered.",
+        labels=("peer",),
     )
     for peer in peers:
-        exposition.add("wangate_peer_messages_failed_total", {"peer": peer}, failed.get(peer, 0))
+        failed.add_metric((peer,), metrics.failed(peer))
+    yield failed

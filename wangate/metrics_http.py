@@ -2,7 +2,9 @@
 
 One request per connection (``Connection: close``), a bounded request head, a read
 timeout and a cap on concurrent connections, so a stray client cannot hold the daemon's
-memory or its event loop. The body is rendered by a callback at request time.
+memory or its event loop. The body is rendered by a callback at request time, on the
+event loop that owns the gateway's state (prometheus_client's own servers run in a
+thread, which would read that state while the loop changes it).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 
 from wangate.errors import GatewayError
 from wangate.metrics import CONTENT_TYPE
+from wangate.net.address import host_port
 
 log = logging.getLogger("wangate.metrics")
 
@@ -69,11 +72,11 @@ def response_bytes(
 
 
 class MetricsServer:
-    """Serves ``render()`` at ``GET /metrics`` on one TCP address."""
+    """Serves ``render()`` (the exposition text, encoded) at ``GET /metrics``."""
 
     def __init__(
         self,
-        render: Callable[[], str],
+        render: Callable[[], bytes],
         *,
         max_request_bytes: int = MAX_REQUEST_BYTES,
         read_timeout_s: float = READ_TIMEOUT_S,
@@ -94,12 +97,12 @@ class MetricsServer:
             )
         except OSError as exc:
             raise GatewayError(
-                f"metrics: cannot listen on {_fmt(host, port)}: {exc.strerror or exc}; "
+                f"metrics: cannot listen on {host_port(host, port)}: {exc.strerror or exc}; "
                 "check [metrics] listen"
             ) from exc
         sockname = self._server.sockets[0].getsockname()
         self.address = (str(sockname[0]), int(sockname[1]))
-        log.info("metrics at http://%s/metrics", _fmt(*self.address))
+        log.info("metrics at http://%s/metrics", host_port(*self.address))
 
     async def close(self) -> None:
         if self._server is not None:
@@ -143,12 +146,8 @@ class MetricsServer:
         if method not in ("GET", "HEAD"):
             return response_bytes(405, b"only GET\n", extra_headers=("Allow: GET, HEAD",))
         try:
-            body = self._render().encode("utf-8")
+            body = self._render()
         except Exception:
             log.exception("rendering metrics failed")
             return response_bytes(500, b"rendering metrics failed\n")
         return response_bytes(200, body, CONTENT_TYPE, send_body=method == "GET")
-
-
-def _fmt(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -7,10 +7,14 @@ copied: a submitted ``bytearray`` belongs to the gateway from then on.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-Buffer = bytes | bytearray | memoryview
+from wangate.core.buffer import Buffer
+from wangate.core.message import message_checksum
+from wangate.errors import GatewayError
+from wangate.rows import GatewayStatus, PathRow
 
 
 @dataclass(frozen=True)
@@ -40,17 +44,38 @@ class Delivery:
     checksum: int
     msg_id: int = 0  # the sending gateway's id for it; 0 for messages within the site
     body_bytes: int = 0  # the message body the session counted (header too): credit to release
+    # the sealed shared-memory segment that holds the body (the payload ends it), now
+    # the delivery's: handed to a trainer that takes segments, else closed
+    segment_fd: int | None = None
 
 
 def local_delivery(site: str, submission: Submission) -> Delivery:
-    """A submission addressed to the gateway's own site, as the delivery it becomes."""
+    """A submission addressed to the gateway's own site, as the delivery it becomes.
+
+    A payload in the sender's shared memory is copied first (no other client may read
+    the sender's segment, and the sender could still change it), then its checksum is
+    checked, as a receiving gateway does for a peer's message: the receiving client
+    relies on that (proto/localapi.md). Raises ``GatewayError`` (``checksum``) if it
+    fails. An in-band payload is the gateway's own copy already.
+    """
+    payload = submission.payload
+    view = memoryview(payload)
+    if isinstance(view.obj, mmap.mmap):
+        payload = bytearray(view)
+        actual = message_checksum(submission.meta, payload)
+        if actual != submission.checksum:
+            raise GatewayError(
+                f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
+                f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
+                code="checksum",
+            )
     return Delivery(
         source=site,
         tag=submission.tag,
         step=submission.step,
         critical=submission.critical,
         meta=submission.meta,
-        payload=submission.payload,
+        payload=payload,
         checksum=submission.checksum,
     )
 
@@ -90,11 +115,11 @@ class GatewayService(Protocol):
         """
         ...
 
-    def paths(self) -> list[dict[str, Any]]:
-        """One row per path, keys as in the contract (``wangate paths --json``)."""
+    def paths(self) -> list[PathRow]:
+        """One row per configured path (``wangate paths``)."""
         ...
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> GatewayStatus:
         """Site name, version, uptime, peers and their state, message counters."""
         ...
 

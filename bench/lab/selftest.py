@@ -40,9 +40,14 @@ class BlastResult:
 
 
 def blast(
-    lab: Lab, flows: list[tuple[str, float, int, float]], size: int = 1200, idle_s: float = 0.5
+    lab: Lab, flows: list[tuple[str, float, int, float]], size: int = 1200, idle_s: float = 1.0
 ) -> list[BlastResult]:
-    """Run one sender per (path, rate_mbps, count, duration_s) at once, bj → sh."""
+    """Run one sender per (path, rate_mbps, count, duration_s) at once, bj → sh.
+
+    A sink waits for its first packet as long as its sender may take to start (seconds on
+    a loaded machine; on a blackholed path only ``idle_s``), then stops ``idle_s`` after
+    the last one.
+    """
     sinks, senders = [], []
     for path_name, _rate, _count, _duration in flows:
         path = lab.scenario.path(path_name)
@@ -57,6 +62,8 @@ def blast(
                 f"{path.address_b}:{SINK_PORT}",
                 "--idle-s",
                 str(idle_s),
+                "--first-s",
+                str(idle_s if path.a_to_b.blackhole else 60.0),
             ],
             stdout=subprocess.PIPE,
         )
@@ -85,6 +92,12 @@ def blast(
     for (path_name, *_), sender, sink in zip(flows, senders, sinks, strict=True):
         sent = json.loads(sender.communicate(timeout=120)[0])
         received = json.loads(sink.communicate(timeout=120)[0])
+        if (
+            sent["sent"]
+            and not received["received"]
+            and not lab.scenario.path(path_name).a_to_b.blackhole
+        ):
+            raise AssertionError(f"path {path_name}: {sent['sent']} packets sent, none received")
         results.append(BlastResult(path_name, sent, received))
     return results
 

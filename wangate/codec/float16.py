@@ -66,10 +66,6 @@ def fp16_decode(body: np.ndarray, out: np.ndarray) -> None:
     out[...] = body.view("<f2")
 
 
-def bf16_body_size(n: int) -> int:
-    return 2 * n
-
-
 def bf16_encode(x: np.ndarray, out: np.ndarray, keep_residual: bool) -> None:
     halves = out.view("<u2")
     scratch = np.empty(min(x.size, CHUNK_ELEMS), dtype=np.uint32)

@@ -15,6 +15,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from wangate.checksum import checksum_with_prefix, crc32, crc32_combine
 from wangate.errors import CodecError, FrameChecksumError
 
 from .dtypes import DTYPE_BY_CODE, UINT16_CODE
@@ -73,11 +74,12 @@ class FrameInfo:
 
 def frame_checksum(meta_head: bytes, payload: memoryview) -> int:
     """CRC-32 of the meta bytes before the CRC field, continued over the payload."""
-    return zlib.crc32(payload, zlib.crc32(meta_head))
+    return crc32(payload, zlib.crc32(meta_head))
 
 
-def pack_meta(info: FrameInfo, payload: memoryview) -> bytes:
-    """Serialise ``info`` and append the checksum over it and ``payload``."""
+def pack_meta(info: FrameInfo, payload_crc: int) -> bytes:
+    """Serialise ``info`` and append the checksum over it and the payload, given the
+    payload's own CRC-32 (``payload_crc``): the payload is read once, by the caller."""
     flags = (FLAG_ZSTD if info.zstd else 0) | (FLAG_BFLOAT16 if info.bfloat16 else 0)
     head = _HEAD.pack(
         MAGIC,
@@ -91,7 +93,7 @@ def pack_meta(info: FrameInfo, payload: memoryview) -> bytes:
         info.payload_size,
     )
     head += struct.pack(f"<{len(info.shape)}Q", *info.shape) + info.params
-    return head + _CRC.pack(frame_checksum(head, payload))
+    return head + _CRC.pack(checksum_with_prefix(head, payload_crc, info.payload_size))
 
 
 def parse_meta(meta: bytes | bytearray | memoryview) -> FrameInfo:
@@ -138,4 +140,20 @@ def verify_checksum(meta: bytes | bytearray | memoryview, payload: memoryview) -
     meta = bytes(meta)
     (declared,) = _CRC.unpack_from(meta, len(meta) - _CRC.size)
     if frame_checksum(meta[: -_CRC.size], payload) != declared:
+        raise FrameChecksumError("frame checksum does not match its meta and payload")
+
+
+def verify_by_transport(
+    meta: bytes | bytearray | memoryview, transport_checksum: int, payload_bytes: int
+) -> None:
+    """``verify_checksum`` without reading the payload, given ``transport_checksum``:
+    the CRC-32 of ``meta`` followed by the payload, already checked against the bytes
+    (by the gateway that delivered them, proto/localapi.md). Both CRCs cover the same
+    payload after different prefixes, so they differ by the prefixes' difference
+    carried over ``payload_bytes`` (CRC-32 is linear: zlib's crc32_combine).
+    """
+    meta = bytes(meta)
+    (declared,) = _CRC.unpack_from(meta, len(meta) - _CRC.size)
+    prefixes = zlib.crc32(meta) ^ zlib.crc32(meta[: -_CRC.size])
+    if transport_checksum ^ crc32_combine(prefixes, 0, payload_bytes) != declared:
         raise FrameChecksumError("frame checksum does not match its meta and payload")

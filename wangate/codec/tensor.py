@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 
+from wangate.checksum import crc32
 from wangate.errors import CodecError
 
 from . import dense, zstd
@@ -26,6 +27,7 @@ from .frame import (
     FrameInfo,
     pack_meta,
     parse_meta,
+    verify_by_transport,
     verify_checksum,
 )
 from .spec import CodecSpec, DenseKind, parse_spec, selected_count
@@ -44,6 +46,7 @@ _CODEC_DENSE = {ident: name for name, ident in _DENSE_CODEC.items()}
 class EncodedTensor:
     meta: bytes  # <= 4096 bytes, self-describing and versioned (proto/codec.md)
     payload: bytes | bytearray | memoryview  # the bulk
+    payload_crc: int  # CRC-32 of the payload alone: other checksums derive from it
 
 
 def validate_codec_spec(spec: str) -> None:
@@ -120,7 +123,8 @@ def _seal(info: FrameInfo, body: memoryview, zstd_level: int | None) -> EncodedT
         zstd=zstd_level is not None,
         bfloat16=info.bfloat16,
     )
-    return EncodedTensor(pack_meta(info, memoryview(payload)), payload)
+    payload_crc = crc32(payload)  # the one pass over the encoded bytes
+    return EncodedTensor(pack_meta(info, payload_crc), payload, payload_crc)
 
 
 def _encode_lossy(
@@ -179,12 +183,16 @@ def decode_tensor(
     payload: bytes | bytearray | memoryview,
     *,
     max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    transport_checksum: int | None = None,
 ) -> np.ndarray:
     """The array ``encode_tensor`` was given (shape, dtype; values exact or within the codec's
     error). Raises CodecError for anything malformed. A bfloat16 frame returns uint16 bits.
-    A lossless frame whose payload is writable may come back as a view of it."""
+    A lossless frame whose payload is writable may come back as a view of it.
+
+    ``transport_checksum``, a CRC-32 of meta then payload that was already verified
+    against the bytes, replaces the pass over the payload for the frame's own CRC."""
     try:
-        return _decode(meta, payload, max_decoded_bytes)
+        return _decode(meta, payload, max_decoded_bytes, transport_checksum)
     except CodecError:
         raise
     except MemoryError:
@@ -208,6 +216,7 @@ def _decode(
     meta: bytes | bytearray | memoryview,
     payload: bytes | bytearray | memoryview,
     max_decoded_bytes: int,
+    transport_checksum: int | None = None,
 ) -> np.ndarray:
     info = parse_meta(meta)
     view = memoryview(payload)
@@ -216,7 +225,10 @@ def _decode(
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes != info.payload_size:
         raise CodecError(f"payload is {view.nbytes} bytes, the meta declares {info.payload_size}")
-    verify_checksum(meta, view)
+    if transport_checksum is None:
+        verify_checksum(meta, view)
+    else:
+        verify_by_transport(meta, transport_checksum, view.nbytes)
     n = info.element_count
     if info.decoded_bytes > max_decoded_bytes:
         raise CodecError(

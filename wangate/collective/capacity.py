@@ -14,22 +14,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
+
+from wangate.rows import PathRow
 
 from .exchange import CollectiveMismatch, Outgoing
 from .plan import MAX_WEIGHT, Plan, capacity_weights
 from .tags import wire_tag
 
 
-def own_capacity_mbps(rows: Sequence[Mapping[str, Any]], sites: Sequence[str]) -> float:
+def own_capacity_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> float:
     """Sum of the measured rates of this gateway's live paths to ``sites``."""
     total = 0.0
     for row in rows:
-        rate = row.get("rate_mbps")
-        live = row.get("peer") in sites and row.get("state") != "down"
-        if live and isinstance(rate, float) and math.isfinite(rate) and rate > 0:
+        rate = row.rate_mbps
+        live = row.peer in sites and row.state != "down"
+        if live and rate is not None and math.isfinite(rate) and rate > 0:
             total += rate
     return total
 
@@ -42,7 +43,7 @@ class Reports:
         self.report_tag = wire_tag("cp", names, 0, tag)
         self.plan_tag = wire_tag("pl", names, 1, tag)
 
-    def report(self, leader: str, rows: Sequence[Mapping[str, Any]]) -> list[Outgoing]:
+    def report(self, leader: str, rows: Sequence[PathRow]) -> list[Outgoing]:
         value = np.array([own_capacity_mbps(rows, self.plan.sites)], dtype=np.float64)
         return [Outgoing.small((leader,), self.report_tag, value, True)]
 

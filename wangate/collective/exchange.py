@@ -8,12 +8,12 @@ them, and ``arrivals()`` reports what came from whom, for the timeout error.
 
 from __future__ import annotations
 
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from wangate.checksum import checksum_with_prefix
 from wangate.codec import EncodedTensor, encode_tensor
 from wangate.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
@@ -42,7 +42,8 @@ class Outgoing:
     ) -> Outgoing:
         meta = bytes(encoded.meta)
         payload = memoryview(encoded.payload).cast("B")
-        return cls(peers, tag, meta, payload, zlib.crc32(payload, zlib.crc32(meta)), critical)
+        checksum = checksum_with_prefix(meta, encoded.payload_crc, payload.nbytes)
+        return cls(peers, tag, meta, payload, checksum, critical)
 
     @classmethod
     def small(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from wangate.errors import RecvTimeout
+from wangate.rows import PathRow
 
 from .driver import (
     Deadline,
@@ -42,7 +43,7 @@ class RecvOne:  # -> the array, or None when nothing came in ``timeout_s``
 
 
 @dataclass(frozen=True)
-class PathRows:  # -> the gateway's ``paths()`` rows
+class PathRows:  # -> the gateway's ``paths()`` rows, as ``PathRow``s
     pass
 
 
@@ -80,7 +81,7 @@ def run_sync(gw: Any, site: str, step: int, script: Script[T]) -> T:
             except RecvTimeout:
                 result = None
         elif isinstance(todo, PathRows):
-            result = gw.paths()
+            result = PathRow.from_dicts(gw.paths())
         elif isinstance(todo, DriveRun):
             drive(gw, todo.run, step, todo.deadline, todo.what, site)
             result = None
@@ -107,7 +108,7 @@ async def run_async(gw: Any, site: str, step: int, script: Script[T]) -> T:
             except RecvTimeout:
                 result = None
         elif isinstance(todo, PathRows):
-            result = await gw.paths()
+            result = PathRow.from_dicts(await gw.paths())
         elif isinstance(todo, DriveRun):
             await drive_async(gw, todo.run, step, todo.deadline, todo.what, site)
             result = None

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wangate.core.buffer import Buffer
 from wangate.core.fec import MAX_SYMBOLS, BlockDecoder, BlockEncoder
 from wangate.core.rangeset import RangeSet
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,9 @@ class InboundCoding:
         del self.decoders[block]
         self._missing_bytes.pop(block, None)
 
-    def try_decode(self, block: int, body: bytearray, received: RangeSet) -> list[tuple[int, int]]:
+    def try_decode(
+        self, block: int, body: bytearray | memoryview, received: RangeSet
+    ) -> list[tuple[int, int]]:
         """Rebuild the block's missing sources into ``body`` if enough symbols arrived.
 
         Returns the byte ranges written (empty when not decodable yet or not needed).

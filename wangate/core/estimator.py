@@ -57,8 +57,10 @@ class PathEstimator:
     * **degraded** when the last ``burst_losses`` datagrams in a row were lost (a loss
       burst, seen long before the loss window fills); or ``loss_rate > loss_degraded``
       over at least ``min_loss_samples`` outcomes; or ``srtt > rtt_degraded_factor *
-      min_rtt`` and srtt exceeds min_rtt by more than ``rtt_degraded_min_excess_s`` (so
-      that sub-millisecond RTT noise on short links does not count).
+      max(min_rtt, rtt_degraded_floor_s)``. The floor (10 ms) keeps the rule about the
+      path: below it an RTT measures mostly the two gateways' scheduling (a busy host
+      adds several milliseconds to a loopback or LAN path's 0.1 ms), so a short path is
+      judged as if it were 10 ms long; a WAN path's longer minimum is unaffected.
     * **up** otherwise.
     """
 
@@ -75,7 +77,7 @@ class PathEstimator:
         silence_rtts: float = 3.0,
         min_silence_s: float = 0.5,
         rtt_degraded_factor: float = 3.0,
-        rtt_degraded_min_excess_s: float = 0.005,
+        rtt_degraded_floor_s: float = 0.010,
         loss_degraded: float = 0.05,
         min_loss_samples: int = 100,
         burst_losses: int = 4,
@@ -96,7 +98,7 @@ class PathEstimator:
         self._silence_rtts = silence_rtts
         self._min_silence_s = min_silence_s
         self._rtt_degraded_factor = rtt_degraded_factor
-        self._rtt_degraded_min_excess_s = rtt_degraded_min_excess_s
+        self._rtt_degraded_floor_s = rtt_degraded_floor_s
         self._loss_degraded = loss_degraded
         self._min_loss_samples = min_loss_samples
         self._burst_losses = burst_losses
@@ -349,14 +351,14 @@ class PathEstimator:
             )
         if self._rtt_samples:
             srtt, min_rtt = self._srtt_s, self.min_rtt_s
-            if (
-                srtt > self._rtt_degraded_factor * min_rtt
-                and srtt - min_rtt > self._rtt_degraded_min_excess_s
-            ):
+            base = max(min_rtt, self._rtt_degraded_floor_s)
+            if srtt > self._rtt_degraded_factor * base:
+                if base == min_rtt:
+                    what = f"min {min_rtt * 1e3:.0f} ms"
+                else:
+                    what = f"the {base * 1e3:.0f} ms floor (min {min_rtt * 1e3:.1f} ms)"
                 return PathState(
-                    "degraded",
-                    f"srtt {srtt * 1e3:.0f} ms > {self._rtt_degraded_factor:g}x"
-                    f" min {min_rtt * 1e3:.0f} ms",
+                    "degraded", f"srtt {srtt * 1e3:.0f} ms > {self._rtt_degraded_factor:g}x {what}"
                 )
         return PathState("up", "ok")
 

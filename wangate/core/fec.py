@@ -24,11 +24,10 @@ from functools import cache, lru_cache
 
 import zfec
 
+from wangate.core.buffer import Buffer
 from wangate.errors import LocalProtocolError
 
 MAX_SYMBOLS = 256  # GF(2^8): at most 256 distinct symbols per block
-
-Buffer = bytes | bytearray | memoryview
 
 
 @cache

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from wangate.core.coding import CodingShape, InboundCoding
 from wangate.core.events import Event, MessageDropped, MessageReceived
@@ -30,19 +31,32 @@ from wangate.core.frames import (
     RepairRequested,
     ShardDatagram,
 )
-from wangate.core.message import verify_body
+from wangate.core.message import payload_offset, verify_body
 from wangate.core.rangeset import RangeSet
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MAX_DONE_PENDING = 4096
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 
+Body = bytearray | memoryview  # writable, exactly the message's size
+# (size, where the payload starts if known): placing the payload is the allocator's
+Allocate = Callable[[int, int | None], Body]
+Free = Callable[[Body], None]
+
+
+def _no_free(body: Body) -> None:
+    pass
+
+
+def _new_bytearray(size_bytes: int, payload_offset: int | None) -> Body:
+    return bytearray(size_bytes)
+
 
 class InboundMessage:
     __slots__ = ("body", "coding", "progressed_at", "received", "started_at")
 
-    def __init__(self, size_bytes: int, now: float) -> None:
-        self.body = bytearray(size_bytes)
+    def __init__(self, body: Body, now: float) -> None:
+        self.body = body
         self.received = RangeSet()
         self.started_at = now
         self.progressed_at = now  # last new byte or repair symbol (or creation)
@@ -85,10 +99,22 @@ class Reassembly:
         self.bytes_received = 0
         self.blocks_decoded = 0
         self.symbols_recovered = 0  # source symbols rebuilt from repair symbols
+        # where bodies are assembled: the shell may give shared memory that becomes
+        # the trainer's, so a message is written once, in place (``use_buffers``)
+        self.allocate: Allocate = _new_bytearray
+        self.free: Free = _no_free
+
+    def use_buffers(self, allocate: Allocate, free: Free) -> None:
+        """Assemble bodies in ``allocate(size)``; ``free(body)`` takes back one that
+        will not be delivered (dropped, expired, the peer restarted)."""
+        self.allocate = allocate
+        self.free = free
 
     # ------------------------------------------------------------ admission
 
-    def _message(self, msg_id: int, msg_len: int, now: float) -> InboundMessage | bool | None:
+    def _message(
+        self, msg_id: int, msg_len: int, now: float, first_bytes: bytes | memoryview | None = None
+    ) -> InboundMessage | bool | None:
         """The message a datagram belongs to; True: already finished; None: refused."""
         if msg_id in self.rejected:
             return True  # ack it so the sender stops; the rejection told it the rest
@@ -103,7 +129,8 @@ class Reassembly:
                 return True
             if self.held_bytes + msg_len > self.window_bytes + self.max_message_bytes:
                 return None  # beyond what we granted: the sender will repair it later
-            message = InboundMessage(msg_len, now)
+            start = None if first_bytes is None else payload_offset(first_bytes)
+            message = InboundMessage(self.allocate(msg_len, start), now)
             self.inbound[msg_id] = message
             self.held_bytes += msg_len
         elif msg_len != len(message.body):
@@ -114,7 +141,9 @@ class Reassembly:
 
     def accept_shard(self, shard: ShardDatagram, now: float) -> bool:
         """Store a shard; False means it was refused and must not be acknowledged."""
-        message = self._message(shard.msg_id, shard.msg_len, now)
+        # a message's first shard usually comes first: it says where the payload starts
+        first = shard.data if shard.offset == 0 else None
+        message = self._message(shard.msg_id, shard.msg_len, now, first)
         if not isinstance(message, InboundMessage):
             return message is True
         end = shard.offset + len(shard.data)
@@ -231,6 +260,7 @@ class Reassembly:
     def _drop(self, msg_id: int, message: InboundMessage, code: int, reason: str) -> None:
         del self.inbound[msg_id]
         self.release(len(message.body))
+        self.free(message.body)
         self._reject(msg_id, code, reason)
 
     def _reject(self, msg_id: int, code: int, reason: str) -> None:
@@ -253,6 +283,8 @@ class Reassembly:
         # against the window, and their later release must not grant the new instance
         # more than one window in all.
         self.held_bytes -= sum(len(m.body) for m in self.inbound.values())
+        for message in self.inbound.values():
+            self.free(message.body)
         self.inbound.clear()
         self.completed.clear()
         self.rejected.clear()

@@ -11,6 +11,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from wangate.checksum import crc32
+from wangate.core.buffer import Buffer
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MESSAGE_VERSION = 1
@@ -22,7 +24,6 @@ FLAG_CRITICAL = 0x01
 _HEAD = struct.Struct("!BBHqII")
 HEAD_BYTES = _HEAD.size  # 20
 MAX_HEADER_BYTES = HEAD_BYTES + MAX_TAG_BYTES + MAX_META_BYTES  # a body's bytes before the payload
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,19 @@ def decode_header(body: Buffer) -> tuple[MessageHeader, int]:
     return MessageHeader(tag, step, bool(flags & FLAG_CRITICAL), checksum, meta), end
 
 
+def payload_offset(first_bytes: Buffer) -> int | None:
+    """Where the payload starts in a body beginning with ``first_bytes``; None if they
+    do not hold the fixed head (or it is not one): a hint, checked again on delivery."""
+    if len(first_bytes) < HEAD_BYTES:
+        return None
+    version, _flags, tag_len, _step, _checksum, meta_len = _HEAD.unpack_from(first_bytes)
+    if version != MESSAGE_VERSION:
+        return None
+    return int(HEAD_BYTES + tag_len + meta_len)
+
+
 def message_checksum(meta: Buffer, payload: Buffer) -> int:
-    return zlib.crc32(payload, zlib.crc32(meta))
+    return crc32(payload, zlib.crc32(meta))
 
 
 def verify_body(body: Buffer) -> tuple[MessageHeader, memoryview]:

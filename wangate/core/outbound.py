@@ -26,11 +26,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.core.coding import BlockLedger, CodingShape
-from wangate.core.fec import BlockEncoder
+from wangate.core.fec import MAX_SYMBOLS, BlockEncoder
 from wangate.core.rangeset import RangeSet
-
-Buffer = bytes | bytearray | memoryview
 
 
 class OutboundMessage:
@@ -329,7 +328,7 @@ class OutboundQueue:
         self, message: OutboundMessage, block: int, count: int, *, upfront: bool = False
     ) -> None:
         ledger = message.ledger(block)
-        count = min(count, 256 - ledger.next_repair - ledger.queued)
+        count = min(count, MAX_SYMBOLS - ledger.next_repair - ledger.queued)
         if count > 0:
             ledger.queued += count
             # one entry per symbol: the block, and whether it goes with its block (1) or
@@ -413,7 +412,8 @@ class OutboundQueue:
                 continue
             start, end = shape.block_range(block)
             message.acked.remove(start, end)
-            message.blocks[block] = BlockLedger(next_repair=256, coded=False)
+            # no repair symbols for it: its sources go again by range
+            message.blocks[block] = BlockLedger(next_repair=MAX_SYMBOLS, coded=False)
             message.repairs.append((start, end))
             self._add_backlog(message, end - start)
         message.acked_at = None

@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from wangate.core.buffer import Buffer
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import (
     Event,
@@ -56,7 +57,13 @@ from wangate.core.frames import (
     encode_shard,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
-from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, MAX_DONE_PENDING, Reassembly
+from wangate.core.inbound import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    MAX_DONE_PENDING,
+    Allocate,
+    Free,
+    Reassembly,
+)
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
@@ -78,8 +85,6 @@ DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again aft
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
 MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
-
-Buffer = bytes | bytearray | memoryview
 
 
 @dataclass
@@ -299,6 +304,10 @@ class PeerSession:
         return "held" if msg_id in self._held else None
 
     # ----------------------------------------------------------------- sending
+
+    def use_body_buffers(self, allocate: Allocate, free: Free) -> None:
+        """Where inbound message bodies are assembled (default: a bytearray each)."""
+        self._inbound.use_buffers(allocate, free)
 
     def submit(
         self,

@@ -2,6 +2,6 @@
 
 ``protocol`` (frames, pure), ``framing`` (reading frames from sockets), ``mailbox``
 (matching deliveries to receives, pure), ``inbox`` (its asyncio shell), ``access``
-(who may connect: peer credentials against the allow lists), ``server`` (the socket
-server) and ``selfsite`` (a gateway that serves its own site only).
+(who may connect: peer credentials against the allow lists), and ``server`` (the
+socket server).
 """

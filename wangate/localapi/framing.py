@@ -14,13 +14,16 @@ drivers of it, and the gateway's local API server drives it from readiness callb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
+from wangate.localapi.segments import close_all, recv_with_fds
 
 # Allocated when bytes arrive and dropped once they are consumed; it grows (doubling)
 # only while one frame's prefix and header do not fit, so at most about twice
@@ -127,6 +130,9 @@ class FrameAssembler:
         self._filled = 0
         self._skip_bytes = 0
         self._scratch: memoryview | None = None
+        self._position = 0  # stream offset of the first byte no frame has claimed yet
+        self.frame_start = 0  # stream offset of the last frame ``next_head`` gave out
+        self.frame_bytes = 0  # and its whole length
 
     @property
     def between_frames(self) -> bool:
@@ -174,6 +180,9 @@ class FrameAssembler:
         if header is None:
             return None
         prefix, self._prefix = self._prefix, None
+        self.frame_start = self._position
+        self.frame_bytes = PREFIX_BYTES + prefix.header_bytes + prefix.payload_bytes
+        self._position += self.frame_bytes
         return prefix, header
 
     def expect_payload(self, size_bytes: int) -> None:
@@ -192,10 +201,51 @@ class FrameAssembler:
         self._skip_bytes = size_bytes - self._staging.discard(size_bytes)
 
 
+async def _wait(loop: asyncio.AbstractEventLoop, fileno: int, *, write: bool) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    (loop.add_writer if write else loop.add_reader)(fileno, wake)
+    try:
+        await ready
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fileno)
+
+
+async def sock_sendall_with_fd(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes, fd: int
+) -> None:
+    """``loop.sock_sendall`` with ``fd`` attached to the first byte (SCM_RIGHTS): the
+    loop has no sendmsg, so wait for room ourselves."""
+    while True:
+        try:
+            sent = socket.send_fds(sock, [data], [fd])
+            break
+        except (BlockingIOError, InterruptedError):
+            await _wait(loop, sock.fileno(), write=True)
+    if sent < len(data):
+        await loop.sock_sendall(sock, data[sent:])
+
+
 class _FrameReader:
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         self._sock = sock
         self._frames = FrameAssembler(max_payload_bytes)
+        # descriptors that came with the frames (SCM_RIGHTS), oldest first: a frame
+        # naming a segment takes the next one
+        self.fds: deque[int] = deque()
+
+    def _recv(self, target: memoryview) -> int:
+        received, fds = recv_with_fds(self._sock, target)
+        self.fds.extend(fds)
+        return received
+
+    def close_fds(self) -> None:
+        close_all(self.fds)
+        self.fds.clear()
 
     @property
     def max_payload_bytes(self) -> int:
@@ -222,7 +272,7 @@ class SyncFrameReader(_FrameReader):
             if remaining_s <= 0:
                 raise TimeoutError("timed out")
             self._sock.settimeout(remaining_s)
-        received = self._sock.recv_into(self._frames.writable())
+        received = self._recv(self._frames.writable())
         self._frames.wrote(received)
         return received
 
@@ -259,13 +309,15 @@ class AsyncFrameReader(_FrameReader):
         received: int | None = None
         if self._eager_bytes < EAGER_READ_BYTES:
             try:
-                received = self._sock.recv_into(target)
+                received = self._recv(target)
                 self._eager_bytes += received
             except (BlockingIOError, InterruptedError):
                 pass
-        if received is None:
+        while received is None:
             self._eager_bytes = 0
-            received = await self._loop.sock_recv_into(self._sock, target)
+            await _wait(self._loop, self._sock.fileno(), write=False)
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                received = self._recv(target)
         self._frames.wrote(received)
         return received
 

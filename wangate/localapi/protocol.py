@@ -44,7 +44,10 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "reset_path": frozenset({"op", "id", "peer", "path"}),
     "wait": frozenset({"op", "id", "peer", "message_id", "timeout_s"}),
 }
-OPTIONAL_KEYS: dict[str, frozenset[str]] = {"send": frozenset({"deadline_s"})}
+OPTIONAL_KEYS: dict[str, frozenset[str]] = {
+    "send": frozenset({"deadline_s", "segment", "segment_id"}),
+    "recv": frozenset({"segments"}),
+}
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
 # Error codes that leave the stream unusable: the reader cannot find the next frame.
@@ -93,6 +96,10 @@ class SendRequest:
     meta: bytes
     checksum: int
     deadline_s: float | None = None  # fail the message if not delivered by then
+    # (offset, length) in the shared-memory segment passed with the frame; no payload
+    segment: tuple[int, int] | None = None
+    # the client reuses the segment: name this hand-over in a later reply's "released"
+    segment_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,7 @@ class RecvRequest:
     source: str | None
     step: int | None
     timeout_s: float | None
+    segments: bool = False  # the client takes a large payload as a shared-memory segment
 
 
 @dataclass(frozen=True)
@@ -248,6 +256,19 @@ def _int(header: dict[str, Any], key: str, rid: int, high: int, *, optional: boo
     return value
 
 
+def segment_field(value: Any, rid: int | None) -> tuple[int, int]:
+    """``[offset, length]`` of a payload in a shared-memory segment."""
+    if (
+        type(value) is not list
+        or len(value) != 2
+        or not all(type(v) is int and 0 <= v <= MAX_STEP for v in value)
+    ):
+        raise FrameError(
+            "bad_request", f"'segment' must be [offset, length], integers in 0..{MAX_STEP}", rid
+        )
+    return value[0], value[1]
+
+
 def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> Request:
     """Validate a request header (exact key set per op, exact types)."""
     header = _unpack_map(data)
@@ -280,6 +301,18 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             type(deadline_s) not in (int, float) or not math.isfinite(deadline_s) or deadline_s <= 0
         ):
             raise FrameError("bad_request", "'deadline_s' must be a number > 0 or nil", rid)
+        segment = header.get("segment")
+        if segment is not None:
+            segment = segment_field(segment, rid)
+            if payload_bytes != 0:
+                raise FrameError("bad_request", "a send with a segment carries no payload", rid)
+        segment_id = header.get("segment_id")
+        if segment_id is not None and (
+            type(segment_id) is not int or not 1 <= segment_id <= MAX_ID or segment is None
+        ):
+            raise FrameError(
+                "bad_request", f"'segment_id' must be 1..{MAX_ID}, with a 'segment'", rid
+            )
         return SendRequest(
             rid,
             _name(header, "peer", rid),
@@ -289,6 +322,8 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             meta,
             _int(header, "checksum", rid, MAX_CHECKSUM),
             None if deadline_s is None else float(deadline_s),
+            segment,
+            segment_id,
         )
     if op in ("recv", "wait"):
         timeout_s = header["timeout_s"]
@@ -304,12 +339,16 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             None if timeout_s is None else float(timeout_s),
         )
     if op == "recv":
+        segments = header.get("segments", False)
+        if type(segments) is not bool:
+            raise FrameError("bad_request", "'segments' must be a boolean", rid)
         return RecvRequest(
             rid,
             _name(header, "tag", rid),
             _name(header, "source", rid, optional=True),
             _int(header, "step", rid, MAX_STEP, optional=True),
             None if timeout_s is None else float(timeout_s),
+            segments,
         )
     if op == "hello":
         return HelloRequest(rid)
@@ -325,16 +364,21 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
 def request_header(request: Request) -> dict[str, Any]:
     """The msgpack map for ``request`` (key order fixed, so encodings are byte-exact)."""
     if isinstance(request, SendRequest):
-        return {
-            "op": "send",
-            "id": request.request_id,
-            "peer": request.peer,
-            "tag": request.tag,
-            "step": request.step,
-            "critical": request.critical,
-            "meta": request.meta,
-            "checksum": request.checksum,
-        } | ({} if request.deadline_s is None else {"deadline_s": request.deadline_s})
+        return (
+            {
+                "op": "send",
+                "id": request.request_id,
+                "peer": request.peer,
+                "tag": request.tag,
+                "step": request.step,
+                "critical": request.critical,
+                "meta": request.meta,
+                "checksum": request.checksum,
+            }
+            | ({} if request.deadline_s is None else {"deadline_s": request.deadline_s})
+            | ({} if request.segment is None else {"segment": list(request.segment)})
+            | ({} if request.segment_id is None else {"segment_id": request.segment_id})
+        )
     if isinstance(request, RecvRequest):
         return {
             "op": "recv",
@@ -343,7 +387,7 @@ def request_header(request: Request) -> dict[str, Any]:
             "source": request.source,
             "step": request.step,
             "timeout_s": request.timeout_s,
-        }
+        } | ({"segments": True} if request.segments else {})
     if isinstance(request, WaitRequest):
         return {
             "op": "wait",

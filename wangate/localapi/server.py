@@ -32,11 +32,14 @@ import resource
 import socket
 import stat
 import time
+import weakref
 from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from wangate import __version__
+from wangate.core.buffer import Buffer
 from wangate.errors import GatewayError
 from wangate.localapi.access import (
     AccessPolicy,
@@ -44,7 +47,7 @@ from wangate.localapi.access import (
     connection_cap_refusal,
     peer_credentials,
 )
-from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler
+from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler, sock_sendall_with_fd
 from wangate.localapi.protocol import (
     VERSION,
     FrameError,
@@ -62,7 +65,13 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.service import Buffer, GatewayService, Submission
+from wangate.localapi.segments import (
+    FrameDescriptors,
+    SegmentError,
+    map_segment,
+    recv_with_fds,
+)
+from wangate.service import GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
 
@@ -71,6 +80,15 @@ MAX_REQUESTS_IN_FLIGHT = 64  # per connection
 MAX_CONNECTIONS = 1024  # [limits] max_local_connections
 FILE_DESCRIPTOR_MARGIN = 256  # beyond the local connections: UDP sockets, files, logs
 REFUSAL_LOG_INTERVAL_S = 60.0  # one warning per refused uid (or for the cap) per interval
+MAX_PENDING_FDS = MAX_REQUESTS_IN_FLIGHT  # descriptors received, not yet named by a frame
+MAX_RELEASED = 4096  # hand-overs to report at once: a client that never asks learns no more
+
+
+@dataclass(frozen=True)
+class _Handed:
+    """A reply payload that goes as a segment: its descriptor travels with the reply."""
+
+    fd: int
 
 
 class LocalApiServer:
@@ -229,6 +247,9 @@ class _Connection:
         self.closing = False  # no more frames are read
         self.tasks: set[asyncio.Task[None]] = set()
         self.finished: asyncio.Future[None] = self.loop.create_future()
+        self.fds = FrameDescriptors(MAX_PENDING_FDS)  # for sends naming a segment
+        # hand-overs (``segment_id``) whose mapping is gone, for the next success reply
+        self.released: list[int] = []
 
     async def run(self) -> None:
         self._listen(True)
@@ -239,6 +260,7 @@ class _Connection:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+            self.fds.close()
             self.sock.close()
 
     def _listen(self, on: bool) -> None:
@@ -260,11 +282,15 @@ class _Connection:
         while self.listening and budget > 0:
             target = self.assembler.writable()
             try:
-                received = self.sock.recv_into(target)
+                received, fds = recv_with_fds(self.sock, target)
             except (BlockingIOError, InterruptedError):
                 self.assembler.release_idle()  # an idle connection holds no buffer
                 return
-            except OSError:
+            except (OSError, SegmentError):  # SegmentError: more descriptors than we take
+                self._finish()
+                return
+            if not self.fds.received(received, fds):
+                log.warning("a local client sent descriptors no frame named; closing it")
                 self._finish()
                 return
             if received == 0:  # the client closed, between frames or in one
@@ -324,7 +350,46 @@ class _Connection:
             self.in_flight += 1
             self._spawn(self._reply(error_reply(exc.request_id, exc.code, str(exc))))
             return
+        if isinstance(request, SendRequest) and request.segment is not None:
+            self._on_segment(request, *request.segment)
+            return
         self._admit(request, payload_bytes)
+
+    def _segment_released(self, segment_id: int) -> None:
+        if not self.closing and len(self.released) < MAX_RELEASED:
+            self.released.append(segment_id)
+
+    def _on_segment(self, request: SendRequest, offset: int, length: int) -> None:
+        """A send whose payload is in the segment that came with its frame: map it and
+        let go of the descriptor (the mapping keeps it alive while the message needs
+        it). Anything wrong with it costs this request only."""
+        start = self.assembler.frame_start
+        fd = self.fds.take(start, start + self.assembler.frame_bytes)
+        self.in_flight += 1
+        try:
+            if fd is None:
+                raise GatewayError(
+                    "send names a segment but no file descriptor came with it",
+                    code="bad_segment",
+                )
+            if length > self.server.max_message_bytes:
+                raise GatewayError(
+                    f"segment payload of {length} bytes exceeds the gateway's limit of "
+                    f"{self.server.max_message_bytes} bytes (max_message_bytes)",
+                    code="too_large",
+                )
+            payload = map_segment(fd, offset, length)
+            if request.segment_id is not None and length:
+                # the mapping goes once the message is done (or failed): the client may
+                # then reuse the segment
+                weakref.finalize(payload.obj, self._segment_released, request.segment_id)
+        except GatewayError as exc:
+            self._spawn(self._reply(error_reply(request.request_id, exc.code, str(exc))))
+            return
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self._start(request, payload, 0)
 
     def _admit(self, request: Request, payload_bytes: int) -> None:
         """Read the payload now if the budget allows; else pause reading (``_advance``
@@ -388,7 +453,7 @@ class _Connection:
 
     async def _handle(self, request: Request, payload: Buffer, payload_bytes: int) -> None:
         rid = request.request_id
-        reply_payload: Buffer = b""
+        reply_payload: Buffer | _Handed = b""
         try:
             try:
                 reply, reply_payload = await self._dispatch(request, payload)
@@ -399,11 +464,19 @@ class _Connection:
         except Exception as exc:
             log.exception("local API request %r failed", request)
             reply = error_reply(rid, "internal", f"gateway error: {exc}")
+        if isinstance(reply_payload, _Handed):
+            try:
+                await self._reply(reply, b"", reply_payload.fd)
+            finally:
+                os.close(reply_payload.fd)  # the client has its own copy of it now
+            return
         await self._reply(reply, reply_payload)
 
-    async def _reply(self, reply: dict[str, Any], payload: Buffer = b"") -> None:
+    async def _reply(
+        self, reply: dict[str, Any], payload: Buffer = b"", fd: int | None = None
+    ) -> None:
         try:
-            await self._write(reply, payload)
+            await self._write(reply, payload, fd)
         except OSError:
             pass  # the client went away; reading notices
         finally:
@@ -415,7 +488,9 @@ class _Connection:
             await self._write(reply)
         self._finish()
 
-    async def _dispatch(self, request: Request, payload: Buffer) -> tuple[dict[str, Any], Buffer]:
+    async def _dispatch(
+        self, request: Request, payload: Buffer
+    ) -> tuple[dict[str, Any], Buffer | _Handed]:
         rid = request.request_id
         service = self.service
         if isinstance(request, SendRequest):
@@ -434,7 +509,16 @@ class _Connection:
                 meta=delivery.meta,
                 checksum=delivery.checksum,
             )
-            return reply, delivery.payload
+            fd = delivery.segment_fd
+            if fd is None:
+                return reply, delivery.payload
+            if not request.segments:
+                os.close(fd)  # in-band, from the gateway's own mapping of it
+                return reply, delivery.payload
+            view = memoryview(delivery.payload)
+            offset = memoryview(view.obj).nbytes - view.nbytes  # the payload ends the body
+            reply["segment"] = [offset, view.nbytes]
+            return reply, _Handed(fd)
         if isinstance(request, HelloRequest):
             return ok_reply(
                 rid,
@@ -444,9 +528,9 @@ class _Connection:
                 client_settings=service.client_settings(),
             ), b""
         if isinstance(request, PathsRequest):
-            return ok_reply(rid, paths=service.paths()), b""
+            return ok_reply(rid, paths=[row.to_dict() for row in service.paths()]), b""
         if isinstance(request, StatusRequest):
-            return ok_reply(rid, status=service.status()), b""
+            return ok_reply(rid, status=service.status().to_dict()), b""
         if isinstance(request, ResetPathRequest):
             service.reset_path(request.peer, request.path)
             return ok_reply(rid), b""
@@ -455,8 +539,12 @@ class _Connection:
             return ok_reply(rid, outcome="taken"), b""
         return ok_reply(rid), b""
 
-    async def _write(self, reply: dict[str, Any], payload: Buffer = b"") -> None:
+    async def _write(
+        self, reply: dict[str, Any], payload: Buffer = b"", fd: int | None = None
+    ) -> None:
         body = memoryview(payload).cast("B")
+        if self.released and reply.get("ok"):
+            reply["released"], self.released = self.released, []
         try:
             head = encode_header(reply, body.nbytes)
         except (FrameError, TypeError, ValueError, OverflowError) as exc:
@@ -464,7 +552,10 @@ class _Connection:
             head = encode_header(error_reply(reply.get("id"), "internal", f"bad reply: {exc}"))
             body = memoryview(b"")
         async with self.write_lock:
-            await self.loop.sock_sendall(self.sock, head)
+            if fd is None:
+                await self.loop.sock_sendall(self.sock, head)
+            else:
+                await sock_sendall_with_fd(self.loop, self.sock, head, fd)
             if body.nbytes:
                 await self.loop.sock_sendall(self.sock, body)
 

@@ -28,6 +28,7 @@ from aioquic.quic.connection import QuicConnection
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
+from wangate.net.address import host_port
 from wangate.net.pacing import install_burstable_pacer
 
 if TYPE_CHECKING:
@@ -124,14 +125,14 @@ class PathLink(QuicConnectionProtocol):
     @property
     def remote_address(self) -> str:
         address = compat.peer_address(self._quic)
-        return "?" if address is None else _fmt(*address)
+        return "?" if address is None else host_port(*address)
 
     @property
     def local_address(self) -> str:
         if self._transport is None:
             return "?"
         host, port = self._transport.get_extra_info("sockname")[:2]
-        return _fmt(str(host), int(port))
+        return host_port(str(host), int(port))
 
     async def wait_handshake(self, timeout_s: float) -> None:
         """Return once the handshake completed (even before this call); raise
@@ -274,7 +275,3 @@ class PathLink(QuicConnectionProtocol):
 
     def send_control(self, data: bytes) -> None:
         self._quic.send_stream_data(CONTROL_STREAM_ID, data)
-
-
-def _fmt(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -49,6 +49,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from wangate.core.admission import AdmissionLimits, HandshakeAdmission
 from wangate.net import aioquic_compat as compat
+from wangate.net.address import host_port
 from wangate.net.drain import open_draining_endpoint
 
 log = logging.getLogger("wangate.listener")
@@ -404,7 +405,7 @@ async def listen_for_peers(
     retry: bool = True,
 ) -> PeerListener:
     """Bind ``host``:``port`` (UDP) and accept QUIC connections there."""
-    name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    name = host_port(host, port)
 
     def factory() -> PeerListener:
         return PeerListener(

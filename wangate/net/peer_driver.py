@@ -28,6 +28,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from wangate.core.buffer import Buffer
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
@@ -40,7 +41,7 @@ from wangate.core.events import (
 from wangate.core.frames import ControlFrame, Hello
 from wangate.core.message import MessageHeader
 from wangate.core.selector import RouteChanged
-from wangate.core.session import Buffer, PeerSession
+from wangate.core.session import PeerSession
 from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError
 from wangate.localapi.inbox import Inbox
 from wangate.metrics import GatewayMetrics

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from wangate.daemon import enlarge_socket_buffers
 from wangate.errors import ConfigError, RemoteProtocolError
+from wangate.net.address import host_port
+from wangate.net.sockbuf import enlarge_socket_buffers
 from wangate.probe.analysis import (
     DEFAULT_THRESHOLDS,
     EchoSample,
@@ -79,11 +80,6 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
 
 
-def _fmt(address: Any) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # ------------------------------------------------------------------ responder
 
 
@@ -103,7 +99,7 @@ class _ResponderProtocol(asyncio.DatagramProtocol):
         self.transport.sendto(reply, addr)
         if addr[0] not in self.clients and len(self.clients) < MAX_LOGGED_CLIENTS:
             self.clients.add(addr[0])
-            log.warning("probed by %s", _fmt(addr))
+            log.warning("probed by %s", host_port(*addr[:2]))
 
     def error_received(self, exc: Exception) -> None:
         log.debug("responder socket error: %s", exc)
@@ -227,13 +223,13 @@ async def run_probe(options: ProbeOptions) -> ProbeResult:
     )
     enlarge_socket_buffers(transport.get_extra_info("socket"))
     try:
-        local = _fmt(transport.get_extra_info("sockname"))
+        local = host_port(*transport.get_extra_info("sockname")[:2])
         phase_s = options.duration_s / 2 if options.rate_test else options.duration_s
         latency = await _latency_phase(protocol, transport, options, phase_s)
         rate = None
         if options.rate_test and latency.received:
             rate = await _rate_phase(protocol, transport, options, phase_s, latency)
-        return ProbeResult(_fmt(options.target), local, latency, rate)
+        return ProbeResult(host_port(*options.target), local, latency, rate)
     finally:
         transport.close()
 

@@ -1,4 +1,4 @@
-"""A gateway service for one site on its own: trainers of the site exchange messages.
+"""A gateway service for one site on its own, for the local API tests: no daemon, no peers.
 
 Messages addressed to the site's own name go straight into the site's inbox (the same
 path the daemon uses for intra-site delivery); any other peer is unknown here.
@@ -13,6 +13,7 @@ from typing import Any
 from wangate import __version__
 from wangate.errors import GatewayError
 from wangate.localapi.inbox import Inbox
+from wangate.rows import GatewayStatus, PathRow
 from wangate.service import Delivery, Submission, local_delivery
 
 
@@ -76,22 +77,19 @@ class SelfSiteService:
         self.received += 1
         return delivery
 
-    def paths(self) -> list[dict[str, Any]]:
+    def paths(self) -> list[PathRow]:
         return []
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "site": self._site_name,
-            "version": __version__,
-            "uptime_s": round(time.monotonic() - self._started_at_s, 3),
-            "peers": {},
-            "messages": {
-                "submitted": self.submitted,
-                "received": self.received,
-                "queued": self.inbox.mailbox.queued_count(),
-                "waiting_recvs": self.inbox.mailbox.waiter_count(),
-            },
-        }
+    def status(self) -> GatewayStatus:
+        return GatewayStatus(
+            site=self._site_name,
+            version=__version__,
+            uptime_s=round(time.monotonic() - self._started_at_s, 3),
+            peers={},
+            local_messages=self.submitted,
+            inbox_queued=self.inbox.mailbox.queued_count(),
+            inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
+        )
 
     def client_settings(self) -> dict[str, Any]:
         return self._client_settings
