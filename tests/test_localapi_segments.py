@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from wangate.localapi.selfsite import default_client_settings
 
 import wangate
+from tests.selfsite import default_client_settings
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
 from wangate.localapi.protocol import (
