@@ -2,16 +2,19 @@
 library's own source, trained across three loopback sites through the DDP hook with each
 codec and with DiLoCo, against uncompressed DDP; final validation loss and WAN bytes.
 
-Run: .venv/bin/python -m bench.training [--steps 300] [--seeds 3] [--runs none,int8,...]
+Run: .venv/bin/python -m bench.training [--steps 1000] [--seeds 3] [--runs none,int8,...]
+     sudo .venv/bin/python -m bench.training --lab coll_3_quarter --runs none,diloco  # WAN lab
 
 Three real gateways on loopback (``LoopbackSites``, 2 QUIC paths between each pair), one
 trainer process per site, each its own one-rank DDP group with
 ``wangate.torch.allreduce_hook`` (the gateway's allreduce, op="mean", across sites). Model:
 a character MLP (16 characters of context, 16-wide embeddings, two 128-wide GELU layers,
-63k parameters), AdamW with cosine decay, 64 windows per site per step. DiLoCo: the same
-inner optimiser on each site's own 64 windows, an outer Nesterov step (lr 0.7, momentum
-0.9) every H inner steps. Seeds fix initialisation and batches, so runs of one seed differ
-only by how gradients cross the WAN. WAN bytes: what each site's gateway sent on its paths
+63k parameters), AdamW with cosine decay from a peak lr of 8e-3 (the best of 3, 6, 8 and
+12e-3 for uncompressed DDP: ``bench.training_search``), 64 windows per site per step.
+DiLoCo: the same inner optimiser on each site's own 64 windows, ``wangate.torch.DiLoCo``'s
+outer step with its defaults (Nesterov, lr 0.7, momentum 0.5) every H inner steps. Seeds
+fix initialisation and batches, so runs of one seed differ only by how gradients cross
+the WAN. WAN bytes: what each site's gateway sent on its paths
 (QUIC packets, all overhead included) per inner step, averaged over sites. Runs are
 deterministic per seed; ``--report LOG`` tabulates the complete seeds of a saved output.
 """
@@ -24,12 +27,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import argparse
+import contextlib
 import json
 import math
 import socket
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +49,7 @@ import wangate.torch as wt
 from wangate.loopback import SITE_NAMES, LoopbackSites
 
 CONTEXT, EMBED, HIDDEN, BATCH = 16, 16, 128, 64
-PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 3e-3, 3_000_000, 4096
+PEAK_LR, TEXT_BYTES, VALID_WINDOWS = 8e-3, 3_000_000, 4096
 SITES = 3
 # (name, codec for the hook or DiLoCo, DiLoCo H or 0 for DDP)
 RUNS = {
@@ -208,11 +213,38 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
                 print(f"WARNING: {name} seed {s}: sites ended with different models {site_losses}")
 
 
+@contextlib.contextmanager
+def lab_gateways(scenario_name: str) -> Iterator[list[str]]:
+    """Gateways of a WAN lab scenario (its first three sites must be bj, sh, gz); the
+    trainers stay in this namespace and reach them by their Unix sockets."""
+    from bench.collectives.run import _start_gateways, _stop
+    from bench.lab.lab import Lab
+    from bench.lab.scenario import load_scenario
+
+    scenario = load_scenario(scenario_name)
+    if list(scenario.sites) != list(SITE_NAMES[:SITES]):
+        raise SystemExit(
+            f"--lab needs sites {SITE_NAMES[:SITES]}, {scenario_name} has {scenario.sites}"
+        )
+    with Lab(scenario) as lab:
+        configs = {s: (p, p.read_text()) for s, p in lab.write_gateway_configs().items()}
+        logs = lab.state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        gateways = _start_gateways(lab, configs, "", logs, "training")
+        try:
+            yield [str(lab.gateway_socket(s)) for s in SITE_NAMES[:SITES]]
+        finally:
+            _stop(gateways)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--runs", default=",".join(RUNS))
+    parser.add_argument(
+        "--lab", metavar="SCENARIO", help="train over the gateways of this WAN lab scenario"
+    )
     parser.add_argument(
         "--report", metavar="LOG", help="only tabulate the seeds complete in a saved output"
     )
@@ -232,8 +264,12 @@ def main() -> None:
         report([r for r in results if r["seed"] in done], args)
         return
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as out, LoopbackSites(SITES, 2, verbose=False) as lab:
-        sockets = [str(site.socket_path) for site in lab.sites]
+    with tempfile.TemporaryDirectory() as out, contextlib.ExitStack() as stack:
+        if args.lab:
+            sockets = stack.enter_context(lab_gateways(args.lab))
+        else:
+            lab = stack.enter_context(LoopbackSites(SITES, 2, verbose=False))
+            sockets = [str(site.socket_path) for site in lab.sites]
         mp.spawn(site_main, args=(sockets, args, out), nprocs=len(sockets))
         results = [
             r for i in range(len(sockets)) for r in json.loads(Path(out, f"{i}.json").read_text())

@@ -293,7 +293,7 @@ def test_shares_by_measured_capacity_are_announced_and_exact(lab: LoopbackSites)
             got.append(
                 gw.allreduce("cap", array, step=step, op="mean", sites=sites, timeout=SLOW_S)
             )
-        capacities[site] = dict(gw._session.collective.capacity_mbps)
+        capacities[site] = dict(gw._session.collective.rates_mbps)
         return got
 
     results = on_sites(lab, sites, call)
@@ -304,7 +304,8 @@ def test_shares_by_measured_capacity_are_announced_and_exact(lab: LoopbackSites)
             assert results[site][step].tobytes() == want.tobytes(), (site, step)
     # the leader heard the others' capacities (measured by their gateways while sending)
     assert set(capacities["bj"]) == {"bj", "gz", "sh"}
-    assert all(rate > 0 for rate in capacities["bj"].values())
+    for site, rates in capacities["bj"].items():  # each site's rate to each other site
+        assert set(rates) == set(sites) - {site} and all(r > 0 for r in rates.values()), site
     assert capacities["gz"] == capacities["sh"] == {}  # only the leader keeps them
 
 

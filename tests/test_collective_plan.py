@@ -103,8 +103,19 @@ def test_direct_exchange_by_the_bound() -> None:
 
 
 def test_capacity_weights_floor_and_scale() -> None:
-    assert capacity_weights({"a": 100.0, "b": 50.0, "c": 0.0}) == {"a": 1.0, "b": 0.5, "c": 0.05}
+    # water-filling: the sites with a share finish together (t = 4/160: s = 0.5, 0.5, 0)
+    assert capacity_weights({"bj": 60.0, "sh": 60.0, "gz": 40.0}) == {
+        "bj": 1.0,
+        "sh": 1.0,
+        "gz": 0.05,
+    }
+    # four sites, all own a share: t = 6/310, s = (t C - 1) / 2 = .468, .274, .081, .177
+    four = capacity_weights({"a": 100.0, "b": 80.0, "c": 60.0, "d": 70.0})
+    assert four == {"a": 1.0, "b": 0.5862, "c": 0.1724, "d": 0.3793}
+    assert capacity_weights({"a": 100.0, "b": 50.0, "c": 0.0}) == {"a": 1.0, "b": 0.05, "c": 0.05}
+    assert capacity_weights({"a": 5.0, "b": 5.0, "c": 5.0}) == {"a": 1.0, "b": 1.0, "c": 1.0}
     assert capacity_weights({"a": 0.0, "b": 0.0}) == {"a": 1.0, "b": 1.0}
+    assert capacity_weights({"a": 10.0, "b": 90.0}) == {"a": 1.0, "b": 1.0}  # direct exchange
     assert capacity_weights({}) == {}
 
 
@@ -510,7 +521,7 @@ def test_golden_plan_digest_tags_and_announcement() -> None:
 def test_measured_shares_from_reports() -> None:
     from dataclasses import replace
 
-    from wangate.collective.capacity import Reports, own_capacity_mbps
+    from wangate.collective.capacity import Reports, out_rates_mbps
     from wangate.rows import PathRow
 
     def row(peer: str, state: Any, rate_mbps: float | None) -> PathRow:
@@ -525,21 +536,48 @@ def test_measured_shares_from_reports() -> None:
         row("sh", "up", float("nan")),
         row("sh", "up", None),  # not measured yet
     ]
-    assert own_capacity_mbps(rows, ("bj", "gz", "sh")) == 100.0
+    assert out_rates_mbps(rows, ("gz", "sh")) == {"gz": 80.0, "sh": 20.0}
     plan = Plan.equal(["bj", "gz", "sh"])
     reports = Reports("bj", plan, "g")
     assert reports.plan_from({}).weights == (1.0, 1.0, 1.0)
-    assert reports.plan_from({"bj": 100.0, "gz": 50.0, "sh": 0.0}).weights == (1.0, 0.5, 0.75)
-    assert reports.plan_from({"bj": 1000.0, "gz": 1.0, "sh": 500.0}).weights == (1.0, 0.05, 0.5)
+    # sh unmeasured counts as the mean (75): bj and sh own shares, gz the floor
+    assert reports.plan_from({"bj": 100.0, "gz": 50.0, "sh": 0.0}).weights == (1.0, 0.05, 0.4)
+    # t = 4/240: shares 1/2, 1/3, 1/6
+    assert reports.plan_from({"bj": 90.0, "gz": 80.0, "sh": 70.0}).weights == (1.0, 0.6667, 0.3333)
     [report] = Reports("sh", plan, "g").report("bj", rows)
     assert report.peers == ("bj",) and report.tag == reports.report_tag and report.critical
-    assert reports.read_report("sh", decode_tensor(report.meta, bytes(report.payload))) == 100.0
+    decoded = decode_tensor(report.meta, bytes(report.payload))
+    assert decoded.tolist() == [0.0, 80.0, 0.0]  # sh's rate to bj, gz, sh (sh has no bj row)
+    assert reports.read_report("sh", decoded) == {"bj": 0.0, "gz": 80.0}
+    # a one-value report (a total) is spread over the other sites
+    assert reports.read_report("sh", np.array([60.0])) == {"bj": 30.0, "gz": 30.0}
     with pytest.raises(CollectiveMismatch, match="malformed report from sh"):
         reports.read_report("sh", np.array([-1.0]))
+    with pytest.raises(CollectiveMismatch, match="malformed report from sh"):
+        reports.read_report("sh", np.array([1.0, 2.0]))
     with pytest.raises(CollectiveMismatch, match="announced shares for other sites"):
         reports.accept("bj", np.ones(2))
     with pytest.raises(CollectiveMismatch, match="malformed shares from bj"):
         reports.accept("bj", np.array([1.0, 0.0, 1.0]))
+
+
+def test_capacity_is_the_slower_of_in_and_out() -> None:
+    """gz sends fast but receives slowly: its capacity is what arrives into it."""
+    from wangate.collective.capacity import capacities_mbps
+
+    sites = ("bj", "gz", "sh")
+    rates = {
+        "bj": {"gz": 10.0, "sh": 40.0},
+        "gz": {"bj": 40.0, "sh": 40.0},
+        "sh": {"bj": 40.0, "gz": 10.0},
+    }
+    # out: bj 50, gz 80, sh 50; in: bj 80, gz 20, sh 80
+    assert capacities_mbps(rates, sites) == {"bj": 50.0, "gz": 20.0, "sh": 50.0}
+    # sh not heard from yet: rates into bj and gz from sh count as theirs to sh
+    partial = {"bj": rates["bj"], "gz": rates["gz"]}
+    assert capacities_mbps(partial, sites) == {"bj": 50.0, "gz": 50.0, "sh": 80.0}
+    # only the leader's own rates: the others' capacities are unknown (0: the mean later)
+    assert capacities_mbps({"bj": rates["bj"]}, sites) == {"bj": 50.0, "gz": 0.0, "sh": 0.0}
 
 
 class FakeGateway:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bench.collectives.run import ELEMENTS, run_collectives, table
 from bench.lab.scenario import load_scenario
@@ -29,6 +30,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--methods", nargs="+", default=["gloo-cubic", "gloo-bbr", "alltoall", "rsag", "allreduce"]
     )
+    parser.add_argument("--scenario", nargs="+", help="scenario names (instead of --sites)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        help="allreduce variants to run (allreduce, allreduce-equal, allreduce-measured)",
+    )
+    parser.add_argument(
+        "--gateway-src", type=Path, help="run the gateways from this folder's wangate package"
+    )
+    parser.add_argument("--label", default="", help="suffix of the results file name")
     parser.add_argument("--elements", type=int, default=ELEMENTS)
     parser.add_argument("--gloo-timeout", type=float, default=120.0)
     parser.add_argument("--cubic-timeout", type=float, default=300.0)
@@ -36,6 +47,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wangate-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     names = ["coll_3_half"] if args.half else [f"coll_{n}" for n in args.sites]
+    if args.scenario:
+        names = args.scenario
     records = []
     try:
         for name in names:
@@ -50,6 +63,9 @@ def main(argv: list[str]) -> int:
                     cubic_timeout_s=args.cubic_timeout,
                     cubic_runs=args.cubic_runs,
                     wangate_timeout_s=args.wangate_timeout,
+                    variants=tuple(args.variants) if args.variants else None,
+                    gateway_src=args.gateway_src,
+                    label=args.label,
                 )
             )
     except WangateError as exc:

@@ -22,6 +22,7 @@ from bench.lab import siteroutes
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
 from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
+from wangate.collective.plan import capacity_weights
 from wangate.errors import WangateError
 
 ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB
@@ -39,17 +40,19 @@ class Variant:
 
 
 def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
-    """The wangate allreduce with shares weighted by each site's nominal link capacity
-    (``[collective] weights`` in Mbit/s), with equal shares (all weights 1), and with
-    the shares the gateways derive from measured capacity (no weights)."""
+    """The wangate allreduce with the weights its measured plan would pick at each site's
+    nominal link capacity (``[collective] weights``), with equal shares (all weights 1),
+    and with the shares the gateways derive from measured capacity (no weights)."""
     capacities = bound.site_capacities_bps(links_bps(scenario))
 
     def weights(value: dict[str, float]) -> str:
         table = ", ".join(f"{site} = {value[site]:g}" for site in scenario.sites)
         return f"[collective]\nweights = {{ {table} }}"
 
+    # the weights the measured plan picks when it measures the nominal rates exactly
+    nominal = capacity_weights({s: c / 1e6 for s, c in capacities.items()})
     return (
-        Variant("allreduce", weights({s: c / 1e6 for s, c in capacities.items()})),
+        Variant("allreduce", weights(nominal)),
         Variant("allreduce-equal", weights(dict.fromkeys(scenario.sites, 1.0))),
         Variant("allreduce-measured"),
     )
@@ -177,6 +180,9 @@ def run_method(
                 times.append(None)
                 break
             times.append(max(r["end"] for r in done.values()) - go)
+            rates = {site: r["rates_mbps"] for site, r in done.items() if r.get("rates_mbps")}
+            if rates:  # the measured plan's inputs, as the leader held them
+                observed.append(rates)
             exact.append(all(r["exact"] for r in done.values()))
     finally:
         workers.stop()
@@ -205,9 +211,18 @@ def _link_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dic
 
 
 def _start_gateways(
-    lab: Lab, configs: dict[str, tuple[Path, str]], extra_config: str, logs_dir: Path, name: str
+    lab: Lab,
+    configs: dict[str, tuple[Path, str]],
+    extra_config: str,
+    logs_dir: Path,
+    name: str,
+    gateway_src: Path | None = None,
 ) -> dict[str, Any]:
-    """Gateways on the lab's configs (certificates made once) plus ``extra_config``."""
+    """Gateways on the lab's configs (certificates made once) plus ``extra_config``; with
+    ``gateway_src``, running that folder's ``wangate`` package (a baseline tree)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gateway_src is not None:
+        env["PYTHONPATH"] = str(gateway_src)
     gateways: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
     for site, (config, text) in configs.items():
@@ -219,7 +234,7 @@ def _start_gateways(
                 [sys.executable, "-m", "wangate", "run", "-c", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                env=env,
             )
     _wait_paths_up(lab, gateways, logs)
     return gateways
@@ -245,6 +260,9 @@ def run_collectives(
     cubic_timeout_s: float = 300.0,
     cubic_runs: int | None = None,
     wangate_timeout_s: float = 60.0,
+    variants: tuple[str, ...] | None = None,
+    gateway_src: Path | None = None,
+    label: str = "",
     say: Any = print,
 ) -> dict[str, Any]:
     size_bytes = 4 * elements
@@ -255,6 +273,7 @@ def run_collectives(
         "runs": runs,
         "machine": machine_description(),
         "bounds": bounds(scenario, size_bytes),
+        "gateway_src": str(gateway_src) if gateway_src else None,
         "methods": {},
     }
     logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
@@ -303,13 +322,18 @@ def run_collectives(
                 variant = Variant(f"rsag-{label}", options={"shares": chosen, "chunks": 8})
                 runs_on_wangate.append(("rsag", variant))
         if "allreduce" in methods:
-            runs_on_wangate += [("allreduce", v) for v in allreduce_variants(scenario)]
+            chosen_variants = [
+                v for v in allreduce_variants(scenario) if variants is None or v.name in variants
+            ]
+            runs_on_wangate += [("allreduce", v) for v in chosen_variants]
         configs = {
             site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
         }
         for method, variant in runs_on_wangate:
             name = variant.name
-            gateways = _start_gateways(lab, configs, variant.gateway_config, logs_dir, name)
+            gateways = _start_gateways(
+                lab, configs, variant.gateway_config, logs_dir, name, gateway_src
+            )
             try:
                 specs = {
                     site: dict(
@@ -332,10 +356,14 @@ def run_collectives(
                 result["gateway_config"] = variant.gateway_config
                 result["options"] = variant.options
                 record["methods"][name] = result
-                say(f"  {name}: {_fmt_times(result)}")
+                cpu = ", ".join(f"{k} {v:.1f}" for k, v in result["gateway_cpu_s"].items())
+                say(
+                    f"  {name}: {_fmt_times(result)}  (gateway CPU-s: {cpu}; load "
+                    f"{result['load_average_1min']:.1f})"
+                )
             finally:
                 _stop(gateways)
-    out = RESULTS_ROOT / "collectives" / f"{scenario.name}.json"
+    out = RESULTS_ROOT / "collectives" / f"{scenario.name}{label}.json"
     out.write_text(json.dumps(record, indent=1))
     record["file"] = str(out)
     return record
@@ -377,7 +405,8 @@ def _cell(result: dict[str, Any] | None, bound_s: float) -> str:
 def table(records: list[dict[str, Any]]) -> str:
     """Markdown, one row per scenario: median seconds (ratio to the site bound)
     [min-max over runs] per method, and wangate's speed-up over the others."""
-    head = ["scenario", "runs", "bound (site / link)"] + [title for title, _ in COLUMNS]
+    head = ["scenario", "runs", "bound (best shares / site / link)"]
+    head += [title for title, _ in COLUMNS]
     head.append("wangate speed-up vs cubic / BBR / all-to-all")
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for record in records:
@@ -386,7 +415,8 @@ def table(records: list[dict[str, Any]]) -> str:
         cells = [
             record["scenario"],
             str(record["runs"]),
-            f"{b['site_bound_s']:.2f} s / {b['link_bound_s']:.2f} s",
+            f"{b['site_bound_best_s']:.2f} s / {b['site_bound_s']:.2f} s / "
+            f"{b['link_bound_s']:.2f} s",
         ]
         cells += [_cell(methods.get(key), b["site_bound_s"]) for _, key in COLUMNS]
         ours = summary(methods["allreduce"])[0] if "allreduce" in methods else None

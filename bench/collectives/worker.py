@@ -169,6 +169,10 @@ class _Allreduce:
         )
         return np.asarray(getattr(result, "array", result))
 
+    def diagnostics(self) -> dict[str, Any]:
+        """The rates the leader holds for the measured plan (empty elsewhere)."""
+        return {"rates_mbps": self.client._session.collective.rates_mbps}
+
 
 METHODS = {
     "gloo": _Gloo,
@@ -196,7 +200,11 @@ def main(spec: dict[str, Any]) -> None:
         end = time.monotonic()
         exact = result.dtype == np.float32 and bool(np.array_equal(result, expected))
         max_err = float(np.max(np.abs(result.astype(np.float64) - expected))) if not exact else 0.0
-        _emit({"run": run, "start": start, "end": end, "exact": exact, "max_abs_err": max_err})
+        line = {"run": run, "start": start, "end": end, "exact": exact, "max_abs_err": max_err}
+        diagnostics = getattr(method, "diagnostics", None)
+        if diagnostics is not None:
+            line.update(diagnostics())
+        _emit(line)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from wangate.errors import LocalProtocolError
 
 from .allreduce import AllreduceRun
 from .arith import check_reducible
-from .capacity import Reports, own_capacity_mbps
+from .capacity import Reports, capacities_mbps, out_rates_mbps
 from .driver import Deadline, timeout_error
 from .exchange import CollectiveTimeout, Expected
 from .feedback import HopFeedback
@@ -47,7 +47,9 @@ class CollectiveState:
 
     def __init__(self) -> None:
         self.feedback = HopFeedback()
-        self.capacity_mbps: dict[str, float] = {}  # latest reports, as the leader saw them
+        # site -> its measured rate to each other site: the latest reports, as the leader
+        # saw them, and the leader's own
+        self.rates_mbps: dict[str, dict[str, float]] = {}
 
 
 def call_sites(site: str, settings: Mapping[str, Any], sites: Iterable[str] | None) -> Plan:
@@ -220,9 +222,9 @@ def _measure(reports: Reports, state: CollectiveState, plan: Plan) -> Generator[
             word = yield RecvOne(Expected(peer, reports.report_tag), None, 0.0)
             if word is None:
                 break
-            state.capacity_mbps[peer] = reports.read_report(peer, word)
-    state.capacity_mbps[reports.site] = own_capacity_mbps((yield PathRows()), plan.sites)
-    return reports.plan_from(state.capacity_mbps)
+            state.rates_mbps[peer] = reports.read_report(peer, word)
+    state.rates_mbps[reports.site] = out_rates_mbps((yield PathRows()), reports.peers)
+    return reports.plan_from(capacities_mbps(state.rates_mbps, plan.sites))
 
 
 def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTimeout:

@@ -1,12 +1,15 @@
 """Shares by measured capacity: reports to the leader and the leader's announcement.
 
 Without ``[collective] weights``, a reduce-scatter/all-gather call's shares follow what
-each site's paths deliver. Each site's capacity is the sum of ``rate_mbps`` (the delivery
-rate its gateway measures) over its paths up to the call's other sites. Every site but
-the lowest-named sends its capacity to that leader with every call; the leader drains
-the reports that arrived (it never waits for one), adds its own, and announces the
-weights for this call. The others wait for the announcement before sending: one one-way
-delay per call, paid only by tensors big enough for reduce-scatter/all-gather.
+each site's paths deliver into and out of it. Each gateway measures ``rate_mbps`` (the
+delivery rate) on its paths, that is the rate out of its site; every site but the
+lowest-named sends that leader its rate to each other site of the call with every call.
+The leader drains the reports that arrived (it never waits for one), adds its own, and
+from that matrix of rates takes each site's capacity as the lesser of what it sends out
+and what the others deliver into it (reduce-scatter/all-gather moves as many bytes into
+a site as out of it, so the slower direction bounds it), then announces the weights for
+this call. The others wait for the announcement before sending: one one-way delay per
+call, paid only by tensors big enough for reduce-scatter/all-gather.
 """
 
 from __future__ import annotations
@@ -24,15 +27,39 @@ from .plan import MAX_WEIGHT, Plan, capacity_weights
 from .tags import wire_tag
 
 
-def own_capacity_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> float:
-    """Sum of the measured rates of this gateway's live paths to ``sites``."""
-    total = 0.0
+def out_rates_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> dict[str, float]:
+    """The measured rate of this gateway's live paths to each of ``sites``, summed per site
+    (a site with no live path measured: 0)."""
+    totals = dict.fromkeys(sites, 0.0)
     for row in rows:
         rate = row.rate_mbps
-        live = row.peer in sites and row.state != "down"
+        live = row.peer in totals and row.state != "down"
         if live and rate is not None and math.isfinite(rate) and rate > 0:
-            total += rate
-    return total
+            totals[row.peer] += rate
+    return totals
+
+
+def capacities_mbps(
+    rates: Mapping[str, Mapping[str, float]], sites: Sequence[str]
+) -> dict[str, float]:
+    """Each site's capacity from the rates reported so far (``rates[a][b]``: a's measured
+    rate to b): the lesser of its total out and its total in. A rate into ``i`` from a site
+    that has not reported counts as ``i``'s own rate to it (paths assumed symmetric); a
+    site with nothing known has 0 (``plan_from`` then gives it the mean)."""
+    result = {}
+    for i in sites:
+        others = [j for j in sites if j != i]
+        out = rates.get(i)
+        totals = []
+        if out is not None:
+            totals.append(sum(out.get(j, 0.0) for j in others))
+        if out is not None or all(j in rates for j in others):
+            mine = out or {}
+            totals.append(
+                sum(rates[j].get(i, 0.0) if j in rates else mine.get(j, 0.0) for j in others)
+            )
+        result[i] = min(totals) if totals else 0.0
+    return result
 
 
 class Reports:
@@ -44,14 +71,22 @@ class Reports:
         self.plan_tag = wire_tag("pl", names, 1, tag)
 
     def report(self, leader: str, rows: Sequence[PathRow]) -> list[Outgoing]:
-        value = np.array([own_capacity_mbps(rows, self.plan.sites)], dtype=np.float64)
+        rates = out_rates_mbps(rows, self.peers)
+        value = np.array([rates.get(s, 0.0) for s in self.plan.sites], dtype=np.float64)
         return [Outgoing.small((leader,), self.report_tag, value, True)]
 
-    def read_report(self, source: str, array: np.ndarray) -> float:
+    def read_report(self, source: str, array: np.ndarray) -> dict[str, float]:
+        """``source``'s rate to each other site of the call. A one-value report (its total,
+        as gateways before per-site reports sent) is spread evenly over the others."""
         values = array.reshape(-1)
-        if array.dtype != np.float64 or values.size != 1 or not values[0] >= 0:
+        sized = values.size in (1, len(self.plan.sites))
+        if array.dtype != np.float64 or not sized or not bool(np.all(values >= 0)):
             raise CollectiveMismatch(f"collective {self.tag!r}: malformed report from {source}")
-        return float(values[0]) if math.isfinite(values[0]) else 0.0
+        clean = [float(v) if math.isfinite(v) else 0.0 for v in values]
+        others = [s for s in self.plan.sites if s != source]
+        if len(clean) == 1 and len(self.plan.sites) != 1:
+            return {s: clean[0] / len(others) for s in others}
+        return {s: v for s, v in zip(self.plan.sites, clean, strict=True) if s != source}
 
     def plan_from(self, capacity_mbps: Mapping[str, float]) -> Plan:
         """Weights from capacities; a site with none measured yet counts as the mean of

@@ -140,14 +140,32 @@ def chunks(share: Share, itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) 
 
 
 def capacity_weights(rates_mbps: Mapping[str, float], floor: float = 0.05) -> dict[str, float]:
-    """Weights proportional to each site's capacity, no site below ``floor`` of the
-    largest (a path that measured nothing yet must not leave its site without a share)."""
+    """Weights from each site's capacity that let reduce-scatter/all-gather finish soonest,
+    none below ``floor`` of the largest (a path that measured nothing yet must not leave
+    its site without data to measure with).
+
+    With ``n`` sites a site owning share ``s_i`` sends and receives ``S (1 + (n-2) s_i)``
+    bytes, so at capacity ``C_i`` it needs time proportional to ``(1 + (n-2) s_i) / C_i``.
+    The shares that minimise the slowest site's time make every site with a share finish
+    together (water-filling): ``s_i = (t C_i - 1) / (n-2)`` with ``t`` set by
+    ``sum s_i = 1``; a site too slow for even its own contribution gets none (then the
+    floor). Shares merely proportional to capacity load fast sites too little: on three
+    sites of 60, 60 and 40 Mbit/s they take 8.4 s where these take 6.7 s (equal: 9.0 s).
+    Two sites (or fewer) exchange directly and need no shares: equal weights.
+    """
     if not rates_mbps:
         return {}
-    top = max(rates_mbps.values())
-    if not (top > 0 and math.isfinite(top)):
-        return {site: 1.0 for site in rates_mbps}
-    return {
-        site: round(max(rate if math.isfinite(rate) else 0.0, floor * top) / top, 4)
-        for site, rate in rates_mbps.items()
-    }
+    clean = {s: (r if math.isfinite(r) and r > 0 else 0.0) for s, r in rates_mbps.items()}
+    n = len(clean)
+    if max(clean.values()) <= 0 or n <= 2:
+        return dict.fromkeys(clean, 1.0)
+    shares: dict[str, float] = {}
+    order = sorted(clean, key=lambda site: -clean[site])
+    for k in range(n, 0, -1):  # the k fastest own shares; fewer if one comes out negative
+        total = sum(clean[site] for site in order[:k])
+        t = (n - 2 + k) / total
+        shares = {site: (t * clean[site] - 1.0) / (n - 2) for site in order[:k]}
+        if all(share >= 0.0 for share in shares.values()):
+            break
+    top = max(shares.values())
+    return {site: round(max(shares.get(site, 0.0) / top, floor), 4) for site in clean}

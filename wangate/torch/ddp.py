@@ -82,6 +82,14 @@ class AllreduceHookState:
             self._worker.join()
             self._worker = None
 
+    def reduce(
+        self, buffer: torch.Tensor, *, tag: str, step: int, codec: str | None, critical: bool
+    ) -> None:
+        """One bucket's global mean, in place (every rank of the site calls it in order)."""
+        self.site.allreduce_mean(
+            buffer, tag=tag, step=step, codec=codec, critical=critical, timeout_s=self.timeout_s
+        )
+
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
@@ -100,14 +108,7 @@ def allreduce_hook(state: AllreduceHookState, bucket: GradBucket) -> Future[torc
 
     def job() -> None:
         try:
-            state.site.allreduce_mean(
-                buffer,
-                tag=tag,
-                step=step,
-                codec=codec,
-                critical=critical,
-                timeout_s=state.timeout_s,
-            )
+            state.reduce(buffer, tag=tag, step=step, codec=codec, critical=critical)
         except BaseException as exc:
             future.set_exception(exc)  # type: ignore[arg-type]  # the stub is wrong
         else:

@@ -7,11 +7,13 @@ their pseudo-gradients through the gateway and take one outer optimizer step tog
         diloco.step()            # every 20th call: the outer step across sites
 
 The pseudo-gradient is (parameters at the last sync) - (parameters now). Its mean over the
-sites drives an outer SGD with Nesterov momentum (outer_lr 0.7, momentum 0.9, as in the
-DiLoCo paper) on a float32 copy of the parameters at the last sync; the result is copied
-into the model on every rank of every site. All sites start from the same parameters (use
-``sync_parameters``), add the same mean and run the same optimizer, so they stay identical
-bit for bit. A site with several ranks reduces inside the site first (``group``).
+sites drives an outer SGD with Nesterov momentum (outer_lr 0.7 as in the DiLoCo paper,
+momentum 0.5: the paper's 0.9 suits hundreds of outer steps, and over tens of them it
+overshoots; bench/RESULTS.md, "Training") on a float32 copy of the parameters at the
+last sync; the result is copied into the model on every rank of every site. All sites
+start from the same parameters (use ``sync_parameters``), add the same mean and run the
+same optimizer, so they stay identical bit for bit. A site with several ranks reduces
+inside the site first (``group``).
 
 With ``overlap=True`` (Streaming DiLoCo's one-step delay) the cross-site exchange runs in
 the background while the next inner step trains; the step after it applies the outer
@@ -56,7 +58,7 @@ class DiLoCo:
         *,
         sync_every: int = 20,
         outer_lr: float = 0.7,
-        momentum: float = 0.9,
+        momentum: float = 0.5,
         nesterov: bool = True,
         codec: str | None = None,
         group: dist.ProcessGroup | None = None,
