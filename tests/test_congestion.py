@@ -277,6 +277,40 @@ def test_heavy_loss_with_rising_rtt_backs_off() -> None:
     assert cc.btl_bw_bps <= 0.75 * bw_before
 
 
+def test_the_usual_random_loss_is_not_congestion_when_busy_hosts_raise_the_rtt() -> None:
+    # 5 % random loss from the start; after 3 s the hosts add 30 ms to every RTT, as a
+    # queue would: the loss rate is the one the path always had, so it is not congestion
+    def extra(t: float) -> float:
+        return 0.0 if t < 3.0 else 0.03
+
+    cc = _wangate()
+    sim = Simulation(Link(loss=0.05, extra_delay_s=extra, seed=13), [Flow(cc)])
+    sim.run(3.0)
+    assert 0.03 < cc.loss_baseline < 0.07
+    events_before = cc.congestion_events
+    sim.run(6.0)
+    # (the window still stops following the RTT past the allowance: that is the delay
+    # response, not a loss response)
+    assert cc.congestion_events == events_before
+
+
+def test_loss_well_above_the_usual_with_a_queue_is_congestion() -> None:
+    def extra(t: float) -> float:
+        return 0.0 if t < 3.0 else 0.03
+
+    cc = _wangate()
+    link = Link(loss=0.01, extra_delay_s=extra, seed=14)
+    sim = Simulation(link, [Flow(cc)])
+    sim.run(3.0)
+    events_before, bw_before = cc.congestion_events, cc.btl_bw_bps
+    # 1 % usual, 10 % now, and a queue: more than 2 % over the usual plus the noise of an
+    # 83-packet round (3 sigma: 3.3 %)
+    link.loss = 0.10
+    sim.run(3.6)
+    assert cc.congestion_events > events_before
+    assert cc.btl_bw_bps <= 0.75 * bw_before
+
+
 def test_very_heavy_loss_alone_backs_off() -> None:
     cc = _wangate()
     link = Link(seed=11)

@@ -429,6 +429,11 @@ def markdown_summary(record: dict[str, Any]) -> str:
     if problems:
         lines += ["", f"Other gateway warnings: {len(problems)} (first ones below)", ""]
         lines += [f"- {e['site']} {e['t_s']:.2f} s: {e['text']}" for e in problems[:10]]
+    if record.get("budget"):
+        from bench.runner.budget import budget_table
+
+        lines += ["", "Where the link rate went (share of rate x time, `bench.runner.budget`):", ""]
+        lines.append(budget_table([record]))
     lines += [
         "",
         "Plots: `goodput.png` (goodput per path per second), `latency.png` "

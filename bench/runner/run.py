@@ -27,6 +27,7 @@ from bench.lab.baselines import BASELINES, ideal_time_s, run_baselines
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
 from bench.runner import record as rec
+from bench.runner.budget import loss_budget
 from bench.runner.monitor import PathMonitor, read_log_events, wall_to_monotonic_offset_ns
 from wangate.config import MIN_MTU
 from wangate.errors import ConfigError, WangateError
@@ -271,6 +272,7 @@ def run_scenario(
             time.sleep(0.3)
             links_before = lab.link_stats()
             cpu_before = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
+            load_before = os.getloadavg()
             t0_ns = time.monotonic_ns()
             lab.start_timeline(t0_ns / 1e9)
             for _, role, process, _ in trainers:
@@ -288,6 +290,7 @@ def run_scenario(
                     received[number] = _finish(process, deadline, b"stop\n", f"receiver {number}")
             finished_ns = time.monotonic_ns()
             cpu_after = {site: process_cpu_s(p.pid) for site, p in gateways.items()}
+            load_after = os.getloadavg()
             time.sleep(0.5)
             monitor.stop()
             links_after = lab.link_stats()
@@ -346,6 +349,9 @@ def run_scenario(
         for site in gateways
         if (before := cpu_before[site]) is not None and (after := cpu_after[site]) is not None
     }
+    # the machine's 1-minute load average as the workload started and ended: on a shared
+    # machine the gateways' share of the CPU sets their pace
+    summary["load_average"] = [round(load_before[0], 2), round(load_after[0], 2)]
     summary["monitor_errors"] = monitor.errors[:10]
     end_s = max([m["delivered_s"] or 0.0 for m in messages] + [0.0]) + 1.0
     if not summary["complete"]:
@@ -393,6 +399,7 @@ def run_scenario(
             for s in monitor.samples
         ],
     }
+    record["budget"] = loss_budget(record, scenario)
     (out_dir / "run.json").write_text(json.dumps(record, indent=1))
     (out_dir / "summary.md").write_text(rec.markdown_summary(record))
     if plots:

@@ -17,6 +17,10 @@ SINGLE_PATH = ("loss_01", "loss_1", "loss_5", "loss_burst")
 MULTI_PATH = ("loss_3paths",)
 REPEATED = ("loss_01", "loss_1", "loss_3paths")
 REPEAT_DIR = "loss_repeat"
+# 128 MiB against TCP BBR, with the loss budget in each record (bench.loss_long compares
+# two gateways alternately and tabulates them)
+LONG = ("loss_long_01", "loss_long_1", "loss_long_2", "loss_long_5", "loss_long_burst",
+        "loss_long_3paths")  # fmt: skip
 AIMS = {  # wangate goodput / link rate
     "loss_01": 0.85,
     "loss_1": 0.75,

@@ -4,7 +4,8 @@ Each suite measures one subject in the WAN lab (root and /dev/net/tun needed) an
 prints its table, also written to ``results/suite_<NAME>.md``:
 
     loss       64 MiB over one lossy path (0.1 / 1 / 5 % random, bursts) and over three
-               paths, one lossy; TCP cubic/BBR beside it; aims on goodput / link rate
+               paths, one lossy; TCP cubic/BBR beside it; aims on goodput / link rate;
+               then the 128 MiB loss_long_* runs beside TCP BBR (each with its budget)
     fair       one TCP cubic flow and a wangate bulk transfer share one path
     critical   critical latency beside bulk, without bulk, under jitter; the lab floor
     failover   critical latency and route when the best path degrades or blackholes
@@ -69,6 +70,7 @@ SUITES: dict[str, Suite] = {
                 loss.REPEATED,
                 ("--no-baselines", "--no-plots", "--results", str(RESULTS / loss.REPEAT_DIR)),
             ),
+            (loss.LONG, ("--baseline", "tcp-bbr", "--baseline-timeout-s", "50", "--no-plots")),
         ),
         table=loss.rows,
     ),

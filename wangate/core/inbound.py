@@ -98,6 +98,7 @@ class Reassembly:
         self.messages_received = 0
         self.bytes_received = 0
         self.blocks_decoded = 0
+        self.symbols_recovered = 0  # source symbols rebuilt from repair symbols
         # where bodies are assembled: the shell may give shared memory that becomes
         # the trainer's, so a message is written once, in place (``use_buffers``)
         self.allocate: Allocate = _new_bytearray
@@ -189,6 +190,7 @@ class Reassembly:
             message.received.add(start, end)
         if written:
             self.blocks_decoded += 1
+            self.symbols_recovered += len(written)
 
     # ----------------------------------------------------------- completion
 

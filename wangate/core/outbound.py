@@ -9,6 +9,14 @@ block's source symbols, then its repair symbols; a loss is answered with fresh r
 symbols for that block only, as many as it still lacks. An uncoded message (or a block
 whose repair was requested) repairs a loss as exactly the byte range that was lost.
 
+Repair symbols are sent up front only where a round trip would cost the message time
+(``round_trip_costs``): critical messages, and blocks that end within ``tail_bytes`` of
+their message's end or of the end of all queued bulk work, i.e. blocks whose loss would
+be found and repaired only after everything behind them was sent. In the middle of a
+long transfer a loss is repaired after it is seen: that costs the bytes lost and no
+time, while repair symbols sized for a residual block loss of 1e-3 cost several times
+the loss rate on every block.
+
 A message stays here until the receiver confirms it verified it (``MessagesDone``):
 acknowledged symbols say the bytes arrived, not that the message checked out.
 """
@@ -62,7 +70,7 @@ class OutboundMessage:
         self.deadline_at: float | None = None  # the trainer's: give up if not done by then
         self.shape: CodingShape | None = None  # set when the first piece is taken
         self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
-        self.repair_work: deque[int] = deque()  # one entry per repair symbol to send
+        self.repair_work: deque[int] = deque()  # per repair symbol: block << 1 | up front
 
     def read(self, start: int, end: int) -> bytes | memoryview:
         head_len = len(self.head)
@@ -148,6 +156,9 @@ class CodingPolicy:
     critical_min_repair: int = 2
 
 
+UNKNOWN_TAIL_BYTES = 1 << 62
+
+
 class OutboundQueue:
     """Messages started (admitted by the peer's credit) and not yet confirmed done."""
 
@@ -161,7 +172,13 @@ class OutboundQueue:
         self.source_bytes = 0  # cumulative first-time bytes
         self.bulk_backlog_bytes = 0  # bulk bytes still to send (new and repairs)
         self.symbol_bytes = 0  # symbol size for newly started coded messages (0: no FEC)
-        self.repair_count = 0  # repair symbols per block now, from the measured loss
+        self.repair_count = 0  # repair symbols per block where a round trip costs time
+        # bytes the paths send while a loss is found and its repair arrives; the session
+        # sets it from the paths (until then every block counts as a tail)
+        self.tail_bytes = UNKNOWN_TAIL_BYTES
+        self.fec_upfront_bytes = 0  # repair symbols sent with their block (of fec_bytes)
+        self.fec_upfront_blocks = 0  # blocks that got repair symbols up front
+        self.fec_mid_blocks = 0  # bulk blocks left to repair after loss (no round trip cost)
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
@@ -171,7 +188,13 @@ class OutboundQueue:
     def _enqueue(self, message: OutboundMessage) -> None:
         if not message.queued and message.has_work:
             message.queued = True
-            (self._critical if message.critical else self._bulk).append(message)
+            work = self._critical if message.critical else self._bulk
+            if message.next_offset:
+                # back for repairs: ahead of newer messages' new bytes, or the repair
+                # (and the message) would wait until they were all sent
+                work.appendleft(message)
+            else:
+                work.append(message)
 
     def has_work(self) -> bool:
         return bool(self._critical) or bool(self._bulk)
@@ -253,14 +276,36 @@ class OutboundQueue:
         ledger = message.ledger(block)
         ledger.inflight += 1
         if index == shape.block_k(block) - 1:  # the block's sources are all out
-            count = self.repair_count
-            if message.critical:
-                count = max(count, self.coding.critical_min_repair)
-            self._queue_repairs(message, block, count)
+            if self.round_trip_costs(message, symbol_end):
+                count = self.repair_count
+                if message.critical:
+                    count = max(count, self.coding.critical_min_repair)
+                self.fec_upfront_blocks += count > 0
+            else:
+                count = self.coding.min_repair
+                self.fec_mid_blocks += 1
+            self._queue_repairs(message, block, count, upfront=True)
         return Piece(message, symbol_start, symbol_end, False, block, index)
 
+    def round_trip_costs(self, message: OutboundMessage, block_end: int) -> bool:
+        """Whether a loss in the block ending at byte ``block_end`` would cost the message
+        (or the paths) a round trip if it were repaired only after it is seen.
+
+        It would for critical data (latency is the point), for a block within
+        ``tail_bytes`` of its message's end (the message waits for the repair), and for
+        a block within ``tail_bytes`` of the end of all bulk work queued (the paths
+        would idle while the repair is due: the end of a transfer, or of the receiver's
+        credit window). Elsewhere the repair of a loss travels while the rest of the
+        message does, and costs no time.
+        """
+        if message.critical:
+            return True
+        tail = self.tail_bytes
+        return message.body_len - block_end < tail or self.bulk_backlog_bytes < tail
+
     def _repair_symbol(self, message: OutboundMessage) -> Piece | None:
-        block = message.repair_work.popleft()
+        work = message.repair_work.popleft()
+        block, upfront = work >> 1, bool(work & 1)
         shape = message.shape
         ledger = message.blocks.get(block)
         if ledger is None or shape is None:
@@ -272,17 +317,23 @@ class OutboundQueue:
         ledger.next_repair += 1
         ledger.inflight += 1
         self.fec_bytes += shape.symbol_bytes
+        if upfront:
+            self.fec_upfront_bytes += shape.symbol_bytes
         return Piece(message, 0, 0, True, block, index)
 
     def repair_symbol_data(self, piece: Piece) -> bytes:
         return piece.message.encoder(piece.block).repair(piece.symbol)
 
-    def _queue_repairs(self, message: OutboundMessage, block: int, count: int) -> None:
+    def _queue_repairs(
+        self, message: OutboundMessage, block: int, count: int, *, upfront: bool = False
+    ) -> None:
         ledger = message.ledger(block)
         count = min(count, MAX_SYMBOLS - ledger.next_repair - ledger.queued)
         if count > 0:
             ledger.queued += count
-            message.repair_work.extend([block] * count)
+            # one entry per symbol: the block, and whether it goes with its block (1) or
+            # answers a loss (0)
+            message.repair_work.extend([block << 1 | upfront] * count)
             self._enqueue(message)
 
     def _add_backlog(self, message: OutboundMessage, size_bytes: int) -> None:
@@ -314,8 +365,17 @@ class OutboundQueue:
         self._enqueue(message)
 
     def mark_acked(
-        self, msg_id: int, start: int, end: int, block: int, symbol: int, now: float
+        self,
+        msg_id: int,
+        start: int,
+        end: int,
+        block: int,
+        symbol: int,
+        now: float,
+        *,
+        declared_lost: bool = False,
     ) -> None:
+        """A piece arrived; ``declared_lost``: after ``mark_lost`` took it out of flight."""
         message = self.messages.get(msg_id)
         if message is None:
             return
@@ -326,7 +386,8 @@ class OutboundQueue:
         if block < 0:
             message.range_acked(start, end)
         elif shape is not None and ledger is not None:
-            ledger.inflight -= 1
+            if not declared_lost:
+                ledger.inflight -= 1
             block_k = shape.block_k(block)
             if symbol >= block_k:
                 ledger.acked_repairs.add(symbol)

@@ -33,6 +33,21 @@ RTO_FLOOR_MAX_S = 1.0
 RTO_FLOOR_DECAY = 0.999  # per ack without a spurious loss
 
 
+# a path that carries little is still given this much in flight when sizing its tail
+HORIZON_MIN_DATAGRAMS = 64
+
+
+def repair_horizon_bytes(sender: PathSender) -> int:
+    """Bytes ``sender``'s path sends between a datagram's departure and the arrival of
+    the repair for it, had it been lost: about what is in flight (rate x RTT, Little's
+    law), stretched by the loss detection's wait (RFC 9002 §6.1.2: 9/8 of the RTT) and
+    the receiver's ack delay."""
+    est = sender.estimator
+    inflight = max(est.bytes_in_flight, HORIZON_MIN_DATAGRAMS * sender.datagram_bytes)
+    srtt_s = max(est.srtt_s, 0.001)
+    return int(inflight * (TIME_THRESHOLD + MAX_ACK_DELAY_S / srtt_s))
+
+
 @dataclass
 class SentDatagram:
     msg_id: int  # 0 for a probe

@@ -74,6 +74,7 @@ from wangate.core.paths import (
     PathReceiver,
     PathSender,
     SentDatagram,
+    repair_horizon_bytes,
 )
 from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
 from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
@@ -159,6 +160,10 @@ class PeerSession:
         self.messages_sent = 0
         self.bytes_sent = 0
         self.repair_datagrams = 0
+        # paths left without data between one message's last byte and the next one's
+        self._dry_since: float | None = None
+        self.send_gaps = 0
+        self.send_gap_s = 0.0
 
     # ------------------------------------------------------------------- paths
 
@@ -329,14 +334,20 @@ class PeerSession:
         if header.critical:
             self._last_critical_at = now
         self._outbox.add(message, deadline_at)
-        self._admit()
+        self._admit(now)
         return msg_id
 
     def set_peer_limits(self, max_message_bytes: int) -> None:
         self._outbox.peer_max_message = max_message_bytes
 
-    def _admit(self) -> None:
+    def _admit(self, now: float) -> None:
         started, failed = self._outbox.admit()
+        if started and self._dry_since is not None:
+            # the paths had nothing to send since the last message's end: a gap, from
+            # the trainer (nothing submitted) or from the peer's credit (nothing admitted)
+            self.send_gaps += 1
+            self.send_gap_s += now - self._dry_since
+            self._dry_since = None
         for message in started:
             self._queue.add(message)
         self._events.extend(failed)
@@ -416,6 +427,8 @@ class PeerSession:
         duplicates if it backs up a lossy route, bulk if it finishes it earliest."""
         queue, scheduler = self._queue, self._scheduler
         if not queue.has_work() and not scheduler.duplicates:
+            if self._dry_since is None and queue.messages:
+                self._dry_since = now  # all sent, some not confirmed: the next may be late
             return None  # the common idle case: nothing to decide
         usable = self._usable()  # once per datagram, not once per question
         if queue.has_critical_work and scheduler.takes_critical(path, usable):
@@ -475,7 +488,9 @@ class PeerSession:
             self._requeue(record, record.sender.give_up(seqs), outage=True)
 
     def _adapt_coding(self, open_paths: set[str]) -> None:
-        """Symbol size fits every open path; repair count follows the measured loss."""
+        """Symbol size fits every open path; repair count follows the measured loss,
+        and where it is spent (``OutboundQueue.round_trip_costs``) what the paths send
+        while a loss is found and repaired."""
         queue, policy = self._queue, self._queue.coding
         if not policy.k or not open_paths:
             queue.symbol_bytes = 0
@@ -489,6 +504,7 @@ class PeerSession:
         queue.repair_count = parity_for_loss(
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
         )
+        queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
 
     def _requeue(
         self, record: PathRecord, lost: Iterable[SentDatagram], *, outage: bool = False
@@ -521,10 +537,21 @@ class PeerSession:
             self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
             est.on_acked(sent.size_bytes, now)
-        for sent in acked + late_acked:
+        for sent in acked:
             if sent.msg_id:
                 self._queue.mark_acked(
                     sent.msg_id, sent.start, sent.end, sent.block, sent.symbol, now
+                )
+        for sent in late_acked:
+            if sent.msg_id:
+                self._queue.mark_acked(
+                    sent.msg_id,
+                    sent.start,
+                    sent.end,
+                    sent.block,
+                    sent.symbol,
+                    now,
+                    declared_lost=True,
                 )
         self._requeue(record, sender.detect_lost(now))
 
@@ -593,7 +620,7 @@ class PeerSession:
 
     def _on_credit(self, path: str, frame: Credit, now: float) -> None:
         if self._outbox.grant(frame.granted_bytes):
-            self._admit()
+            self._admit(now)
 
     def _on_route(self, path: str, frame: RouteChosen, now: float) -> None:
         self.peer_critical_path = frame.path
@@ -822,11 +849,18 @@ class PeerSession:
             "messages_in_flight": len(queue.messages),
             "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": self.repair_datagrams,
+            "send_gaps": self.send_gaps,
+            "send_gap_us": int(self.send_gap_s * 1e6),
             "repair_bytes": queue.repair_bytes,
             "source_bytes": queue.source_bytes,
             "fec_bytes": queue.fec_bytes,
+            "fec_upfront_bytes": queue.fec_upfront_bytes,
+            "fec_upfront_blocks": queue.fec_upfront_blocks,
+            "fec_mid_blocks": queue.fec_mid_blocks,
+            "fec_tail_bytes": min(queue.tail_bytes, 1 << 40),
             "fec_repair_per_block": queue.repair_count,
             "blocks_decoded": inbound.blocks_decoded,
+            "symbols_recovered": inbound.symbols_recovered,
             "peer_granted_bytes": self._outbox.granted_bytes,
             # bulk's rate while critical traffic flows and the hosts are busy (0: no limit)
             "bulk_limit_bps": int(self._governor.rate_bps or 0),

@@ -24,8 +24,12 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   min RTT was not refreshed for ``MIN_RTT_WINDOW_S``.
 * Loss (RFC 9002 §7 leaves the response to the controller): a round's loss counts as
   congestion only if at least ``LOSS_MIN_PACKETS`` packets were lost and either the
-  loss exceeds ``HIGH_LOSS_RATE`` or it exceeds ``QUEUE_LOSS_RATE`` while the round's
-  lowest RTT is above ``min_rtt x QUEUE_RTT_FACTOR`` (a standing queue). Congestion cuts
+  loss exceeds ``HIGH_LOSS_RATE`` or it exceeds ``QUEUE_LOSS_RATE`` more than the
+  path's usual loss (an average over the rounds not judged congestion, plus
+  ``LOSS_NOISE_SIGMAS`` standard deviations of a round of that many packets) while the
+  round's lowest RTT is above ``min_rtt x QUEUE_RTT_FACTOR`` (a standing queue). Busy
+  gateways raise the RTT as a queue does: without the usual loss in the threshold, the
+  random loss of a 1-5 % path read as congestion whenever the hosts were slow. Congestion cuts
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
   few percent leaves the model alone. In Startup, 8 lost packets at a congestion rate
@@ -78,6 +82,8 @@ QUEUE_RTT_FACTOR = 1.25
 LOSS_MIN_PACKETS = 3
 STARTUP_LOSS_MIN_PACKETS = 8  # 2 % random loss needs a 400-packet round to reach this
 LOSS_BETA = 0.7
+LOSS_BASELINE_WEIGHT = 0.125  # per round not judged congestion
+LOSS_NOISE_SIGMAS = 3.0
 APP_LIMITED_FRACTION = 0.5  # sending with less than this much of cwnd in flight
 SRTT_WEIGHT = 0.125  # RFC 9002 §5.3
 
@@ -138,6 +144,8 @@ class WangateCongestionControl(QuicCongestionControl):
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
+        self._round_acked_packets = 0
+        self.loss_baseline = 0.0  # the path's usual loss rate (bytes), congestion aside
         self.congestion_events = 0
         self._recovery_start = -math.inf
 
@@ -231,6 +239,7 @@ class WangateCongestionControl(QuicCongestionControl):
             return
         if sent.sent_at > self._recovery_start:
             self._round_acked_bytes += acked
+            self._round_acked_packets += 1
         if sent.delivered >= self._next_round_delivered:
             self._start_round(now)
         self._first_sent_at = sent.sent_at
@@ -301,12 +310,18 @@ class WangateCongestionControl(QuicCongestionControl):
     def _start_round(self, now: float) -> None:
         if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
             self._on_congestion(now)
+        else:
+            total = self._round_lost_bytes + self._round_acked_bytes
+            if total:
+                rate = self._round_lost_bytes / total
+                self.loss_baseline += LOSS_BASELINE_WEIGHT * (rate - self.loss_baseline)
         self.round_count += 1
         self._next_round_delivered = self.delivered_bytes
         self._round_min_rtt_s = math.inf
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
+        self._round_acked_packets = 0
 
     def _is_congestion(self, *, queue_required: bool = False) -> bool:
         total = self._round_lost_bytes + self._round_acked_bytes
@@ -320,7 +335,10 @@ class WangateCongestionControl(QuicCongestionControl):
             and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
             and self._round_min_rtt_s - self.min_rtt_s > RTT_ALLOWANCE_MIN_S
         )
-        return loss_rate > QUEUE_LOSS_RATE and queue
+        usual = self.loss_baseline
+        packets = max(1, self._round_lost_packets + self._round_acked_packets)
+        noise = LOSS_NOISE_SIGMAS * math.sqrt(usual * (1.0 - usual) / packets)
+        return loss_rate > QUEUE_LOSS_RATE + usual + noise and queue
 
     def _on_congestion(self, now: float) -> None:
         self.congestion_events += 1
@@ -330,6 +348,7 @@ class WangateCongestionControl(QuicCongestionControl):
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
+        self._round_acked_packets = 0
         if self.state == STARTUP:
             self.filled_pipe = True
             self.state = DRAIN
