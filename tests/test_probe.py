@@ -537,3 +537,27 @@ def test_report_document_keys() -> None:
     text = format_report(doc)
     assert "path loss   0.40% one way, 95% CI 0.26-0.62% (20 of 5000 packets" in text
     assert "achievable  50.00 Mbit/s at the bottleneck (IP bytes), 48.00 Mbit/s of UDP" in text
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_serve_stops_on_signal_even_when_started_with_sigint_ignored(
+    signum: signal.Signals, code: int
+) -> None:
+    # A background job of a script starts with SIGINT ignored; the responder installs
+    # its own handlers, so Ctrl-C / kill -INT / kill -TERM still stop it.
+    server = subprocess.Popen(
+        [sys.executable, "-m", "wangate", "probe", "--serve", "--listen", "127.0.0.1:0",
+         "--idle-timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line.startswith("probe responder on 127.0.0.1:"), line
+        server.send_signal(signum)
+        assert server.wait(timeout=10) == code
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

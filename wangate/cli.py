@@ -11,8 +11,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from wangate.errors import WangateError
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
 
 log = logging.getLogger("wangate")
 # Subcommands import what they need when they run (asyncio, the daemon, the client,
@@ -186,8 +190,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             until = "until interrupted" if idle_s is None else f"until {idle_s:g} s without probes"
             print(f"probe responder on {address[0]}:{address[1]}, {until}", flush=True)
 
-        asyncio.run(serve_responder(parse_address(args.listen), idle_timeout_s=idle_s, ready=ready))
-        return 0
+        serving = serve_responder(parse_address(args.listen), idle_timeout_s=idle_s, ready=ready)
+        return asyncio.run(_until_signalled(serving))
     if not args.target:
         raise ConfigError("wangate probe HOST:PORT (run `wangate probe --serve` on the far side)")
     options = ProbeOptions(
@@ -282,6 +286,33 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("--json", action="store_true", help="the report as JSON")
     probe.set_defaults(func=cmd_probe)
     return parser
+
+
+async def _until_signalled(work: Coroutine[Any, Any, object]) -> int:
+    """Run ``work``; SIGINT or SIGTERM cancels it. Returns 0, or 128 + the signal's number.
+
+    Handlers are installed explicitly: a process started with SIGINT ignored (a
+    background job of a script) would otherwise never stop on Ctrl-C or ``kill -INT``.
+    """
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return 128 + received[0] if received else 0
 
 
 def main(argv: list[str] | None = None) -> int:
