@@ -573,6 +573,7 @@ class Gateway:
         for peer in self.config.peers:
             state = self.peers[peer.name]
             session = state.session
+            peer_state = session.peer_state(now)[0]  # one per peer, not per path
             for path in peer.paths:
                 link = state.links.get(path.name)
                 row: dict[str, Any] = {
@@ -585,11 +586,9 @@ class Gateway:
                     row.update(session.path_snapshot(path.name, now))
                     if link is None:
                         row.update(state="down", state_reason="not connected")
-                    rows.append(
-                        PathRow.from_dict({**row, "peer_state": session.peer_state(now)[0]})
-                    )
+                    rows.append(PathRow.from_dict({**row, "peer_state": peer_state}))
                 else:
-                    rows.append(PathRow.not_connected(**row, peer_state=session.peer_state(now)[0]))
+                    rows.append(PathRow.not_connected(**row, peer_state=peer_state))
             state.drain_events()
         return rows
 
