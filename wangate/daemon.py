@@ -189,7 +189,7 @@ class Gateway:
             raise self._startup_error("site.socket", str(exc)) from None
         log.info("site %s: trainers connect at %s", self.site_name, self.config.site.socket)
         if self.config.metrics.listen is not None:
-            collector = GatewayCollector(self.metrics, lambda: (self.paths(), self.status()))
+            collector = GatewayCollector(self.metrics, self._rows_and_status)
             self._metrics_server = MetricsServer(lambda: render_metrics(collector))
             try:
                 await self._metrics_server.start(*self.config.metrics.listen)
@@ -592,9 +592,14 @@ class Gateway:
             state.drain_events()
         return rows
 
-    def status(self) -> GatewayStatus:
+    def _rows_and_status(self) -> tuple[list[PathRow], GatewayStatus]:
+        rows = self.paths()  # a scrape reads both: build the rows once
+        return rows, self.status(rows)
+
+    def status(self, rows: list[PathRow] | None = None) -> GatewayStatus:
         now = time.monotonic()
-        rows = self.paths()
+        if rows is None:
+            rows = self.paths()
         peers: dict[str, PeerStatus] = {}
         for name, state in self.peers.items():
             liveness = state.session.liveness(now)
