@@ -13,6 +13,7 @@ from typing import Any
 from wangate import __version__
 from wangate.errors import GatewayError
 from wangate.localapi.inbox import Inbox
+from wangate.localapi.streams import IncomingStream
 from wangate.rows import GatewayStatus, PathRow
 from wangate.service import Delivery, Submission, local_delivery
 
@@ -76,6 +77,11 @@ class SelfSiteService:
         delivery = await self.inbox.receive(tag, source, step, timeout_s)
         self.received += 1
         return delivery
+
+    async def receive_stream(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery | IncomingStream:
+        return await self.receive(tag, source, step, timeout_s)  # within a site: whole
 
     def paths(self) -> list[PathRow]:
         return []

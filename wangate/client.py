@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from itertools import count
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from wangate.errors import (
     RecvTimeout,
     TooManyConnections,
 )
+from wangate.incoming import AsyncIncomingMessage, IncomingMessage
 from wangate.localapi.framing import (
     AsyncFrameReader,
     ConnectionClosed,
@@ -272,15 +273,24 @@ def _field(reply: dict[str, Any], key: str, kind: type[T]) -> T:
 
 
 def _raise_for(reply: dict[str, Any]) -> None:
-    if reply["ok"]:
-        return
+    if not reply["ok"]:
+        raise _error_for(reply)
+
+
+def _error_for(reply: dict[str, Any]) -> GatewayError:
+    """The exception a failure reply raises."""
     code, message = reply["code"], reply["error"]
     if code == "timeout":
-        raise RecvTimeout(message, code=code)
+        return RecvTimeout(message, code=code)
     kind = _ERRORS.get(code)
     if kind is not None:
-        raise kind(message)
-    raise GatewayError(f"{message} [{code}]", code=code)
+        return kind(message)
+    return GatewayError(f"{message} [{code}]", code=code)
+
+
+def _whole(reply: dict[str, Any], payload: memoryview) -> dict[str, Any]:
+    """A reply to a plain recv, as the one reply of a stream that is complete already."""
+    return {**reply, "ready": payload.nbytes, "done": True}
 
 
 _ERRORS: dict[str, type[GatewayError]] = {
@@ -291,9 +301,14 @@ _ERRORS: dict[str, type[GatewayError]] = {
 
 
 def _recv_request(
-    tag: str, source: str | None, step: int | None, timeout: float | None, segments: bool = False
+    tag: str,
+    source: str | None,
+    step: int | None,
+    timeout: float | None,
+    segments: bool = False,
+    stream: bool = False,
 ) -> Callable[[int], Request]:
-    return lambda rid: RecvRequest(rid, tag, source, step, timeout, segments)
+    return lambda rid: RecvRequest(rid, tag, source, step, timeout, segments, stream)
 
 
 def _send_request(
@@ -368,6 +383,7 @@ class Client:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(0))
         self._sock: socket.socket | None = sock
         self._reader = SyncFrameReader(sock, 0)
+        self._streams: dict[int, IncomingMessage] = {}  # by request id, until finished
         try:
             self._session.accept_hello(self._hello(deadline, timeout))
         except BaseException:
@@ -430,6 +446,28 @@ class Client:
             peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
         )
 
+    @overload
+    def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = ...,
+        step: int | None = ...,
+        timeout: float | None = ...,
+        stream: Literal[False] = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = ...,
+        step: int | None = ...,
+        timeout: float | None = ...,
+        stream: Literal[True],
+    ) -> IncomingMessage: ...
+
     def recv(
         self,
         tag: str,
@@ -437,11 +475,28 @@ class Client:
         source: str | None = None,
         step: int | None = None,
         timeout: float | None = None,
-    ) -> np.ndarray:
-        """The oldest message with ``tag`` (and source/step if given) as an array."""
+        stream: bool = False,
+    ) -> np.ndarray | IncomingMessage:
+        """The oldest message with ``tag`` (and source/step if given) as an array.
+
+        With ``stream=True``: an ``IncomingMessage`` as soon as a matching message's
+        header is in (a large one still arriving, or a whole one), to read while the
+        rest arrives; its ``result()`` is the verified array. ``timeout`` bounds the
+        wait for that first reply.
+        """
         segments = self._session.segment_min_bytes is not None
-        reply, payload = self._call(_recv_request(tag, source, step, timeout, segments))
-        return self._session.decode(reply, payload)
+        request = _recv_request(tag, source, step, timeout, segments, stream and segments)
+        reply, payload = self._call(request)
+        if not stream:
+            return self._session.decode(reply, payload)
+        if not segments:
+            reply = _whole(reply, payload)
+        message = IncomingMessage(
+            reply, payload, self._session.decode, _error_for, self._pump_stream
+        )
+        if not message.finished:
+            self._streams[reply["id"]] = message
+        return message
 
     def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
         """Return once a trainer at ``peer`` took message ``message_id`` (the id ``send``
@@ -579,7 +634,9 @@ class Client:
                 while True:
                     reply, reply_payload = self._read_reply()
                     if reply["id"] in (rid, None):
-                        break  # replies to calls interrupted earlier are dropped
+                        break
+                    self._route(reply)  # a stream's progress; else a reply to a call
+                    # interrupted earlier, dropped
             except (OSError, ConnectionClosed) as exc:
                 self._broken()
                 raise _lost(self._session.path, exc) from None
@@ -604,10 +661,53 @@ class Client:
         self._session.note_released(reply)
         return reply, _segment_payload(reply, self._reader.fds) or payload
 
+    def _route(self, reply: dict[str, Any]) -> None:
+        message = self._streams.get(reply["id"])
+        if message is not None:
+            message._apply(reply)
+            if message.finished:
+                del self._streams[reply["id"]]
+
+    def _pump_stream(self, message: IncomingMessage, deadline: float | None) -> None:
+        """Read one reply (or none by ``deadline``) for the streams of this client."""
+        with self._lock:
+            sock = self._sock
+            if message.finished:
+                return
+            if sock is None:
+                message.error = GatewayUnavailable("this wangate client is closed", code="closed")
+                return
+            self._reader.deadline = deadline
+            try:
+                reply, _ = self._read_reply()
+            except TimeoutError:
+                if not self._reader.between_frames:  # the stream position is lost
+                    self._broken()
+                    message.error = _lost(self._session.path, "timed out within a reply")
+                return
+            except (OSError, ConnectionClosed) as exc:
+                self._broken()
+                message.error = _lost(self._session.path, exc)
+                return
+            finally:
+                self._reader.deadline = None
+                if self._sock is not None:
+                    self._sock.settimeout(None)
+            if reply["id"] is None:
+                self.close()
+                message.error = _error_for(reply) if not reply["ok"] else message.error
+                return
+            self._route(reply)
+
     def _broken(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        lost = _lost(self._session.path, "the connection broke")
+        for message in self._streams.values():
+            if not message.finished:
+                message.error = lost
+        self._streams.clear()
 
 
 class AsyncClient:
@@ -628,6 +728,11 @@ class AsyncClient:
         self._write_lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._failure: GatewayError | None = None
+        # streaming recvs: the read loop makes the message at its first reply, so that
+        # no progress reply can come before it exists
+        self._stream_requests: set[int] = set()
+        self._incoming: dict[int, AsyncIncomingMessage] = {}  # made, not yet returned
+        self._streams: dict[int, AsyncIncomingMessage] = {}  # unfinished, by request id
 
     @property
     def site(self) -> str:
@@ -697,6 +802,28 @@ class AsyncClient:
             peer, tag, meta, payload, checksum, step=step, critical=critical, deadline_s=deadline_s
         )
 
+    @overload
+    async def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = ...,
+        step: int | None = ...,
+        timeout: float | None = ...,
+        stream: Literal[False] = ...,
+    ) -> np.ndarray: ...
+
+    @overload
+    async def recv(
+        self,
+        tag: str,
+        *,
+        source: str | None = ...,
+        step: int | None = ...,
+        timeout: float | None = ...,
+        stream: Literal[True],
+    ) -> AsyncIncomingMessage: ...
+
     async def recv(
         self,
         tag: str,
@@ -704,10 +831,21 @@ class AsyncClient:
         source: str | None = None,
         step: int | None = None,
         timeout: float | None = None,
-    ) -> np.ndarray:
+        stream: bool = False,
+    ) -> np.ndarray | AsyncIncomingMessage:
+        """As ``Client.recv``; with ``stream=True`` an ``AsyncIncomingMessage``."""
         segments = self._session.segment_min_bytes is not None
-        reply, payload = await self._call(_recv_request(tag, source, step, timeout, segments))
-        return self._session.decode(reply, payload)
+        streaming = stream and segments
+        request = _recv_request(tag, source, step, timeout, segments, streaming)
+        reply, payload = await self._call(request, streaming=streaming)
+        if not stream:
+            return self._session.decode(reply, payload)
+        made = self._incoming.pop(reply["id"], None)
+        if made is not None:
+            return made
+        return AsyncIncomingMessage(
+            _whole(reply, payload), payload, self._session.decode, _error_for
+        )
 
     async def wait(self, peer: str, message_id: int, *, timeout: float | None = None) -> None:
         """As ``Client.wait``."""
@@ -822,7 +960,12 @@ class AsyncClient:
         await self.close()
 
     async def _call(
-        self, build: Callable[[int], Request], payload: Buffer = b"", fd: int | None = None
+        self,
+        build: Callable[[int], Request],
+        payload: Buffer = b"",
+        fd: int | None = None,
+        *,
+        streaming: bool = False,
     ) -> Reply:
         if self._failure is not None:
             raise self._failure
@@ -834,12 +977,15 @@ class AsyncClient:
         head = encode_request(build(rid), body.nbytes)
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[rid] = future
+        if streaming:
+            self._stream_requests.add(rid)
         try:
             # Shielded: a caller cancelled mid-write must not leave half a frame behind.
             await asyncio.shield(asyncio.ensure_future(self._write(head, body, fd)))
             reply, reply_payload = await future
         finally:
             self._pending.pop(rid, None)
+            self._stream_requests.discard(rid)
         _raise_for(reply)
         return reply, reply_payload
 
@@ -872,6 +1018,8 @@ class AsyncClient:
                 self._session.note_released(reply)
                 if reply["id"] is None:  # a refusal, or a frame it could not attribute
                     _raise_for_hello(reply)
+                if self._stream_reply(reply, payload):
+                    continue
                 future = self._pending.pop(reply["id"], None)
                 if future is not None and not future.done():
                     future.set_result((reply, payload))
@@ -880,7 +1028,27 @@ class AsyncClient:
         except (OSError, ConnectionClosed, FrameError) as exc:
             self._fail(_lost(self._session.path, exc))
 
+    def _stream_reply(self, reply: dict[str, Any], payload: memoryview) -> bool:
+        """Feed a streaming recv's reply to its message; True if it was only that."""
+        rid = reply["id"]
+        message = self._streams.get(rid)
+        if message is not None:
+            message._update(reply)
+            if message.finished:
+                del self._streams[rid]
+            return True
+        if rid in self._stream_requests and reply["ok"]:
+            self._stream_requests.discard(rid)
+            made = AsyncIncomingMessage(reply, payload, self._session.decode, _error_for)
+            self._incoming[rid] = made
+            if not made.finished:
+                self._streams[rid] = made
+        return False
+
     def _fail(self, error: GatewayError) -> None:
+        for message in self._streams.values():
+            message._lost(error)
+        self._streams.clear()
         if self._failure is None:
             self._failure = error
         for future in self._pending.values():

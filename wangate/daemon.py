@@ -41,6 +41,7 @@ from wangate.errors import MessageFailed as MessageFailedError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.segments import InboundSegments
 from wangate.localapi.server import LocalApiServer
+from wangate.localapi.streams import InboundStreams, IncomingStream
 from wangate.metrics import GatewayCollector, GatewayMetrics
 from wangate.metrics import render as render_metrics
 from wangate.metrics_http import MetricsServer
@@ -84,6 +85,7 @@ class Gateway:
         self.started_at = time.monotonic()
         self.inbox = Inbox(config.limits.peer_inbox_bytes)
         self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
+        self.streams = InboundStreams(self.inbound_segments)  # taken while they arrive
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
         self.peers: dict[str, PeerDriver] = {
@@ -126,9 +128,10 @@ class Gateway:
             metrics=self.metrics,
             clock=time.monotonic,
             on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
+            streams=self.streams,
         )
         segments = self.inbound_segments
-        driver.session.use_body_buffers(segments.allocate, segments.free)
+        driver.session.use_body_buffers(segments.allocate, segments.free, segments.min_bytes)
         return driver
 
     # ----------------------------------------------------------- lifecycle
@@ -491,6 +494,48 @@ class Gateway:
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
     ) -> Delivery:
         delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
+        return self._taken(delivery)
+
+    async def receive_stream(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery | IncomingStream:
+        """``receive``, or sooner: a large message whose header is in, still arriving
+        (proto/localapi.md, "Streamed delivery"). A whole one waiting comes first."""
+        delivery = self.inbox.take(tag, source, step)
+        if delivery is not None:
+            return self._taken(delivery)
+        stream = self.streams.take(tag, source, step)
+        if stream is not None:
+            return stream
+        whole = asyncio.ensure_future(self.receive(tag, source, step, None))
+        early = self.streams.wait(tag, source, step)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait((whole, early), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            self.streams.cancel_wait(early)
+            whole.cancel()  # the inbox puts back what it handed over just now
+            await asyncio.gather(whole, return_exceptions=True)
+            got = whole.result() if whole.done() and not whole.cancelled() else None
+            if isinstance(exc, TimeoutError):
+                if got is not None:  # it came as the time ran out
+                    return got
+                what = f"{tag!r}" + (f" from {source!r}" if source else "")
+                what += f" at step {step}" if step is not None else ""
+                raise RecvTimeout(
+                    f"no message {what} arrived within {timeout_s:g} s", code="timeout"
+                ) from None
+            if got is not None and got.segment_fd is not None:
+                os.close(got.segment_fd)  # nobody will take it now
+            raise
+        if whole.done():
+            self.streams.cancel_wait(early)  # a stream it got too is offered again
+            return whole.result()
+        whole.cancel()
+        await asyncio.gather(whole, return_exceptions=True)
+        return early.result()
+
+    def _taken(self, delivery: Delivery) -> Delivery:
         state = self.peers.get(delivery.source)
         if state is not None:
             state.consumed(delivery.body_bytes, delivery.msg_id)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wangate.core.buffer import Buffer
 from wangate.core.message import message_checksum
 from wangate.errors import GatewayError
 from wangate.rows import GatewayStatus, PathRow
+
+if TYPE_CHECKING:  # streams builds on this module's Delivery
+    from wangate.localapi.streams import IncomingStream
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,13 @@ class GatewayService(Protocol):
 
         Raises ``RecvTimeout`` when ``timeout_s`` passes first.
         """
+        ...
+
+    async def receive_stream(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery | IncomingStream:
+        """``receive``, or a large message still arriving whose header is in (its
+        segment's descriptor and progress with it; ``wangate.localapi.streams``)."""
         ...
 
     async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:

@@ -19,6 +19,18 @@ class MessageReceived:
 
 
 @dataclass(frozen=True)
+class MessageProgress:
+    """A large message from the peer has its first ``ready_bytes`` in, contiguous, not
+    yet verified: its header at the first report, then each time the prefix crosses a
+    step (``Reassembly.progress_step``). Never per datagram. ``body`` is where it is
+    being assembled; ``MessageReceived`` or ``MessageDropped`` follows for the id."""
+
+    msg_id: int
+    body: memoryview
+    ready_bytes: int
+
+
+@dataclass(frozen=True)
 class MessageDelivered:
     """The peer acknowledged every byte of one of our messages."""
 
@@ -59,6 +71,7 @@ class MessageDropped:
 
     msg_id: int
     reason: str
+    code: int = 0  # the REJECT_* code the sender is told (wangate.core.frames)
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ class PathStateChanged:
 
 Event = (
     MessageReceived
+    | MessageProgress
     | MessageDelivered
     | MessageFailed
     | MessageTaken

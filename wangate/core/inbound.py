@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from wangate.core.coding import CodingShape, InboundCoding
-from wangate.core.events import Event, MessageDropped, MessageReceived
+from wangate.core.events import Event, MessageDropped, MessageProgress, MessageReceived
 from wangate.core.frames import (
     REJECT_CHECKSUM,
     REJECT_EXPIRED,
@@ -31,12 +31,14 @@ from wangate.core.frames import (
     RepairRequested,
     ShardDatagram,
 )
-from wangate.core.message import payload_offset, verify_body
+from wangate.core.message import HEAD_BYTES, payload_offset, verify_body
 from wangate.core.rangeset import RangeSet
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MAX_DONE_PENDING = 4096
 DEFAULT_IDLE_TIMEOUT_S = 60.0
+PROGRESS_MIN_STEP_BYTES = 4 << 20  # progress reports: at most 64 per message, none smaller
+PROGRESS_STEPS = 64
 
 Body = bytearray | memoryview  # writable, exactly the message's size
 # (size, where the payload starts if known): placing the payload is the allocator's
@@ -52,8 +54,21 @@ def _new_bytearray(size_bytes: int, payload_offset: int | None) -> Body:
     return bytearray(size_bytes)
 
 
+def progress_step(msg_len: int) -> int:
+    """Bytes of contiguous prefix between two progress reports of one message."""
+    return max(PROGRESS_MIN_STEP_BYTES, -(-msg_len // PROGRESS_STEPS))
+
+
 class InboundMessage:
-    __slots__ = ("body", "coding", "progressed_at", "received", "started_at")
+    __slots__ = (
+        "body",
+        "coding",
+        "prefix_bytes",
+        "progressed_at",
+        "received",
+        "reported_bytes",
+        "started_at",
+    )
 
     def __init__(self, body: Body, now: float) -> None:
         self.body = body
@@ -61,6 +76,8 @@ class InboundMessage:
         self.started_at = now
         self.progressed_at = now  # last new byte or repair symbol (or creation)
         self.coding: InboundCoding | None = None
+        self.prefix_bytes = 0  # contiguous from offset 0
+        self.reported_bytes = 0  # prefix at the last MessageProgress (0: none yet)
 
 
 class Reassembly:
@@ -103,12 +120,18 @@ class Reassembly:
         # the trainer's, so a message is written once, in place (``use_buffers``)
         self.allocate: Allocate = _new_bytearray
         self.free: Free = _no_free
+        # messages from this size on report their contiguous prefix (MessageProgress)
+        self.progress_min_bytes: float = math.inf
 
-    def use_buffers(self, allocate: Allocate, free: Free) -> None:
+    def use_buffers(
+        self, allocate: Allocate, free: Free, progress_min_bytes: float = math.inf
+    ) -> None:
         """Assemble bodies in ``allocate(size)``; ``free(body)`` takes back one that
-        will not be delivered (dropped, expired, the peer restarted)."""
+        will not be delivered (dropped, expired, the peer restarted). Messages of
+        ``progress_min_bytes`` or more report their prefix as it grows."""
         self.allocate = allocate
         self.free = free
+        self.progress_min_bytes = progress_min_bytes
 
     # ------------------------------------------------------------ admission
 
@@ -156,6 +179,8 @@ class Reassembly:
                 coding.bytes_received(shard.offset, end, new_bytes)
                 block = coding.shape.block_of(shard.offset)
                 self._decode(message, block)
+            if shard.offset <= message.prefix_bytes:  # else the prefix cannot have grown
+                self._report(shard.msg_id, message)
         self._maybe_finish(shard.msg_id, message)
         return True
 
@@ -176,6 +201,7 @@ class Reassembly:
             if message.coding.decoders[repair.block].symbol_count > held:
                 self._progressed(repair.msg_id, message, now)
             self._decode(message, repair.block)
+            self._report(repair.msg_id, message)
             self._maybe_finish(repair.msg_id, message)
         return True
 
@@ -191,6 +217,25 @@ class Reassembly:
         if written:
             self.blocks_decoded += 1
             self.symbols_recovered += len(written)
+
+    def _report(self, msg_id: int, message: InboundMessage) -> None:
+        """Report the contiguous prefix when it first holds the header, then each step."""
+        size = len(message.body)
+        if size < self.progress_min_bytes:
+            return
+        gap = message.received.first_gap(message.prefix_bytes, size)
+        prefix = size if gap is None else gap[0]
+        message.prefix_bytes = prefix
+        if prefix >= size:
+            return  # whole: MessageReceived (or a drop) says the rest
+        if message.reported_bytes == 0:
+            start = payload_offset(message.body[:HEAD_BYTES]) if prefix >= HEAD_BYTES else None
+            if start is None or prefix < start:
+                return  # the header is not in yet (or is not one: the end tells)
+        elif prefix < message.reported_bytes + progress_step(size):
+            return
+        message.reported_bytes = prefix
+        self._events.append(MessageProgress(msg_id, memoryview(message.body), prefix))
 
     # ----------------------------------------------------------- completion
 
@@ -265,7 +310,7 @@ class Reassembly:
 
     def _reject(self, msg_id: int, code: int, reason: str) -> None:
         self.rejected.add(msg_id, msg_id + 1)
-        self._events.append(MessageDropped(msg_id, reason))
+        self._events.append(MessageDropped(msg_id, reason, code))
         self.rejections.append(MessageRejected(msg_id, code, reason))
 
     def release(self, body_bytes: int) -> None:

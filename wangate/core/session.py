@@ -305,9 +305,12 @@ class PeerSession:
 
     # ----------------------------------------------------------------- sending
 
-    def use_body_buffers(self, allocate: Allocate, free: Free) -> None:
-        """Where inbound message bodies are assembled (default: a bytearray each)."""
-        self._inbound.use_buffers(allocate, free)
+    def use_body_buffers(
+        self, allocate: Allocate, free: Free, progress_min_bytes: float = math.inf
+    ) -> None:
+        """Where inbound message bodies are assembled (default: a bytearray each), and
+        from what size they report progress (``MessageProgress``)."""
+        self._inbound.use_buffers(allocate, free, progress_min_bytes)
 
     def submit(
         self,

@@ -248,6 +248,11 @@ class _FrameReader:
         self.fds.clear()
 
     @property
+    def between_frames(self) -> bool:
+        """No frame is partly read: a wait given up here leaves the stream usable."""
+        return self._frames.between_frames
+
+    @property
     def max_payload_bytes(self) -> int:
         return self._frames.max_payload_bytes
 

@@ -82,6 +82,10 @@ class Inbox:
             failed += 1
         return failed
 
+    def take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
+        """The oldest matching delivery waiting, if any (no waiting)."""
+        return self._take(tag, source, step)
+
     def _take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
         delivery = self.mailbox.take(tag, source, step)
         if delivery is not None:

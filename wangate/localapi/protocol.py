@@ -46,7 +46,7 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
 }
 OPTIONAL_KEYS: dict[str, frozenset[str]] = {
     "send": frozenset({"deadline_s", "segment", "segment_id"}),
-    "recv": frozenset({"segments"}),
+    "recv": frozenset({"segments", "stream"}),
 }
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
@@ -110,6 +110,8 @@ class RecvRequest:
     step: int | None
     timeout_s: float | None
     segments: bool = False  # the client takes a large payload as a shared-memory segment
+    # the reply may come while the message still arrives, followed by progress replies
+    stream: bool = False
 
 
 @dataclass(frozen=True)
@@ -342,6 +344,11 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
         segments = header.get("segments", False)
         if type(segments) is not bool:
             raise FrameError("bad_request", "'segments' must be a boolean", rid)
+        stream = header.get("stream", False)
+        if type(stream) is not bool or (stream and not segments):
+            raise FrameError(
+                "bad_request", "'stream' must be a boolean, true only with 'segments'", rid
+            )
         return RecvRequest(
             rid,
             _name(header, "tag", rid),
@@ -349,6 +356,7 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             _int(header, "step", rid, MAX_STEP, optional=True),
             None if timeout_s is None else float(timeout_s),
             segments,
+            stream,
         )
     if op == "hello":
         return HelloRequest(rid)
@@ -380,14 +388,18 @@ def request_header(request: Request) -> dict[str, Any]:
             | ({} if request.segment_id is None else {"segment_id": request.segment_id})
         )
     if isinstance(request, RecvRequest):
-        return {
-            "op": "recv",
-            "id": request.request_id,
-            "tag": request.tag,
-            "source": request.source,
-            "step": request.step,
-            "timeout_s": request.timeout_s,
-        } | ({"segments": True} if request.segments else {})
+        return (
+            {
+                "op": "recv",
+                "id": request.request_id,
+                "tag": request.tag,
+                "source": request.source,
+                "step": request.step,
+                "timeout_s": request.timeout_s,
+            }
+            | ({"segments": True} if request.segments else {})
+            | ({"stream": True} if request.stream else {})
+        )
     if isinstance(request, WaitRequest):
         return {
             "op": "wait",
@@ -435,6 +447,35 @@ def decode_reply(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     ):
         raise FrameError("bad_header", "error reply must be exactly {ok, id, code, error}")
     return header
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """A later reply to a streaming ``recv``: ``ready_bytes`` of the payload are in
+    (contiguous from its start); ``done``: all of them, and verified."""
+
+    ready_bytes: int
+    done: bool
+
+
+def decode_progress(reply: dict[str, Any], payload_bytes: int) -> StreamProgress:
+    """Check a successful follow-up reply to a streaming ``recv`` (its ``ok`` and ``id``
+    already checked by ``decode_reply``) against the stream's ``payload_bytes``."""
+    keys = reply.keys() - {"released"}
+    ready, done = reply.get("ready"), reply.get("done", False)
+    if (
+        not keys <= {"ok", "id", "ready", "done"}
+        or type(ready) is not int
+        or type(done) is not bool
+        or not 0 <= ready <= payload_bytes
+        or (done and ready != payload_bytes)
+    ):
+        raise FrameError(
+            "bad_header",
+            f"a streaming recv's progress must be {{ok, id, ready 0..{payload_bytes}, "
+            f"done}} with ready = {payload_bytes} when done, got {sorted(reply)}",
+        )
+    return StreamProgress(ready, done)
 
 
 @dataclass(frozen=True)

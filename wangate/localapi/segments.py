@@ -174,11 +174,22 @@ class InboundSegments:
         self.live -= 1
 
     def claim(self, payload: memoryview) -> int | None:
-        """The sealed descriptor of the segment ``payload`` lies in, now the caller's."""
+        """The sealed descriptor of the segment ``payload`` lies in, now the caller's.
+
+        It may be claimed while the body is still being written: the gateway's own
+        mapping predates the seal (F_SEAL_FUTURE_WRITE bars only later ones)."""
         fd = self._open.pop(id(payload.obj), None)
-        if fd is not None:
+        if fd is not None and not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
             seal(fd)
         return fd
+
+    def holds(self, body: memoryview) -> bool:
+        """``body`` is in a segment whose descriptor is here (not yet claimed)."""
+        return id(body.obj) in self._open
+
+    def restore(self, body: memoryview, fd: int) -> None:
+        """Take back a claimed descriptor that nobody was given after all."""
+        self._open[id(body.obj)] = fd
 
     def free(self, body: bytearray | memoryview) -> None:
         if isinstance(body, memoryview):

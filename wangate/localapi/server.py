@@ -71,7 +71,8 @@ from wangate.localapi.segments import (
     map_segment,
     recv_with_fds,
 )
-from wangate.service import GatewayService, Submission
+from wangate.localapi.streams import IncomingStream
+from wangate.service import Delivery, GatewayService, Submission
 
 log = logging.getLogger("wangate.localapi")
 
@@ -427,6 +428,9 @@ class _Connection:
                 self._release(payload_bytes)
                 self._spawn(self._reply(ok_reply(request.request_id, message_id=message_id)))
                 return
+        if isinstance(request, RecvRequest) and request.stream:
+            self._spawn(self._stream(request))
+            return
         self._spawn(self._handle(request, payload, payload_bytes))
 
     def _release(self, payload_bytes: int) -> None:
@@ -472,6 +476,83 @@ class _Connection:
             return
         await self._reply(reply, reply_payload)
 
+    async def _stream(self, request: RecvRequest) -> None:
+        """A streaming recv: one reply as soon as a matching message is there, whole or
+        with its header in; then, for one still arriving, a reply each time its prefix
+        grows by a step, and a last one when it is verified (``done``) or failed."""
+        rid = request.request_id
+        try:
+            got = await self.service.receive_stream(
+                request.tag, request.source, request.step, request.timeout_s
+            )
+        except GatewayError as exc:
+            await self._reply(error_reply(rid, exc.code, str(exc)))
+            return
+        except Exception as exc:
+            log.exception("local API request %r failed", request)
+            await self._reply(error_reply(rid, "internal", f"gateway error: {exc}"))
+            return
+        if isinstance(got, Delivery):
+            reply, payload = _recv_reply(rid, got, segments=True)
+            size = memoryview(got.payload).nbytes
+            reply.update(ready=size, done=True)
+            if isinstance(payload, _Handed):
+                try:
+                    await self._reply(reply, b"", payload.fd)
+                finally:
+                    os.close(payload.fd)
+                return
+            await self._reply(reply, payload)
+            return
+        await self._stream_out(rid, got)
+
+    async def _stream_out(self, rid: int, stream: IncomingStream) -> None:
+        finished = False
+        fd = stream.take_fd()
+        try:
+            if fd is None:  # cannot happen: a stream is taken with its descriptor
+                raise GatewayError("the message's segment is gone", code="internal")
+            reply = ok_reply(
+                rid,
+                source=stream.source,
+                tag=stream.tag,
+                step=stream.step,
+                critical=stream.critical,
+                meta=stream.meta,
+                checksum=stream.checksum,
+                segment=[stream.segment_offset, stream.payload_bytes],
+                ready=stream.ready_bytes,
+                done=stream.done,
+            )
+            try:
+                await self._write(reply, b"", fd)
+            finally:
+                os.close(fd)
+            sent = stream.ready_bytes
+            finished = stream.done
+            while not finished:
+                stream.changed.clear()
+                if stream.error is not None:
+                    error = stream.error
+                    await self._write(error_reply(rid, error.code, str(error)))
+                    finished = True
+                elif stream.done or stream.ready_bytes > sent:
+                    sent = stream.ready_bytes
+                    finished = stream.done
+                    await self._write(ok_reply(rid, ready=sent, done=finished))
+                else:
+                    await stream.changed.wait()
+        except GatewayError as exc:
+            with contextlib.suppress(OSError):
+                await self._write(error_reply(rid, exc.code, str(exc)))
+        except OSError:
+            pass  # the client went away; reading notices
+        finally:
+            if not finished:
+                stream.abandoned = True  # completes (or fails) without its trainer
+            self.in_flight -= 1
+            self._resume()
+
     async def _reply(
         self, reply: dict[str, Any], payload: Buffer = b"", fd: int | None = None
     ) -> None:
@@ -500,25 +581,7 @@ class _Connection:
             delivery = await service.receive(
                 request.tag, request.source, request.step, request.timeout_s
             )
-            reply = ok_reply(
-                rid,
-                source=delivery.source,
-                tag=delivery.tag,
-                step=delivery.step,
-                critical=delivery.critical,
-                meta=delivery.meta,
-                checksum=delivery.checksum,
-            )
-            fd = delivery.segment_fd
-            if fd is None:
-                return reply, delivery.payload
-            if not request.segments:
-                os.close(fd)  # in-band, from the gateway's own mapping of it
-                return reply, delivery.payload
-            view = memoryview(delivery.payload)
-            offset = memoryview(view.obj).nbytes - view.nbytes  # the payload ends the body
-            reply["segment"] = [offset, view.nbytes]
-            return reply, _Handed(fd)
+            return _recv_reply(rid, delivery, request.segments)
         if isinstance(request, HelloRequest):
             return ok_reply(
                 rid,
@@ -558,6 +621,30 @@ class _Connection:
                 await sock_sendall_with_fd(self.loop, self.sock, head, fd)
             if body.nbytes:
                 await self.loop.sock_sendall(self.sock, body)
+
+
+def _recv_reply(
+    rid: int, delivery: Delivery, segments: bool
+) -> tuple[dict[str, Any], Buffer | _Handed]:
+    reply = ok_reply(
+        rid,
+        source=delivery.source,
+        tag=delivery.tag,
+        step=delivery.step,
+        critical=delivery.critical,
+        meta=delivery.meta,
+        checksum=delivery.checksum,
+    )
+    fd = delivery.segment_fd
+    if fd is None:
+        return reply, delivery.payload
+    if not segments:
+        os.close(fd)  # in-band, from the gateway's own mapping of it
+        return reply, delivery.payload
+    view = memoryview(delivery.payload)
+    offset = memoryview(view.obj).nbytes - view.nbytes  # the payload ends the body
+    reply["segment"] = [offset, view.nbytes]
+    return reply, _Handed(fd)
 
 
 def _submission(request: SendRequest, payload: Buffer) -> Submission:

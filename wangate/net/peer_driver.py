@@ -33,6 +33,7 @@ from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
     MessageFailed,
+    MessageProgress,
     MessageReceived,
     MessageTaken,
     PathStateChanged,
@@ -44,6 +45,7 @@ from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError
 from wangate.localapi.inbox import Inbox
+from wangate.localapi.streams import InboundStreams
 from wangate.metrics import GatewayMetrics
 from wangate.net.link import PathLink
 from wangate.service import Delivery
@@ -67,6 +69,7 @@ class PeerDriver:
         metrics: GatewayMetrics,
         clock: Clock,
         on_unreachable: Callable[[], object],
+        streams: InboundStreams | None = None,
     ) -> None:
         self.session = session
         self.peer = session.peer
@@ -76,6 +79,7 @@ class PeerDriver:
         self._metrics = metrics
         self._clock = clock
         self._on_unreachable = on_unreachable
+        self._streams = streams  # large messages taken by trainers while they arrive
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pump_scheduled = False
@@ -273,7 +277,13 @@ class PeerDriver:
         failed: list[MessageFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
-                self._deliver(event)
+                if self._streams is not None and self._streams.completed(self.peer, event.msg_id):
+                    self.consumed(event.body_bytes, event.msg_id)  # its trainer has it
+                else:
+                    self._deliver(event)
+            elif isinstance(event, MessageProgress):
+                if self._streams is not None:
+                    self._streams.progress(self.peer, event.msg_id, event.body, event.ready_bytes)
             elif isinstance(event, MessageDelivered):
                 self._metrics.message_delivered(self.peer, event.critical, event.elapsed_s)
                 self.backlog_freed.set()
@@ -299,8 +309,12 @@ class PeerDriver:
                 self.outcome_changed.set()
                 if event.state == "unreachable":
                     self._on_unreachable()
+                if self._streams is not None and event.state in ("unreachable", "restarted"):
+                    self._streams.peer_gone(self.peer, event.state, event.reason)
             elif isinstance(event, MessageDropped):
                 log.warning("dropped message %d from %s: %s", event.msg_id, self.peer, event.reason)
+                if self._streams is not None:
+                    self._streams.dropped(self.peer, event.msg_id, event.reason, event.code)
             elif isinstance(event, PathStateChanged):
                 log.warning("path %s/%s %s: %s", self.peer, event.path, event.state, event.reason)
             elif isinstance(event, RouteChanged):
