@@ -96,3 +96,144 @@ def test_a_large_message_is_read_while_it_arrives(sites: LoopbackSites) -> None:
     gc.collect()
     assert segment_count(os.getpid(), RECV_NAME) == 0
     assert segment_count(pid_of(sites, "sh"), RECV_NAME) == 0
+
+
+async def _async_stream(bj_path: Path, sh_path: Path, array: np.ndarray) -> tuple[int, int]:
+    async with wangate.AsyncClient(bj_path) as bj, wangate.AsyncClient(sh_path) as sh:
+        msg_id = await bj.send("sh", "async", array, step=1)
+        incoming = await sh.recv("async", source="bj", step=1, stream=True, timeout=60)
+        first = incoming.ready_bytes
+        assert await incoming.wait(4 * MiB, timeout=60) >= 4 * MiB
+        got = await incoming.result(timeout=120)
+        assert np.array_equal(got, array)
+        await bj.wait("sh", msg_id, timeout=60)
+        return first, incoming.ready_bytes
+
+
+def test_the_async_client_streams_too(sites: LoopbackSites) -> None:
+    array = np.arange(8 * MiB, dtype=np.int32)  # 32 MiB
+    first, last = asyncio.run(
+        _async_stream(sites["bj"].socket_path, sites["sh"].socket_path, array)
+    )
+    assert 0 <= first <= last == array.nbytes
+
+
+def test_a_whole_or_small_message_streams_as_one_finished_reply(sites: LoopbackSites) -> None:
+    small = np.arange(1000, dtype=np.float64)
+    with sites["bj"].client() as bj, sites["sh"].client() as sh:
+        msg_id = bj.send("sh", "small", small)  # below the segment size: never streamed
+        incoming = sh.recv("small", source="bj", stream=True, timeout=60)
+        bj.wait("sh", msg_id, timeout=60)
+        assert incoming.done and incoming.ready_bytes == incoming.size == small.nbytes
+        np.testing.assert_array_equal(incoming.result(timeout=0), small)
+        with pytest.raises(wangate.RecvTimeout, match="no message 'nothing'"):
+            sh.recv("nothing", stream=True, timeout=0.2)
+
+
+def test_a_message_within_the_site_streams_whole(sites: LoopbackSites) -> None:
+    array = np.arange(4 * MiB, dtype=np.float32)  # 16 MiB, in a segment
+    with sites["sh"].client() as sh:
+        sh.send("sh", "self", array, step=2)
+        incoming = sh.recv("self", source="sh", step=2, stream=True, timeout=10)
+        assert incoming.done and incoming.ready_bytes == array.nbytes
+        np.testing.assert_array_equal(incoming.result(), array)
+
+
+def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
+    encoded = encode_tensor(np.ones(16 * MiB, dtype=np.float32))  # 64 MiB
+    payload = memoryview(encoded.payload).cast("B")
+    checksum = message_checksum(encoded.meta, payload)
+    fd, mapping = new_segment(payload.nbytes, SEND_NAME)
+    mapping[:] = payload
+    seal(fd, SIZE_SEALS)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.fspath(sites["bj"].socket_path))
+    with sites["sh"].client() as sh:
+        with Paused(pid_of(sites, "bj")):  # nothing leaves before the bytes are changed
+            request = SendRequest(
+                1, "sh", "tampered", 4, False, encoded.meta, checksum, None, (0, payload.nbytes)
+            )
+            socket.send_fds(sock, [encode_request(request)], [fd])
+            mapping[-4:] = b"\xff\xff\xff\xff"  # after the hand-over, before any sending
+        reply, _ = read_reply(sock)
+        assert reply["ok"] is True
+        incoming = sh.recv("tampered", source="bj", stream=True, timeout=60)
+        assert (incoming.tag, incoming.step, incoming.done) == ("tampered", 4, False)
+        with pytest.raises(wangate.GatewayError) as info:
+            incoming.result(timeout=120)
+        assert info.value.code == "checksum"
+        assert "message 'tampered' (step 4) from bj failed its checksum" in str(info.value)
+        assert incoming.ready_bytes < incoming.size  # the bad end never counted as ready
+        with pytest.raises(wangate.GatewayError, match="failed its checksum"):
+            incoming.wait(incoming.size)
+        # the connection goes on
+        np.testing.assert_array_equal(sh.status()["site"], "sh")
+    mapping.close()
+    os.close(fd)
+    sock.close()
+
+
+RECEIVER_THAT_DIES = textwrap.dedent(
+    """
+    import sys, wangate
+    gw = wangate.Client(sys.argv[1])
+    incoming = gw.recv("orphan", source="bj", stream=True, timeout=60)
+    print(incoming.wait(4 << 20, timeout=60), flush=True)
+    sys.stdin.read()  # until killed
+    """
+)
+
+
+def test_a_receiver_killed_mid_stream_leaks_nothing(sites: LoopbackSites) -> None:
+    array = np.arange(16 * MiB, dtype=np.float32)  # 64 MiB
+    sh_pid = pid_of(sites, "sh")
+    with sites["bj"].client() as bj:
+        msg_id = bj.send("sh", "orphan", array)
+        child = subprocess.Popen(
+            [sys.executable, "-c", RECEIVER_THAT_DIES, os.fspath(sites["sh"].socket_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        assert int(child.stdout.readline()) >= 4 << 20
+        with Paused(pid_of(sites, "bj")):
+            child.kill()  # mid-stream: the sender is paused
+            child.wait(10)
+        bj.wait("sh", msg_id, timeout=60)  # completed; taken by the trainer that died
+    with sites["sh"].client() as sh:
+        status = sh.status()
+        assert status["inbox"]["queued"] == 0  # not delivered a second time
+        with pytest.raises(wangate.RecvTimeout):
+            sh.recv("orphan", timeout=0)
+    assert segment_count(sh_pid, RECV_NAME) == 0
+
+
+def test_a_sender_killed_mid_message_fails_the_stream_naming_the_peer(
+    tmp_path: Path,
+) -> None:
+    with LoopbackSites(
+        2, 1, directory=tmp_path, extra_toml="[limits]\npeer_dead_s = 2\n"
+    ) as lab:
+        lab.wait_all_paths_up()
+        array = np.arange(32 * MiB, dtype=np.uint32)
+        with lab["bj"].client() as bj, lab["sh"].client() as sh:
+            bj.send("sh", "lost", array)
+            incoming = sh.recv("lost", source="bj", stream=True, timeout=60)
+            incoming.wait(4 * MiB, timeout=60)
+            os.kill(pid_of(lab, "bj"), signal.SIGSTOP)  # so that it cannot finish first
+            lab.kill("bj")
+            killed_at = time.monotonic()
+            with pytest.raises(wangate.PeerUnreachable) as info:
+                incoming.result(timeout=30)
+            # peer_dead_s, plus the time to notice it (checks run at least every second)
+            assert time.monotonic() - killed_at < 2 + 2
+            assert "message 'lost' (step 0) from bj: peer bj is unreachable" in str(info.value)
+            assert incoming.ready_bytes < incoming.size
+            del incoming
+            gc.collect()
+            # the gateway keeps the partial body while the peer may come back to finish
+            # it; a new instance of the peer cannot, and it goes
+            assert sh.status()["peers"]["bj"]["inbound_in_progress"] == 1
+            lab.restart("bj")
+            assert sh.status()["peers"]["bj"]["inbound_in_progress"] == 0
+        assert segment_count(pid_of(lab, "sh"), RECV_NAME) == 0
