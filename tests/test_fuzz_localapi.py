@@ -97,7 +97,51 @@ requests = st.one_of(
         st.none() | steps,
         st.none() | st.floats(0, 1e9),
     ),
+    st.builds(  # streaming: only with segments
+        protocol.RecvRequest,
+        u32,
+        names,
+        st.none() | names,
+        st.none() | steps,
+        st.none() | st.floats(0, 1e9),
+        st.just(True),
+        st.booleans(),
+    ),
 )
+
+
+@FAST
+@given(
+    st.dictionaries(
+        st.sampled_from(["ok", "id", "ready", "done", "released", "x"]),
+        msgpack_values | st.integers(-2, 1 << 20),
+        max_size=6,
+    ),
+    st.integers(0, 1 << 20),
+)
+def test_stream_progress_is_exact_or_a_frame_error(header: dict[str, object], size: int) -> None:
+    try:
+        progress = protocol.decode_progress(header, size)
+    except protocol.FrameError as exc:
+        assert exc.code == "bad_header"
+        return
+    ready, done = header["ready"], header.get("done", False)
+    assert type(ready) is int and 0 <= ready <= size and type(done) is bool
+    assert header.keys() <= {"ok", "id", "ready", "done", "released"}
+    assert progress == protocol.StreamProgress(ready, done)
+    assert not done or ready == size
+
+
+def test_a_streaming_recv_needs_segments() -> None:
+    header = {"op": "recv", "id": 1, "tag": "t", "source": None, "step": None}
+    body = msgpack.packb(header | {"timeout_s": None, "stream": True}, use_bin_type=True)
+    with pytest.raises(protocol.FrameError, match="'stream' must be a boolean, true only"):
+        protocol.decode_request(body, 0)
+    body = msgpack.packb(
+        header | {"timeout_s": None, "stream": True, "segments": True}, use_bin_type=True
+    )
+    request = protocol.decode_request(body, 0)
+    assert isinstance(request, protocol.RecvRequest) and request.stream and request.segments
 
 
 @FAST

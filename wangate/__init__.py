@@ -35,6 +35,7 @@ from wangate.errors import (
 if TYPE_CHECKING:
     from wangate.client import AsyncClient, Client
     from wangate.collective import PartialResult
+    from wangate.incoming import AsyncIncomingMessage, IncomingMessage
 
 # The client (numpy, zstandard, msgpack) loads on first use, so that the daemon's core,
 # the CLI's start-up and tools that only need the errors do not pay for it (PEP 562).
@@ -42,6 +43,8 @@ _LAZY = {
     "AsyncClient": "wangate.client",
     "Client": "wangate.client",
     "PartialResult": "wangate.collective",
+    "IncomingMessage": "wangate.incoming",
+    "AsyncIncomingMessage": "wangate.incoming",
 }
 
 
@@ -59,6 +62,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AccessDenied",
     "AsyncClient",
+    "AsyncIncomingMessage",
     "AuthenticationError",
     "ChecksumError",
     "Client",
@@ -71,6 +75,7 @@ __all__ = [
     "FrameChecksumError",
     "GatewayError",
     "GatewayUnavailable",
+    "IncomingMessage",
     "LocalProtocolError",
     "MessageFailed",
     "PartialResult",
