@@ -143,7 +143,7 @@ def test_the_sender_is_told_once_with_code_4_and_the_reason() -> None:
     inbound.expire(2.5)
     reason = "no data for 2.5 s: abandoned by its sender? (350 of 1000 bytes received)"
     assert list(inbound.rejections) == [MessageRejected(9, 4, reason)]
-    assert list(events) == [MessageDropped(9, reason)]
+    assert list(events) == [MessageDropped(9, reason, REJECT_EXPIRED)]
 
     inbound.accept_shard(shard(9, body, 300, 600), 3.0)
     inbound.expire(100.0)

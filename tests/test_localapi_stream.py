@@ -139,6 +139,37 @@ def test_a_message_within_the_site_streams_whole(sites: LoopbackSites) -> None:
         np.testing.assert_array_equal(incoming.result(), array)
 
 
+def rss_anon_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no RssAnon for {pid}")
+
+
+def test_a_large_message_within_the_site_costs_the_daemon_no_private_copy(
+    sites: LoopbackSites,
+) -> None:
+    pid = pid_of(sites, "sh")
+    array = np.arange(64 * MiB, dtype=np.uint32)  # 256 MiB
+    gc.collect()
+    before = segment_count(os.getpid(), RECV_NAME)
+    with sites["sh"].client() as sender, sites["sh"].client() as receiver:
+        sender.ping()
+        idle_kib = rss_anon_kib(pid)
+        sender.send("sh", "local", array)  # returns once the copy is in the inbox
+        held_kib = rss_anon_kib(pid)
+        got = receiver.recv("local", source="sh", timeout=30)
+        assert np.array_equal(got, array)
+        # the copy is a segment the receiving trainer maps, not the daemon's heap
+        assert segment_count(os.getpid(), RECV_NAME) == before + 1
+        assert segment_count(pid, RECV_NAME) == 0  # handed over whole
+        del got
+    gc.collect()
+    assert segment_count(os.getpid(), RECV_NAME) == before
+    assert held_kib - idle_kib < 16 * 1024, (idle_kib, held_kib)  # not 256 MiB
+
+
 def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
     encoded = encode_tensor(np.ones(16 * MiB, dtype=np.float32))  # 64 MiB
     payload = memoryview(encoded.payload).cast("B")
@@ -211,9 +242,7 @@ def test_a_receiver_killed_mid_stream_leaks_nothing(sites: LoopbackSites) -> Non
 def test_a_sender_killed_mid_message_fails_the_stream_naming_the_peer(
     tmp_path: Path,
 ) -> None:
-    with LoopbackSites(
-        2, 1, directory=tmp_path, extra_toml="[limits]\npeer_dead_s = 2\n"
-    ) as lab:
+    with LoopbackSites(2, 1, directory=tmp_path, extra_toml="[limits]\npeer_dead_s = 2\n") as lab:
         lab.wait_all_paths_up()
         array = np.arange(32 * MiB, dtype=np.uint32)
         with lab["bj"].client() as bj, lab["sh"].client() as sh:

@@ -412,7 +412,9 @@ class Gateway:
     def submit_now(self, submission: Submission) -> int | None:
         arrived_at = time.monotonic()
         if submission.peer == self.site_name:
-            if not self.inbox.try_deliver(local_delivery(self.site_name, submission)):
+            delivery = self._local_delivery(submission)
+            if not self.inbox.try_deliver(delivery):
+                self._forget(delivery)
                 return None
             self.local_messages += 1
             return 0
@@ -425,7 +427,12 @@ class Gateway:
     async def submit(self, submission: Submission) -> int:
         arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
         if submission.peer == self.site_name:
-            await self.inbox.deliver(local_delivery(self.site_name, submission))
+            delivery = self._local_delivery(submission)
+            try:
+                await self.inbox.deliver(delivery)
+            except BaseException:  # the client went away while the inbox was full
+                self._forget(delivery)
+                raise
             self.local_messages += 1
             return 0
         state = self._peer_for(submission)
@@ -451,6 +458,17 @@ class Gateway:
             if self.peers.get(submission.peer) is not state:
                 raise GatewayError(f"peer {submission.peer!r} was removed", code="unknown_peer")
         return self._submit(state, submission, arrived_at)
+
+    def _local_delivery(self, submission: Submission) -> Delivery:
+        """Within the site, a payload from a segment is copied into a segment of the
+        gateway's own (shared memory the receiving trainer maps): no private copy."""
+        segments = self.inbound_segments
+        return local_delivery(self.site_name, submission, segments.allocate, segments.free)
+
+    def _forget(self, delivery: Delivery) -> None:
+        payload = delivery.payload
+        if isinstance(payload, memoryview):
+            self.inbound_segments.free(payload)
 
     def _peer_for(self, submission: Submission) -> PeerDriver:
         state = self.peers.get(submission.peer)

@@ -8,6 +8,7 @@ copied: a submitted ``bytearray`` belongs to the gateway from then on.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,7 +17,7 @@ from wangate.core.message import message_checksum
 from wangate.errors import GatewayError
 from wangate.rows import GatewayStatus, PathRow
 
-if TYPE_CHECKING:  # streams builds on this module's Delivery
+if TYPE_CHECKING:  # for the annotation only: the daemon side needs no streams here
     from wangate.localapi.streams import IncomingStream
 
 
@@ -52,21 +53,32 @@ class Delivery:
     segment_fd: int | None = None
 
 
-def local_delivery(site: str, submission: Submission) -> Delivery:
+def local_delivery(
+    site: str,
+    submission: Submission,
+    allocate: Callable[[int, int | None], bytearray | memoryview] = (
+        lambda size, start: bytearray(size)
+    ),
+    free: Callable[[bytearray | memoryview], None] = lambda body: None,
+) -> Delivery:
     """A submission addressed to the gateway's own site, as the delivery it becomes.
 
     A payload in the sender's shared memory is copied first (no other client may read
-    the sender's segment, and the sender could still change it), then its checksum is
-    checked, as a receiving gateway does for a peer's message: the receiving client
-    relies on that (proto/localapi.md). Raises ``GatewayError`` (``checksum``) if it
-    fails. An in-band payload is the gateway's own copy already.
+    the sender's segment, and the sender could still change it) into ``allocate(size,
+    0)`` (the daemon gives a segment of its own: shared memory, no private copy), then
+    its checksum is checked, as a receiving gateway does for a peer's message: the
+    receiving client relies on that (proto/localapi.md). Raises ``GatewayError``
+    (``checksum``) if it fails. An in-band payload is the gateway's own copy already.
     """
     payload = submission.payload
     view = memoryview(payload)
     if isinstance(view.obj, mmap.mmap):
-        payload = bytearray(view)
+        copy = allocate(view.nbytes, 0)
+        memoryview(copy)[:] = view
+        payload = copy
         actual = message_checksum(submission.meta, payload)
         if actual != submission.checksum:
+            free(copy)
             raise GatewayError(
                 f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
                 f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
