@@ -14,6 +14,12 @@
 2. Hand-over time against size, in-band and by segment, to find the threshold.
 3. CRC-32 implementations on 256 MiB, and the client's checksum work per send
    before (two zlib passes) and now (one ISA-L pass).
+4. ``--stream``: 1 GiB bj -> sh, the receiving trainer reading it while it arrives
+   (``recv(stream=True)``: first MiB in its hands, then ``result()``) against
+   ``--baseline-src``'s daemons (e.g. main: segments, plain ``recv``), alternating.
+5. ``--handover-parts``: what ``send`` of 1 GiB spends before the gateway has it (the
+   encode with its one CRC pass, the copy into the segment, the rest), and a reused
+   segment against a fresh one sealed against writing (F_SEAL_WRITE) per send.
 """
 
 from __future__ import annotations
@@ -67,10 +73,17 @@ gw = wangate.Client(sys.argv[1])
 if sys.argv[3] == "in-band":
     gw._session.segment_min_bytes = None
 print("ready", flush=True)
-array = gw.recv("gib", source="bj", step=0, timeout=900)
+first = None
+if sys.argv[3] == "stream":
+    incoming = gw.recv("gib", source="bj", step=0, timeout=900, stream=True)
+    incoming.wait(1 << 20, timeout=900)  # the first MiB is the trainer's to read
+    first = time.monotonic()
+    array = incoming.result(timeout=900)
+else:
+    array = gw.recv("gib", source="bj", step=0, timeout=900)
 done = time.monotonic()
 ok = array.nbytes == int(sys.argv[2]) and array[0] == 1 and array[-1] == 1
-print(json.dumps({"done": done, "ok": bool(ok)}), flush=True)
+print(json.dumps({"done": done, "first": first or done, "ok": bool(ok)}), flush=True)
 sys.stdin.readline()
 """
 
@@ -148,12 +161,14 @@ def spawn(
     return child
 
 
-def one_transfer(lab: LoopbackSites, size: int, mode: str, pool: str) -> dict[str, Any]:
+def one_transfer(
+    lab: LoopbackSites, size: int, mode: str, pool: str, recv_mode: str | None = None
+) -> dict[str, Any]:
     bj, sh = lab["bj"], lab["sh"]
     assert bj.process is not None and sh.process is not None
     idle = {name: status_kib(p.pid) for name, p in (("bj", bj.process), ("sh", sh.process))}
-    receiver = spawn(RECEIVER, sh.socket_path, size, mode)
-    sender = spawn(SENDER, bj.socket_path, size, mode, pool)
+    receiver = spawn(RECEIVER, sh.socket_path, size, recv_mode or mode)
+    sender = spawn(SENDER, bj.socket_path, size, "segments" if recv_mode else mode, pool)
     pids = {
         "sender": sender.pid,
         "receiver": receiver.pid,
@@ -182,6 +197,7 @@ def one_transfer(lab: LoopbackSites, size: int, mode: str, pool: str) -> dict[st
         "mode": mode,
         "handover_s": sent["t1"] - t0,
         "first_byte_s": None if sampler.first_bytes is None else sampler.first_bytes - t0,
+        "trainer_first_s": got["first"] - t0,
         "last_byte_s": last_s,
         "mbps": size * 8 / last_s / 1e6,
         "sender_anon_mib": sampler.peak_anon_kib["sender"] / 1024,
@@ -206,6 +222,77 @@ def gib_table(runs: int, size: int, baseline_src: str | None, pool: str) -> list
         if theirs is not ours:
             theirs.stop()
     return rows
+
+
+def stream_table(runs: int, size: int, baseline_src: str, pool: str) -> list[dict[str, Any]]:
+    """This tree's daemons with a streaming receiver against ``baseline_src``'s daemons
+    with a plain one (both sending from segments), alternating run by run."""
+    rows = []
+    ours = start_sites(None)
+    theirs = start_sites(baseline_src)
+    try:
+        for i in range(runs):
+            pairs = (("stream", ours), ("baseline", theirs))[:: 1 if i % 2 == 0 else -1]
+            for mode, lab in pairs:
+                row = one_transfer(lab, size, mode, pool, "stream" if mode == "stream" else "plain")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        ours.stop()
+        theirs.stop()
+    return rows
+
+
+def handover_parts(size: int, reps: int) -> dict[str, list[float]]:
+    """Seconds per part of a ``send`` of ``size`` bytes (pool warm), and the copy into a
+    reused segment against a fresh one sealed against writing, as the gateway would
+    need it to trust the bytes without the checksum."""
+    import fcntl
+    import mmap
+
+    from wangate.localapi.segments import SEND_NAME, SIZE_SEALS, new_segment, seal
+
+    parts: dict[str, list[float]] = {
+        "encode (1 CRC pass)": [],
+        "copy into reused segment": [],
+        "send() in all": [],
+        "fresh segment: fill + F_SEAL_WRITE": [],
+    }
+    array = np.ones(size // 4, np.float32)
+    with (
+        LoopbackSites(2, 3, mtu=9000, verbose=False, extra_toml=LIMITS) as lab,
+        lab["bj"].client() as bj,
+        lab["sh"].client() as sh,
+    ):
+        session = bj._session
+        bj.send("sh", "warm", array)  # the pool now holds a segment of the size
+        sh.recv("warm", source="bj", timeout=900)
+        for _ in range(reps):
+            bj.ping()  # learn that the segment was released
+            t0 = time.perf_counter()
+            _meta, payload, _crc = session.encode("sh", "p", array, None)
+            t1 = time.perf_counter()
+            token, fd, mapping = session.fill_segment(payload)
+            t2 = time.perf_counter()
+            session.handed_back(token, fd, mapping, failed=True)
+            parts["encode (1 CRC pass)"].append(t1 - t0)
+            parts["copy into reused segment"].append(t2 - t1)
+            t3 = time.perf_counter()
+            fresh_fd, fresh = new_segment(size, SEND_NAME)
+            np.frombuffer(fresh, np.uint8)[:] = np.frombuffer(payload, np.uint8)
+            fresh.close()  # F_SEAL_WRITE needs no writable mapping left (EBUSY)
+            seal(fresh_fd, SIZE_SEALS | fcntl.F_SEAL_WRITE)
+            readonly = mmap.mmap(fresh_fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            t4 = time.perf_counter()
+            readonly.close()
+            os.close(fresh_fd)
+            parts["fresh segment: fill + F_SEAL_WRITE"].append(t4 - t3)
+            t5 = time.perf_counter()
+            msg_id = bj.send("sh", "p", array)
+            parts["send() in all"].append(time.perf_counter() - t5)
+            sh.recv("p", source="bj", timeout=900)
+            bj.wait("sh", msg_id, timeout=900)
+    return parts
 
 
 def handover_table(sizes: list[int], reps: int) -> dict[str, dict[int, list[float]]]:
@@ -267,6 +354,8 @@ def main() -> None:
     parser.add_argument("--skip-gib", action="store_true")
     parser.add_argument("--skip-handover", action="store_true")
     parser.add_argument("--skip-crc", action="store_true")
+    parser.add_argument("--stream", action="store_true", help="needs --baseline-src")
+    parser.add_argument("--handover-parts", action="store_true")
     parser.add_argument(
         "--warm-pool",
         action="store_true",
@@ -277,6 +366,38 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, load {os.getloadavg()}"
     )
+    if args.handover_parts:
+        size = int(args.gib * (1 << 30))
+        parts = handover_parts(size, reps=args.runs)
+        print(f"\nsend of {size / (1 << 30):g} GiB, s, median (min-max) of {args.runs}")
+        for name, values in parts.items():
+            print(f"| {name} | {fmt_range(values)} |")
+        print(f"load {os.getloadavg()}")
+        return
+    if args.stream:
+        size = int(args.gib * (1 << 30))
+        pool = "warm" if args.warm_pool else "cold"
+        rows = stream_table(args.runs, size, args.baseline_src, pool)
+        print(f"\n{size / (1 << 30):g} GiB bj -> sh, median (min-max) of {args.runs} runs")
+        print("| | stream (this tree) | baseline | stream / baseline |")
+        print("|---|---:|---:|---:|")
+        for key, label in [
+            ("handover_s", "send hand-over s"),
+            ("first_byte_s", "first MiB at sh (gateway) s"),
+            ("trainer_first_s", "first MiB in the receiving trainer s"),
+            ("last_byte_s", "last byte (verified array) s"),
+            ("sender_anon_mib", "sending trainer peak RssAnon MiB"),
+            ("receiver_anon_mib", "receiving trainer peak RssAnon MiB"),
+            ("bj_anon_mib", "bj daemon peak RssAnon above idle MiB"),
+            ("sh_anon_mib", "sh daemon peak RssAnon above idle MiB"),
+        ]:
+            ours = [r[key] for r in rows if r["mode"] == "stream" and r[key] is not None]
+            base = [r[key] for r in rows if r["mode"] == "baseline" and r[key] is not None]
+            if ours and base:
+                ratio = statistics.median(ours) / max(statistics.median(base), 1e-9)
+                print(f"| {label} | {fmt_range(ours)} | {fmt_range(base)} | {ratio:.3f} |")
+        print(f"load {os.getloadavg()}")
+        return
     if not args.skip_crc:
         print("\nCRC-32 on 256 MiB, GiB/s median of 5 (slowest)")
         for name, med, low in crc_table():
