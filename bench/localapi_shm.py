@@ -73,17 +73,20 @@ gw = wangate.Client(sys.argv[1])
 if sys.argv[3] == "in-band":
     gw._session.segment_min_bytes = None
 print("ready", flush=True)
-first = None
+first = first_mib = None
 if sys.argv[3] == "stream":
     incoming = gw.recv("gib", source="bj", step=0, timeout=900, stream=True)
-    incoming.wait(1 << 20, timeout=900)  # the first MiB is the trainer's to read
-    first = time.monotonic()
+    first = time.monotonic()  # the first bytes are the trainer's to read
+    assert incoming.ready_bytes > 0
+    incoming.wait(1 << 20, timeout=900)  # the first MiB (at the first progress step)
+    first_mib = time.monotonic()
     array = incoming.result(timeout=900)
 else:
     array = gw.recv("gib", source="bj", step=0, timeout=900)
 done = time.monotonic()
 ok = array.nbytes == int(sys.argv[2]) and array[0] == 1 and array[-1] == 1
-print(json.dumps({"done": done, "first": first or done, "ok": bool(ok)}), flush=True)
+times = {"done": done, "first": first or done, "first_mib": first_mib or done}
+print(json.dumps({**times, "ok": bool(ok)}), flush=True)
 sys.stdin.readline()
 """
 
@@ -198,6 +201,7 @@ def one_transfer(
         "handover_s": sent["t1"] - t0,
         "first_byte_s": None if sampler.first_bytes is None else sampler.first_bytes - t0,
         "trainer_first_s": got["first"] - t0,
+        "trainer_first_mib_s": got["first_mib"] - t0,
         "last_byte_s": last_s,
         "mbps": size * 8 / last_s / 1e6,
         "sender_anon_mib": sampler.peak_anon_kib["sender"] / 1024,
@@ -384,7 +388,8 @@ def main() -> None:
         for key, label in [
             ("handover_s", "send hand-over s"),
             ("first_byte_s", "first MiB at sh (gateway) s"),
-            ("trainer_first_s", "first MiB in the receiving trainer s"),
+            ("trainer_first_s", "first bytes readable by the receiving trainer s"),
+            ("trainer_first_mib_s", "first MiB readable (first progress step) s"),
             ("last_byte_s", "last byte (verified array) s"),
             ("sender_anon_mib", "sending trainer peak RssAnon MiB"),
             ("receiver_anon_mib", "receiving trainer peak RssAnon MiB"),

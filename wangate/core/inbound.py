@@ -223,9 +223,7 @@ class Reassembly:
         size = len(message.body)
         if size < self.progress_min_bytes:
             return
-        gap = message.received.first_gap(message.prefix_bytes, size)
-        prefix = size if gap is None else gap[0]
-        message.prefix_bytes = prefix
+        prefix = message.prefix_bytes = message.received.prefix_end()
         if prefix >= size:
             return  # whole: MessageReceived (or a drop) says the rest
         if message.reported_bytes == 0:

@@ -92,6 +92,10 @@ class RangeSet:
             return (pos, gap_end)
         return None
 
+    def prefix_end(self) -> int:
+        """End of the range starting at 0 (0 if 0 is not in the set). O(1)."""
+        return self._ends[0] if self._starts and self._starts[0] == 0 else 0
+
     def trim_below(self, value: int) -> None:
         """Forget everything below ``value`` (keeps state bounded)."""
         starts, ends = self._starts, self._ends

@@ -272,8 +272,10 @@ class SegmentPool:
     A segment is lent to one hand-over at a time, named by a token the gateway gives
     back (``released``) once it has let go of the bytes; only then is it reused. Its
     size is sealed; its bytes are not (they are rewritten), so the gateway relies on the
-    checksum, not on seals, for them. At most ``limit_bytes`` are kept: beyond that a
-    hand-over gets a segment of its own, closed after it.
+    checksum, not on seals, for them: F_SEAL_WRITE cannot be undone, and a fresh
+    segment per send costs about 7 times the copy into a reused one (RESULTS.md). At
+    most ``limit_bytes`` are kept: beyond that a hand-over gets a segment of its own,
+    closed after it.
     """
 
     def __init__(self, limit_bytes: int) -> None:

@@ -548,8 +548,8 @@ class _Connection:
         except OSError:
             pass  # the client went away; reading notices
         finally:
-            if not finished:
-                stream.abandoned = True  # completes (or fails) without its trainer
+            # unfinished: the trainer went away; the message completes (or fails)
+            # without it, and its credit goes back all the same (streams.py)
             self.in_flight -= 1
             self._resume()
 

@@ -48,7 +48,6 @@ class IncomingStream:
     error: GatewayError | None = None  # failed: why
     fd: int | None = None  # the segment's sealed descriptor, until it goes to the trainer
     taken: bool = False
-    abandoned: bool = False  # its trainer went away
 
     def __post_init__(self) -> None:
         self.changed = asyncio.Event()  # ready bytes grew, or it finished
