@@ -24,8 +24,10 @@ from wangate.localapi.protocol import (
     RecvRequest,
     ResetPathRequest,
     SendRequest,
+    StreamProgress,
     WaitRequest,
     decode_prefix,
+    decode_progress,
     decode_reply,
     decode_request,
     encode_header,
@@ -280,6 +282,7 @@ REQUEST_VECTORS = {
         b"",
     ),
     "recv_segments_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True), b""),
+    "recv_stream_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True, True), b""),
 }
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
@@ -327,6 +330,35 @@ REPLY_VECTORS = {
             "checksum": CHECKSUM,
             "segment": [64, 8],
         },
+        b"",
+    ),
+    # a streaming recv: the first reply at the header, 4096 of 1 MiB in so far; then
+    # progress, and the end (or a failure naming the message)
+    "recv_stream_reply": (
+        {
+            "ok": True,
+            "id": 3,
+            "source": "bj",
+            "tag": "layer3.grad",
+            "step": 12,
+            "critical": False,
+            "meta": META,
+            "checksum": CHECKSUM,
+            "segment": [64, 1 << 20],
+            "ready": 4096,
+            "done": False,
+        },
+        b"",
+    ),
+    "recv_stream_progress_reply": ({"ok": True, "id": 3, "ready": 1 << 19, "done": False}, b""),
+    "recv_stream_done_reply": ({"ok": True, "id": 3, "ready": 1 << 20, "done": True}, b""),
+    "recv_stream_checksum_reply": (
+        error_reply(
+            3,
+            "checksum",
+            "message 'layer3.grad' (step 12) from bj failed its checksum: message "
+            "'layer3.grad' step 12: checksum 0badf00d, sender declared 9d7a21c5",
+        ),
         b"",
     ),
     "send_released_reply": ({"ok": True, "id": 6, "message_id": 42, "released": [5]}, b""),
@@ -537,3 +569,21 @@ def test_wait_requests_are_validated(header: dict[str, object], message: str) ->
 def test_wait_request_without_timeout() -> None:
     header = {"op": "wait", "id": 5, "peer": "sh", "message_id": 2**63 - 1, "timeout_s": None}
     assert decode_request(pack(header), 0) == WaitRequest(5, "sh", 2**63 - 1, None)
+
+
+def test_stream_vectors_are_progress_a_client_accepts() -> None:
+    size = 1 << 20
+    seen = []
+    for name in ("recv_stream_reply", "recv_stream_progress_reply", "recv_stream_done_reply"):
+        frame = split_frame(load_vector(name), LIMIT)
+        assert frame is not None
+        header = decode_reply(frame.header)
+        keys = {"ok", "id", "ready", "done"}
+        seen.append(decode_progress({k: v for k, v in header.items() if k in keys}, size))
+    assert seen == [
+        StreamProgress(4096, False),
+        StreamProgress(1 << 19, False),
+        StreamProgress(size, True),
+    ]
+    with pytest.raises(FrameError, match="ready = 1048576 when done"):
+        decode_progress({"ok": True, "id": 3, "ready": 4096, "done": True}, size)

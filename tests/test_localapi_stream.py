@@ -67,6 +67,8 @@ class Paused:
 def test_a_large_message_is_read_while_it_arrives(sites: LoopbackSites) -> None:
     array = np.arange(32 * MiB, dtype=np.uint32)  # 128 MiB, every word different
     expected = array.view(np.uint8)
+    gc.collect()  # what earlier tests left to the collector
+    before = segment_count(os.getpid(), RECV_NAME)
     with sites["bj"].client() as bj, sites["sh"].client() as sh:
         msg_id = bj.send("sh", "big", array, step=3)
         incoming = sh.recv("big", source="bj", step=3, stream=True, timeout=60)
@@ -94,7 +96,7 @@ def test_a_large_message_is_read_while_it_arrives(sites: LoopbackSites) -> None:
         bj.wait("sh", msg_id, timeout=60)  # the gateway told the sender it was taken
         del got, view, incoming
     gc.collect()
-    assert segment_count(os.getpid(), RECV_NAME) == 0
+    assert segment_count(os.getpid(), RECV_NAME) == before
     assert segment_count(pid_of(sites, "sh"), RECV_NAME) == 0
 
 
@@ -198,7 +200,7 @@ def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
         with pytest.raises(wangate.GatewayError, match="failed its checksum"):
             incoming.wait(incoming.size)
         # the connection goes on
-        np.testing.assert_array_equal(sh.status()["site"], "sh")
+        assert sh.status()["site"] == "sh"
     mapping.close()
     os.close(fd)
     sock.close()
