@@ -172,24 +172,37 @@ def test_a_large_message_within_the_site_costs_the_daemon_no_private_copy(
     assert held_kib - idle_kib < 16 * 1024, (idle_kib, held_kib)  # not 256 MiB
 
 
-def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
-    encoded = encode_tensor(np.ones(16 * MiB, dtype=np.float32))  # 64 MiB
-    payload = memoryview(encoded.payload).cast("B")
-    checksum = message_checksum(encoded.meta, payload)
-    fd, mapping = new_segment(payload.nbytes, SEND_NAME)
-    mapping[:] = payload
-    seal(fd, SIZE_SEALS)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(os.fspath(sites["bj"].socket_path))
-    with sites["sh"].client() as sh:
+class TamperedSend:
+    """A 64 MiB message handed to bj in a segment whose last bytes change right after
+    the hand-over, while bj is paused: it cannot pass its checksum at sh."""
+
+    def __init__(self, sites: LoopbackSites, tag: str, step: int) -> None:
+        encoded = encode_tensor(np.ones(16 * MiB, dtype=np.float32))
+        payload = memoryview(encoded.payload).cast("B")
+        checksum = message_checksum(encoded.meta, payload)
+        self.fd, self.mapping = new_segment(payload.nbytes, SEND_NAME)
+        self.mapping[:] = payload
+        seal(self.fd, SIZE_SEALS)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(os.fspath(sites["bj"].socket_path))
+        request = SendRequest(
+            1, "sh", tag, step, False, encoded.meta, checksum, None, (0, payload.nbytes)
+        )
         with Paused(pid_of(sites, "bj")):  # nothing leaves before the bytes are changed
-            request = SendRequest(
-                1, "sh", "tampered", 4, False, encoded.meta, checksum, None, (0, payload.nbytes)
-            )
-            socket.send_fds(sock, [encode_request(request)], [fd])
-            mapping[-4:] = b"\xff\xff\xff\xff"  # after the hand-over, before any sending
-        reply, _ = read_reply(sock)
+            socket.send_fds(self.sock, [encode_request(request)], [self.fd])
+            self.mapping[-4:] = b"\xff\xff\xff\xff"
+        reply, _ = read_reply(self.sock)
         assert reply["ok"] is True
+
+    def close(self) -> None:
+        self.mapping.close()
+        os.close(self.fd)
+        self.sock.close()
+
+
+def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
+    tampered = TamperedSend(sites, "tampered", 4)
+    with sites["sh"].client() as sh:
         incoming = sh.recv("tampered", source="bj", stream=True, timeout=60)
         assert (incoming.tag, incoming.step, incoming.done) == ("tampered", 4, False)
         with pytest.raises(wangate.GatewayError) as info:
@@ -199,11 +212,27 @@ def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
         assert incoming.ready_bytes < incoming.size  # the bad end never counted as ready
         with pytest.raises(wangate.GatewayError, match="failed its checksum"):
             incoming.wait(incoming.size)
-        # the connection goes on
-        assert sh.status()["site"] == "sh"
-    mapping.close()
-    os.close(fd)
-    sock.close()
+        assert sh.status()["site"] == "sh"  # the connection goes on
+    tampered.close()
+
+
+async def _async_checksum_failure(sh_path: Path) -> wangate.GatewayError:
+    async with wangate.AsyncClient(sh_path) as sh:
+        incoming = await sh.recv("tampered-async", source="bj", stream=True, timeout=60)
+        with pytest.raises(wangate.GatewayError) as info:
+            await incoming.result(timeout=120)
+        with pytest.raises(wangate.GatewayError, match="failed its checksum"):
+            await incoming.wait(incoming.size)
+        assert incoming.ready_bytes < incoming.size and not incoming.done
+        return info.value
+
+
+def test_the_async_client_sees_a_checksum_failure_too(sites: LoopbackSites) -> None:
+    tampered = TamperedSend(sites, "tampered-async", 5)
+    error = asyncio.run(_async_checksum_failure(sites["sh"].socket_path))
+    assert error.code == "checksum"
+    assert "message 'tampered-async' (step 5) from bj failed its checksum" in str(error)
+    tampered.close()
 
 
 RECEIVER_THAT_DIES = textwrap.dedent(
