@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import wangate
+from tests.selfsite import default_client_settings
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
 from wangate.localapi.protocol import SendRequest, encode_request
@@ -30,7 +31,7 @@ from wangate.localapi.segments import RECV_NAME, SEND_NAME, SIZE_SEALS, new_segm
 from wangate.loopback import LoopbackSites
 
 from .test_localapi_segments import segment_count
-from .test_localapi_server import read_reply
+from .test_localapi_server import GatewayThread, read_reply
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -297,3 +298,18 @@ def test_a_sender_killed_mid_message_fails_the_stream_naming_the_peer(
             lab.restart("bj")
             assert sh.status()["peers"]["bj"]["inbound_in_progress"] == 0
         assert segment_count(pid_of(lab, "sh"), RECV_NAME) == 0
+
+
+def test_a_gateway_without_segments_answers_a_streaming_recv_whole(tmp_path: Path) -> None:
+    settings = default_client_settings(MiB)  # no "segments": nothing can be streamed
+    array = np.arange(1000, dtype=np.int16)
+    with (
+        GatewayThread(tmp_path / "gw.sock", client_settings=settings) as gateway,
+        wangate.Client(gateway.path) as gw,
+    ):
+        gw.send("bj", "plain", array, step=1)
+        incoming = gw.recv("plain", step=1, stream=True, timeout=5)
+        assert incoming.done and incoming.ready_bytes == incoming.size == array.nbytes
+        assert (incoming.source, incoming.tag, incoming.step) == ("bj", "plain", 1)
+        np.testing.assert_array_equal(incoming.result(timeout=0), array)
+        np.testing.assert_array_equal(incoming.array, array)  # raw: the same bytes
