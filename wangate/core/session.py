@@ -404,6 +404,8 @@ class PeerSession:
                     message.read(piece.start, piece.end),
                     message.critical,
                 )
+        # asked for a datagram and nothing to carry: the path is not the limit now
+        sender.estimator.on_app_limited(now)
         if now - sender.last_sent_at >= PROBE_INTERVAL_S:
             seq = sender.record(SentDatagram(0, 0, 0, now, 0))
             return encode_probe(seq, int(now * 1e9))
