@@ -182,8 +182,9 @@ def run_method(
                 break
             times.append(max(r["end"] for r in done.values()) - go)
             rates = {site: r["rates_mbps"] for site, r in done.items() if r.get("rates_mbps")}
-            if rates:  # the measured plan's inputs, as the leader held them
-                observed.append(rates)
+            if rates:  # the measured plan's inputs, as the leader held them, and its weights
+                weights = {site: r["weights"] for site, r in done.items() if r.get("weights")}
+                observed.append({"rates_mbps": rates, "weights": weights})
             exact.append(all(r["exact"] for r in done.values()))
     finally:
         workers.stop()
