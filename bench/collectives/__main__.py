@@ -60,6 +60,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--warmup-elements", type=int, default=None, help="default: --elements")
     parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="seconds with no traffic between the warm-up collectives and the first run",
+    )
+    parser.add_argument(
         "--measured-baseline",
         type=Path,
         help="also run allreduce-measured-baseline: the measured plan over gateways run "
@@ -90,6 +96,7 @@ def main(argv: list[str]) -> int:
                     warmup_runs=args.warmup_runs,
                     warmup_elements=args.warmup_elements,
                     measured_baseline=args.measured_baseline,
+                    idle_s=args.idle_s,
                 )
             )
     except WangateError as exc:

@@ -269,6 +269,7 @@ def run_collectives(
     warmup_runs: int = 0,
     warmup_elements: int | None = None,
     measured_baseline: Path | None = None,
+    idle_s: float = 0.0,
     say: Any = print,
 ) -> dict[str, Any]:
     size_bytes = 4 * elements
@@ -284,6 +285,7 @@ def run_collectives(
         "warmup_runs": warmup_runs,
         "warmup_elements": warmup_elements or elements,
         "measured_baseline": str(measured_baseline) if measured_baseline else None,
+        "idle_s": idle_s,
         "methods": {},
     }
     logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
@@ -371,6 +373,7 @@ def run_collectives(
                         run_offset=offset,
                         warmup_runs=warmup_runs,
                         warmup_elements=warmup_elements or elements,
+                        idle_s=idle_s,
                     )
                     for site in sites
                 }

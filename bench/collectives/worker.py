@@ -7,7 +7,8 @@ rank order), ``elements``, ``seed``, ``runs``, ``timeout_s``; for ``gloo``
 ``address`` (this site's lab address), ``master`` (``IP:PORT`` of rank 0's store);
 otherwise ``socket`` (this site's gateway) and ``allreduce`` keyword arguments in
 ``options``. Optional: ``warmup_runs`` untimed collectives of ``warmup_elements`` before
-the first run, ``run_offset`` (the first run's index: its tensor).
+the first run, then ``idle_s`` seconds with no traffic, ``run_offset`` (the first run's
+index: its tensor).
 
 Lines on stdout, one JSON object each: ``{"ready": run}`` when the tensor of that run
 is ready (set-up and one small warm-up collective done), then, after the line ``go``
@@ -206,6 +207,8 @@ def main(spec: dict[str, Any]) -> None:
     for w in range(warmups):
         size = spec.get("warmup_elements", elements)
         method.allreduce(site_tensor(seed, index, WARMUP_SEED + w, size), 1 + w)
+    if spec.get("idle_s", 0.0) > 0:
+        time.sleep(spec["idle_s"])  # a trainer computing between calls: the paths idle
     first = spec.get("run_offset", 0)
     for run in range(first, first + spec["runs"]):
         array = site_tensor(seed, index, run, elements)
