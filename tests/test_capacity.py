@@ -128,6 +128,32 @@ def test_estimator_capacity_follows_a_busy_slower_rate_after_ten_seconds() -> No
     assert est.capacity_bps == pytest.approx(1e6, rel=0.01)
 
 
+def stalled_ack_processing(*, with_send_times: bool) -> PathEstimator:
+    """1000 B sent every ms (8 Mbit/s), acked 20 ms later; the sender's process is
+    starved from 1.2 to 1.5 s and then handles the acks that waited, one per us."""
+    est = PathEstimator()
+    est.on_rtt_sample(0.02, 0.0)
+    est.on_app_limited(0.0)
+    est.on_sent(1, 0.0)
+    est.on_acked(1, 0.0)  # busy from here on (+ one srtt)
+    for i in range(1, 3001):
+        sent_at = i / 1000
+        acked_at = sent_at + 0.02
+        if 1.2 <= acked_at < 1.5:
+            acked_at = 1.5 + (acked_at - 1.2) / 1000
+        est.on_sent(1000, sent_at)
+        est.on_acked(1000, acked_at, sent_at=sent_at if with_send_times else None)
+    return est
+
+
+def test_a_batch_of_late_acks_does_not_read_above_the_send_rate() -> None:
+    # ack intervals alone: the sample that starts at the batch's first ack counts the
+    # batch's 300 ms of bytes within its 0.5 s (the lab read 5.5-7.1 on 5 Mbit/s links)
+    assert stalled_ack_processing(with_send_times=False).capacity_bps == pytest.approx(12.8e6)
+    # the send interval bounds it: what was sent over 0.8 s is not delivered in 0.5 s
+    assert stalled_ack_processing(with_send_times=True).capacity_bps == pytest.approx(8e6, rel=0.01)
+
+
 # ---- a session over a fake link ----------------------------------------------------------
 
 

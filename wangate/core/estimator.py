@@ -141,6 +141,7 @@ class PathEstimator:
         # app-limited period (0: none), and from when acks are of busy sends again.
         self._app_limited_until = 0
         self._busy_from = -math.inf
+        self._newest_acked_sent_at = -math.inf
         self._capacity = CapacityFilter()
 
         self._bytes_in_flight = 0
@@ -156,8 +157,12 @@ class PathEstimator:
         self._sent_bytes += size_bytes
         self._bytes_in_flight += size_bytes
 
-    def on_acked(self, size_bytes: int, now: float) -> None:
+    def on_acked(self, size_bytes: int, now: float, *, sent_at: float | None = None) -> None:
+        """``size_bytes`` acknowledged, sent at ``sent_at`` (unknown: ``now``)."""
         _check_size(size_bytes)
+        sent = now if sent_at is None else sent_at
+        if sent > self._newest_acked_sent_at:
+            self._newest_acked_sent_at = sent
         self._acked_bytes += size_bytes
         # Clamped: a duplicate report must not drive the count negative and wedge placement.
         self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
@@ -168,7 +173,13 @@ class PathEstimator:
             self._busy_from = now + self._srtt_s
         self._sample_rate(now)
         busy_from = math.inf if self._app_limited_until else self._busy_from
-        self._capacity.on_acked(self._acked_bytes, now, srtt_s=self._srtt_s, busy_from=busy_from)
+        self._capacity.on_acked(
+            self._acked_bytes,
+            now,
+            sent_at=self._newest_acked_sent_at,
+            srtt_s=self._srtt_s,
+            busy_from=busy_from,
+        )
 
     def on_app_limited(self, now: float) -> None:
         """The sender could have sent on this path and had nothing for it: rate samples

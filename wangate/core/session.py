@@ -538,7 +538,7 @@ class PeerSession:
                 est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
             self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
-            est.on_acked(sent.size_bytes, now)
+            est.on_acked(sent.size_bytes, now, sent_at=sent.sent_at)
         for sent in acked:
             if sent.msg_id:
                 self._queue.mark_acked(
