@@ -1,8 +1,9 @@
 """A path's capacity: the rate it delivered while it was kept busy, remembered across idle.
 
 The delivery rate of ``PathEstimator`` (``rate_mbps``) is the highest sample over the last
-10 s of wall time, which is what placement needs during a burst but reads 0 on a path that
-was idle between two collective calls, and may read a burst of acks after one. Planning
+10 s of wall time, which is what placement needs during a burst, but it forgets what a
+path carried once 10 s pass with only light traffic (keep-alive probes, a collective's
+small control messages), and its 50 ms samples can read a clump of acks above the link. Planning
 shares needs what a path *can* carry, so this filter keeps its memory in **busy time**:
 
 * A sample is *busy* when the sender kept the path full over the whole sample interval,
@@ -81,6 +82,8 @@ class CapacityFilter:
         ``busy_from`` on was sent while the sender kept the path busy (``inf``: not yet).
         Takes a sample when one interval of acks is known."""
         acks = self._acks
+        if acks and acks[-1][0] == now:
+            acks.pop()  # the datagrams of one ack come together: one entry per ack
         acks.append((now, acked_bytes, sent_at))
         cutoff = now - max(self._min_interval_s, 2 * srtt_s)
         # keep exactly one entry at or before the cutoff: the start of the next sample
