@@ -22,12 +22,14 @@ from dataclasses import dataclass
 
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 
-# datagram types
-DGRAM_SHARD = 0x10
-DGRAM_PROBE = 0x11
-DGRAM_REPAIR = 0x12
+# datagram types: the first byte's top two bits; its low bits are flags
+DGRAM_SHARD = 0x40
+DGRAM_REPAIR = 0x80
+DGRAM_PROBE = 0xC0
+DGRAM_TYPE_MASK = 0xC0
+SHARD_FLAG_CRITICAL = 0x01
 
 # control frame types
 CTRL_HELLO = 0x01
@@ -39,19 +41,29 @@ CTRL_DONE = 0x06
 CTRL_REPAIR_REQUEST = 0x07
 CTRL_TAKEN = 0x08
 
-SHARD_FLAG_CRITICAL = 0x01
+# Truncated fields, expanded on receipt against the largest value seen the way QUIC
+# packet numbers are (RFC 9000 §17.1, Appendix A.3).
+SEQ_BITS = 32  # path_seq: a path would have to lose 2^31 datagrams in a row
+MSG_ID_BITS = 32  # msg_id: 2^31 messages between two datagrams of one message
+# The send time: a wrapping stamp the receiver only echoes (RTT) or differences
+# (jitter), so a few bytes do: 24 bits of 4 microseconds wrap every 67.1 s.
+STAMP_BITS = 24
+STAMP_UNIT_S = 4e-6
+STAMP_MASK = (1 << STAMP_BITS) - 1
+_SEQ_MASK = (1 << SEQ_BITS) - 1
+_MSG_ID_MASK = (1 << MSG_ID_BITS) - 1
 
-# type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64, offset u64
-_SHARD = struct.Struct("!BBQQQQQ")
-SHARD_HEADER_BYTES = _SHARD.size  # 42
-# type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64,
-# block u32, symbol index u16, k u16, symbol_bytes u32
-_REPAIR = struct.Struct("!BBQQQQIHHI")
-REPAIR_HEADER_BYTES = _REPAIR.size  # 46
+# type|flags u8, path_seq u32, sent stamp u24, msg_id u32: the part every data datagram has
+_COMMON = struct.Struct("!BI3sI")
+_PROBE = struct.Struct("!BI3s")
+PROBE_BYTES = _PROBE.size  # 8
 MAX_FEC_SYMBOLS = 256
-# type u8, flags u8, path_seq u64, sent_ns u64
-_PROBE = struct.Struct("!BBQQ")
-PROBE_BYTES = _PROBE.size  # 18
+# Shard: common, then msg_len and offset as QUIC varints (RFC 9000 §16). Repair: common,
+# msg_len and block as varints, index u8, k u8; the symbol is the rest of the datagram.
+SHARD_HEADER_MAX_BYTES = _COMMON.size + 8 + 8  # 28
+REPAIR_HEADER_MAX_BYTES = _COMMON.size + 8 + 8 + 2  # 30
+MAX_DATAGRAM_HEADER_BYTES = max(SHARD_HEADER_MAX_BYTES, REPAIR_HEADER_MAX_BYTES)
+_VARINT_MAX = (1 << 62) - 1
 
 # control frame envelope: type u8, body length u32
 _CTRL = struct.Struct("!BI")
@@ -59,7 +71,7 @@ CONTROL_HEADER_BYTES = _CTRL.size
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 _HELLO = struct.Struct("!BQQ")  # version, instance_id, max_message_bytes
-_ACK_HEAD = struct.Struct("!QIH")  # echo_sent_ns, ack_delay_us, range count
+_ACK_HEAD = struct.Struct("!IIH")  # echo_stamp (u24 in a u32), ack_delay_us, range count
 _ACK_RANGE = struct.Struct("!QQ")  # first, last (inclusive)
 MAX_ACK_RANGES = 1024
 _CREDIT = struct.Struct("!Q")
@@ -75,10 +87,87 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _U32 = 0xFFFFFFFF
 
 
+def stamp(now: float) -> int:
+    """The wire's send stamp for time ``now`` (seconds, any epoch)."""
+    return int(now / STAMP_UNIT_S) & STAMP_MASK
+
+
+def stamp_age_s(now: float, echoed: int) -> float:
+    """Seconds from the stamp ``echoed`` (made by :func:`stamp` on this clock) to ``now``;
+    right for ages below one wrap (67.1 s)."""
+    return ((stamp(now) - echoed) & STAMP_MASK) * STAMP_UNIT_S
+
+
+def expand(truncated: int, bits: int, expected: int) -> int:
+    """The value nearest ``expected`` whose low ``bits`` are ``truncated`` (RFC 9000
+    Appendix A.3, with ``expected`` = largest seen + 1 for sequence numbers)."""
+    window = 1 << bits
+    half = window >> 1
+    candidate = (expected & ~(window - 1)) | truncated
+    if candidate + half <= expected and candidate < (1 << 64) - window:
+        return candidate + window
+    if candidate > expected + half and candidate >= window:
+        return candidate - window
+    return candidate
+
+
+def varint_bytes(value: int) -> int:
+    """Bytes of ``value`` as a QUIC variable-length integer (RFC 9000 §16)."""
+    if value < 0:
+        raise LocalProtocolError(f"{value} cannot be encoded as a varint")
+    if value < 1 << 6:
+        return 1
+    if value < 1 << 14:
+        return 2
+    if value < 1 << 30:
+        return 4
+    if value <= _VARINT_MAX:
+        return 8
+    raise LocalProtocolError(f"{value} cannot be encoded as a varint")
+
+
+def _varint(value: int) -> bytes:
+    size = varint_bytes(value)
+    return (value | ((size.bit_length() - 1) << (8 * size - 2))).to_bytes(size, "big")
+
+
+def _pull_varint(data: bytes | memoryview, pos: int, kind: str, what: str) -> tuple[int, int]:
+    if pos >= len(data):
+        raise RemoteProtocolError(f"{kind} datagram truncated before {what}")
+    size = 1 << (data[pos] >> 6)
+    if pos + size > len(data):
+        raise RemoteProtocolError(f"{kind} datagram truncated inside {what}")
+    value = int.from_bytes(data[pos : pos + size], "big") & ((1 << (8 * size - 2)) - 1)
+    return value, pos + size
+
+
+def shard_header_bytes(msg_len: int) -> int:
+    """The most header bytes a shard of a ``msg_len``-byte message takes."""
+    return _COMMON.size + 2 * varint_bytes(msg_len)
+
+
+def message_header_bytes(msg_len: int, k: int = 0, datagram_bytes: int = 0) -> int:
+    """The most header bytes any datagram of a message takes: its shards and, if coded
+    with ``k`` source symbols per block into datagrams of ``datagram_bytes``, its
+    repair symbols (whose symbol size is ``datagram_bytes`` minus this)."""
+    head = shard_header_bytes(msg_len)
+    if not k or not datagram_bytes:
+        return head
+    fixed = _COMMON.size + varint_bytes(msg_len) + 2
+    for _ in range(4):  # a larger header makes smaller symbols and maybe more blocks
+        symbol = max(1, datagram_bytes - head)
+        last_block = max(0, -(-msg_len // symbol) - 1) // k
+        need = max(head, fixed + varint_bytes(last_block))
+        if need == head:
+            break
+        head = need
+    return head
+
+
 @dataclass(frozen=True)
 class ShardDatagram:
     path_seq: int
-    sent_ns: int
+    sent_stamp: int  # the sender's wrapping stamp (STAMP_UNIT_S, STAMP_BITS)
     msg_id: int
     msg_len: int
     offset: int
@@ -89,7 +178,7 @@ class ShardDatagram:
 @dataclass(frozen=True)
 class ProbeDatagram:
     path_seq: int
-    sent_ns: int
+    sent_stamp: int
 
 
 @dataclass(frozen=True)
@@ -97,7 +186,7 @@ class RepairDatagram:
     """One FEC repair symbol of block ``block`` of a message (see wangate.core.fec)."""
 
     path_seq: int
-    sent_ns: int
+    sent_stamp: int
     msg_id: int
     msg_len: int
     block: int
@@ -111,9 +200,18 @@ class RepairDatagram:
 Datagram = ShardDatagram | ProbeDatagram | RepairDatagram
 
 
+def _common(kind: int, critical: bool, path_seq: int, sent_stamp: int, msg_id: int) -> bytes:
+    if not (0 <= path_seq < 1 << 64 and 0 <= msg_id < 1 << 64 and 0 <= sent_stamp <= STAMP_MASK):
+        raise LocalProtocolError(f"({path_seq}, {sent_stamp}, {msg_id}) cannot be encoded")
+    flags = SHARD_FLAG_CRITICAL if critical else 0
+    return _COMMON.pack(
+        kind | flags, path_seq & _SEQ_MASK, sent_stamp.to_bytes(3, "big"), msg_id & _MSG_ID_MASK
+    )
+
+
 def encode_shard(
     path_seq: int,
-    sent_ns: int,
+    sent_stamp: int,
     msg_id: int,
     msg_len: int,
     offset: int,
@@ -122,22 +220,17 @@ def encode_shard(
 ) -> bytes:
     if offset + len(data) > msg_len:
         raise LocalProtocolError("shard extends past the end of its message")
-    head = _pack(
-        _SHARD,
-        DGRAM_SHARD,
-        SHARD_FLAG_CRITICAL if critical else 0,
-        path_seq,
-        sent_ns,
-        msg_id,
-        msg_len,
-        offset,
-    )
-    return head + data
+    # the offset takes as many bytes as msg_len's, so a message's shard headers are one
+    # size (the sender sizes its datagrams by it)
+    size = varint_bytes(msg_len)
+    offset_field = (offset | ((size.bit_length() - 1) << (8 * size - 2))).to_bytes(size, "big")
+    head = _common(DGRAM_SHARD, critical, path_seq, sent_stamp, msg_id)
+    return head + _varint(msg_len) + offset_field + data
 
 
 def encode_repair(
     path_seq: int,
-    sent_ns: int,
+    sent_stamp: int,
     msg_id: int,
     msg_len: int,
     block: int,
@@ -146,23 +239,11 @@ def encode_repair(
     data: bytes | memoryview,
     critical: bool = False,
 ) -> bytes:
-    head = _pack(
-        _REPAIR,
-        DGRAM_REPAIR,
-        SHARD_FLAG_CRITICAL if critical else 0,
-        path_seq,
-        sent_ns,
-        msg_id,
-        msg_len,
-        block,
-        index,
-        k,
-        len(data),
-    )
     fault = _repair_fault(msg_id, msg_len, block, index, k, len(data))
     if fault is not None:
         raise LocalProtocolError(fault)
-    return head + data
+    head = _common(DGRAM_REPAIR, critical, path_seq, sent_stamp, msg_id)
+    return head + _varint(msg_len) + _varint(block) + bytes([index, k]) + data
 
 
 def _repair_fault(
@@ -171,6 +252,8 @@ def _repair_fault(
     """Why a repair symbol with these fields cannot exist (None: it can)."""
     if size == 0:
         return "empty repair symbol"
+    if block < 0:
+        return f"repair block {block} cannot exist"
     if msg_id == 0 or msg_len > MAX_MESSAGE_BYTES:
         return "repair symbol for an impossible message"
     if not 1 <= k < MAX_FEC_SYMBOLS:
@@ -184,8 +267,10 @@ def _repair_fault(
     return None
 
 
-def encode_probe(path_seq: int, sent_ns: int) -> bytes:
-    return _pack(_PROBE, DGRAM_PROBE, 0, path_seq, sent_ns)
+def encode_probe(path_seq: int, sent_stamp: int) -> bytes:
+    if not (0 <= path_seq < 1 << 64 and 0 <= sent_stamp <= STAMP_MASK):
+        raise LocalProtocolError(f"probe ({path_seq}, {sent_stamp}) cannot be encoded")
+    return _PROBE.pack(DGRAM_PROBE, path_seq & _SEQ_MASK, sent_stamp.to_bytes(3, "big"))
 
 
 def _pack(layout: struct.Struct, *values: int) -> bytes:
@@ -195,56 +280,54 @@ def _pack(layout: struct.Struct, *values: int) -> bytes:
         raise LocalProtocolError(f"{values} cannot be encoded: {exc}") from exc
 
 
-def decode_datagram(data: bytes) -> Datagram:
+def decode_datagram(data: bytes, largest_seq: int = 0, largest_msg_id: int = 0) -> Datagram:
+    """One datagram; ``largest_seq`` and ``largest_msg_id`` are the largest path
+    sequence number (on this path) and message id (from this peer) received so far,
+    against which the truncated fields are expanded."""
     if not data:
         raise RemoteProtocolError("empty datagram")
-    kind = data[0]
-    if kind == DGRAM_SHARD:
-        if len(data) < SHARD_HEADER_BYTES:
-            raise RemoteProtocolError(f"shard datagram of {len(data)} bytes is truncated")
-        _, flags, seq, sent_ns, msg_id, msg_len, offset = _SHARD.unpack_from(data)
-        payload = memoryview(data)[SHARD_HEADER_BYTES:]
-        if msg_len > MAX_MESSAGE_BYTES:
-            raise RemoteProtocolError(f"shard declares a {msg_len}-byte message")
-        if offset + len(payload) > msg_len or not payload:
-            raise RemoteProtocolError(
-                f"shard [{offset}, {offset + len(payload)}) outside message of {msg_len} bytes"
-            )
-        if msg_id == 0:
-            raise RemoteProtocolError("shard with message id 0")
-        return ShardDatagram(
-            seq, sent_ns, msg_id, msg_len, offset, payload, bool(flags & SHARD_FLAG_CRITICAL)
-        )
-    if kind == DGRAM_REPAIR:
-        if len(data) < REPAIR_HEADER_BYTES:
-            raise RemoteProtocolError(f"repair datagram of {len(data)} bytes is truncated")
-        _, flags, seq, sent_ns, msg_id, msg_len, block, index, k, size = _REPAIR.unpack_from(data)
-        payload = memoryview(data)[REPAIR_HEADER_BYTES:]
-        if len(payload) != size:
-            raise RemoteProtocolError(f"repair symbol of {len(payload)} bytes, header says {size}")
-        fault = _repair_fault(msg_id, msg_len, block, index, k, size)
-        if fault is not None:
-            raise RemoteProtocolError(fault)
-        return RepairDatagram(
-            seq,
-            sent_ns,
-            msg_id,
-            msg_len,
-            block,
-            index,
-            k,
-            size,
-            payload,
-            bool(flags & SHARD_FLAG_CRITICAL),
-        )
+    kind = data[0] & DGRAM_TYPE_MASK
+    critical = bool(data[0] & SHARD_FLAG_CRITICAL)
     if kind == DGRAM_PROBE:
         if len(data) != PROBE_BYTES:
             raise RemoteProtocolError(
                 f"probe datagram of {len(data)} bytes, expected {PROBE_BYTES}"
             )
-        _, _, seq, sent_ns = _PROBE.unpack(data)
-        return ProbeDatagram(seq, sent_ns)
-    raise RemoteProtocolError(f"unknown datagram type 0x{kind:02x}")
+        _, seq, sent = _PROBE.unpack(data)
+        return ProbeDatagram(expand(seq, SEQ_BITS, largest_seq + 1), int.from_bytes(sent, "big"))
+    if kind not in (DGRAM_SHARD, DGRAM_REPAIR):
+        raise RemoteProtocolError(f"unknown datagram type 0x{data[0]:02x}")
+    what = "shard" if kind == DGRAM_SHARD else "repair"
+    if len(data) < _COMMON.size:
+        raise RemoteProtocolError(f"{what} datagram of {len(data)} bytes is truncated")
+    _, seq, sent_raw, short_id = _COMMON.unpack_from(data)
+    seq = expand(seq, SEQ_BITS, largest_seq + 1)
+    sent = int.from_bytes(sent_raw, "big")
+    msg_id = expand(short_id, MSG_ID_BITS, largest_msg_id + 1)
+    msg_len, pos = _pull_varint(data, _COMMON.size, what, "msg_len")
+    if kind == DGRAM_SHARD:
+        if msg_len > MAX_MESSAGE_BYTES:
+            raise RemoteProtocolError(f"shard declares a {msg_len}-byte message")
+        if msg_id == 0:
+            raise RemoteProtocolError("shard with message id 0")
+        offset, pos = _pull_varint(data, pos, what, "offset")
+        payload = memoryview(data)[pos:]
+        if offset + len(payload) > msg_len or not payload:
+            raise RemoteProtocolError(
+                f"shard [{offset}, {offset + len(payload)}) outside message of {msg_len} bytes"
+            )
+        return ShardDatagram(seq, sent, msg_id, msg_len, offset, payload, critical)
+    block, pos = _pull_varint(data, pos, what, "block")
+    if pos + 2 > len(data):
+        raise RemoteProtocolError("repair datagram truncated before index and k")
+    index, k = data[pos], data[pos + 1]
+    payload = memoryview(data)[pos + 2 :]
+    fault = _repair_fault(msg_id, msg_len, block, index, k, len(payload))
+    if fault is not None:
+        raise RemoteProtocolError(fault)
+    return RepairDatagram(
+        seq, sent, msg_id, msg_len, block, index, k, len(payload), payload, critical
+    )
 
 
 # ---------------------------------------------------------------------- control
@@ -265,7 +348,7 @@ class Hello:
 class Ack:
     """Per-path acknowledgement of datagram sequence numbers (RFC 9000 §19.3 in spirit)."""
 
-    echo_sent_ns: int  # sent_ns of the newest datagram acknowledged here
+    echo_stamp: int  # sent_stamp of the newest datagram acknowledged here
     ack_delay_us: int  # how long the receiver held that datagram before acking it
     ranges: tuple[tuple[int, int], ...]  # inclusive (first, last), any order
 
@@ -359,7 +442,9 @@ def encode_control(frame: ControlFrame) -> bytes:
         delay_us = min(frame.ack_delay_us, _U32)
         if any(last < first for first, last in frame.ranges):
             raise LocalProtocolError("an ack range is reversed")
-        parts = [_pack(_ACK_HEAD, frame.echo_sent_ns, delay_us, len(frame.ranges))]
+        if not 0 <= frame.echo_stamp <= STAMP_MASK:
+            raise LocalProtocolError(f"ack echoes stamp {frame.echo_stamp}, not a u24")
+        parts = [_pack(_ACK_HEAD, frame.echo_stamp, delay_us, len(frame.ranges))]
         parts.extend(_pack(_ACK_RANGE, first, last) for first, last in frame.ranges)
         body = b"".join(parts)
         kind = CTRL_ACK
@@ -424,6 +509,8 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
         if len(body) < _ACK_HEAD.size:
             raise RemoteProtocolError("ack truncated")
         echo, delay, count = _ACK_HEAD.unpack_from(body)
+        if echo > STAMP_MASK:
+            raise RemoteProtocolError(f"ack echoes stamp {echo}, not a u24")
         if count == 0 or count > MAX_ACK_RANGES:
             raise RemoteProtocolError(f"ack with {count} ranges")
         if len(body) != _ACK_HEAD.size + count * _ACK_RANGE.size:
