@@ -11,7 +11,8 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   BDP = bandwidth x min RTT.
 * Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
   separate pacing hook, so the window *is* the pacing control:
-  ``cwnd = gain x bandwidth x rtt_w`` with ``rtt_w`` the smoothed RTT clamped to
+  ``cwnd = gain x bandwidth / (1 - usual loss) x rtt_w`` (the delivery rate counts
+  what arrived; the wire carries the lost packets too) with ``rtt_w`` the smoothed RTT clamped to
   ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
   pacing rate is ``gain x bandwidth``; once a queue grows past it, the window stops
   following the RTT, so the rate falls as ``bandwidth x (min_rtt + allowance) / srtt``
@@ -176,6 +177,14 @@ class WangateCongestionControl(QuicCongestionControl):
             return PROBE_BW_GAINS[self._phase]
         return 1.0
 
+    @property
+    def sending_rate_bps(self) -> float:
+        """The rate that fills the bottleneck: the delivery rate counts only what
+        arrived, so with the path's usual random loss ``p`` the sender must put
+        ``1 / (1 - p)`` times as much on the wire (a lost packet took its share of the
+        link before it was lost) or leave ``p`` of the link unused."""
+        return self.btl_bw_bps / (1.0 - min(self.loss_baseline, HIGH_LOSS_RATE))
+
     def _window_rtt_s(self) -> float:
         assert self.min_rtt_s is not None
         allowance = max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
@@ -192,7 +201,7 @@ class WangateCongestionControl(QuicCongestionControl):
         elif self.state == DRAIN:
             target = bdp
         else:
-            target = self.pacing_gain * self.btl_bw_bps * self._window_rtt_s()
+            target = self.pacing_gain * self.sending_rate_bps * self._window_rtt_s()
             if self.state == PROBE_BW:
                 target = min(target, CWND_CAP_GAIN * bdp)
         return max(int(target), self.min_target_window)
