@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from tests.fakelink import LinkProfile, SimulatedPair
 from tests.test_session import all_done, assert_exactly_once_intact, body_bytes, send_many
-from wangate.core.frames import DGRAM_REPAIR, DGRAM_TYPE_MASK, decode_datagram, message_header_bytes
+from wangate.core.frames import (
+    DGRAM_REPAIR,
+    DGRAM_TYPE_MASK,
+    ProbeDatagram,
+    decode_datagram,
+    message_header_bytes,
+)
 from wangate.core.outbound import CodingPolicy
 
 FEC = CodingPolicy(k=16, min_repair=1, max_repair=16)
@@ -160,3 +166,33 @@ def test_loss_bursts_are_recovered_without_resending_source_bytes() -> None:
     status = pair.sessions["bj"].status()
     assert status["source_bytes"] == sum(body_bytes(*m) for m in sent.values())
     assert status["repair_bytes"] == 0
+
+
+def test_every_datagram_fills_the_path_and_none_is_larger() -> None:
+    """Datagrams are sized by the larger of the message's own shard and repair headers:
+    the datagrams with that header are exactly the path's datagram size (every source
+    shard of a 300 kB message but its last); nothing is larger (it would never leave)."""
+    pair = SimulatedPair({"a": lossy(0.02)}, seed=6, coding=FEC, datagram_bytes=1200)
+    sizes: dict[tuple[int, bool], list[int]] = {}
+
+    def record(data: bytes) -> bytes:
+        datagram = decode_datagram(data)
+        if not isinstance(datagram, ProbeDatagram):
+            repair = data[0] & DGRAM_TYPE_MASK == DGRAM_REPAIR
+            sizes.setdefault((datagram.msg_id, repair), []).append(len(data))
+        return data
+
+    pair.tamper = record
+    sent = send_many(pair, "bj", [300_000, 5_000], seed=6)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
+    assert_exactly_once_intact(pair, "bj", sent)
+    big, small = sent
+    assert message_header_bytes(body_bytes(*sent[big]), FEC.k, 1200) == 20
+    shards = sizes[(big, False)]
+    assert max(shards) == 1200 and shards.count(1200) >= len(shards) - 2
+    # its repair header is one byte shorter (block numbers under 64: a 1-byte varint)
+    assert set(sizes[(big, True)]) == {1199}
+    # a message under 16 KiB: 2-byte varints, a 16-byte shard header, 1184-byte symbols
+    assert message_header_bytes(body_bytes(*sent[small]), FEC.k, 1200) == 17
+    assert max(sizes[(small, False)]) == 1200 - 1  # 1183-byte symbols + 16
+    assert set(sizes[(small, True)]) == {1200}  # + 17
