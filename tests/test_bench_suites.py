@@ -30,7 +30,14 @@ def test_every_shipped_scenario_has_a_driver() -> None:
     in_suites = {s for name in SUITES for s in _scenarios(name)}
     in_suites |= {fair.SCENARIO, codecs_lab.SCENARIO}
     without_workload = {n for n in shipped if not load_scenario(n).flows}
-    collectives = {"coll_3", "coll_3_half", "coll_4", "coll_3_quarter", "coll_3_half_quarter"}
+    collectives = {
+        "coll_3",
+        "coll_3_half",
+        "coll_4",
+        "coll_3_quarter",
+        "coll_3_half_quarter",
+        "coll_4_quarter",
+    }
     assert without_workload == {"fair_tcp"} | collectives
     # the rest run under `bench run all`; every one of those is also in a suite
     assert shipped - without_workload <= in_suites
