@@ -1,9 +1,10 @@
-"""A link's datagram size is the most a 1-RTT QUIC packet of aioquic can carry.
+"""A link's datagram size: what a 1-RTT QUIC packet of aioquic carries beside an ACK.
 
 Two real aioquic connections (real TLS, in memory: the bytes go from one to the other
-without sockets) finish their handshake, then one sends DATAGRAM frames: one of exactly
-``max_datagram_size - DATAGRAM_OVERHEAD_BYTES`` bytes leaves in a packet of exactly
-``max_datagram_size`` bytes, and one byte more never leaves (it would block the queue).
+without sockets) finish their handshake, then one sends DATAGRAM frames: one of
+``max_datagram_size - DATAGRAM_OVERHEAD_BYTES`` bytes leaves in one packet with the
+ACK it owes; alone, one of ``max_datagram_size - 30`` fills a packet exactly, and one
+byte more never leaves (it would block the queue).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from aioquic.quic.events import DatagramFrameReceived, HandshakeCompleted
 from aioquic.quic.packet import pull_quic_header
 
 from wangate.certs import create_ca, issue_site_certificate
-from wangate.net.link import DATAGRAM_OVERHEAD_BYTES
+from wangate.net.link import DATAGRAM_OVERHEAD_BYTES, QUIC_PACKET_OVERHEAD_BYTES
 
 MAX_DATAGRAM_SIZE = 1472  # a 1500-byte IPv4 path
 
@@ -56,22 +57,38 @@ def _pair(tmp_path: Path) -> tuple[QuicConnection, QuicConnection]:
     return client, server
 
 
-def test_a_full_size_datagram_fills_a_packet_and_one_more_byte_never_leaves(
+def test_a_full_size_datagram_rides_with_an_ack_and_the_packet_limit_is_exact(
     tmp_path: Path,
 ) -> None:
     client, server = _pair(tmp_path)
+    assert QUIC_PACKET_OVERHEAD_BYTES == 30 and DATAGRAM_OVERHEAD_BYTES == 40
+    # the server sends something, so the client owes it an ACK when it sends next
+    server.send_datagram_frame(b"x" * 100)
+    for data, _ in server.datagrams_to_send(now=1.0):
+        client.receive_datagram(data, ("127.0.0.2", 4433), now=1.0)
     size = MAX_DATAGRAM_SIZE - DATAGRAM_OVERHEAD_BYTES
-    assert DATAGRAM_OVERHEAD_BYTES == 30
     client.send_datagram_frame(b"d" * size)
-    packets = [data for data, _ in client.datagrams_to_send(now=1.0)]
+    packets = [data for data, _ in client.datagrams_to_send(now=1.01)]
+    assert len(packets) == 1  # the ACK and the datagram in one packet
+    assert len(packets[0]) <= MAX_DATAGRAM_SIZE
+    server.receive_datagram(packets[0], ("127.0.0.1", 1234), now=1.01)
+    assert _received(server) == [b"d" * size]
+
+    # alone, a datagram may take all but QUIC's 30 bytes; one byte more never leaves
+    limit = MAX_DATAGRAM_SIZE - QUIC_PACKET_OVERHEAD_BYTES
+    client.send_datagram_frame(b"e" * limit)
+    packets = [data for data, _ in client.datagrams_to_send(now=2.0)]
     assert [len(p) for p in packets] == [MAX_DATAGRAM_SIZE]
-    server.receive_datagram(packets[0], ("127.0.0.1", 1234), now=1.0)
+    server.receive_datagram(packets[0], ("127.0.0.1", 1234), now=2.0)
+    assert _received(server) == [b"e" * limit]
+    client.send_datagram_frame(b"f" * (limit + 1))
+    assert [data for data, _ in client.datagrams_to_send(now=3.0)] == []
+    assert len(client._datagrams_pending) == 1  # stuck: no packet can hold it
+
+
+def _received(connection: QuicConnection) -> list[bytes]:
     received = []
-    while (event := server.next_event()) is not None:
+    while (event := connection.next_event()) is not None:
         if isinstance(event, DatagramFrameReceived):
             received.append(event.data)
-    assert received == [b"d" * size]
-
-    client.send_datagram_frame(b"e" * (size + 1))
-    assert [data for data, _ in client.datagrams_to_send(now=2.0)] == []
-    assert len(client._datagrams_pending) == 1  # stuck: no packet can hold it
+    return received
