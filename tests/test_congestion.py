@@ -242,7 +242,7 @@ def test_random_loss_leaves_no_part_of_the_link_unused(
     assert (flow.sent - sent) * MSS >= busy * RATE_BPS * 8.0
     assert flow.delivered_bytes - delivered >= goodput * RATE_BPS * 8.0
     assert cc.congestion_events == events  # without a queue: no loss read as congestion
-    assert cc.loss_baseline == pytest.approx(loss, abs=0.01)
+    assert cc.random_loss == pytest.approx(loss, abs=0.01)
 
 
 def test_rising_rtt_slows_sending_and_window_does_not_follow_it() -> None:
