@@ -67,6 +67,7 @@ class PeerDriver:
         metrics: GatewayMetrics,
         clock: Clock,
         on_unreachable: Callable[[], object],
+        on_outcome: Callable[[int, str | None], object] | None = None,
     ) -> None:
         self.session = session
         self.peer = session.peer
@@ -76,6 +77,7 @@ class PeerDriver:
         self._metrics = metrics
         self._clock = clock
         self._on_unreachable = on_unreachable
+        self._on_outcome = on_outcome  # each finished message: (msg_id, None or why it failed)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pump_scheduled = False
@@ -319,6 +321,8 @@ class PeerDriver:
         while len(self.outcomes) > MAX_OUTCOMES:
             self.outcomes.popitem(last=False)
         self.outcome_changed.set()
+        if self._on_outcome is not None:
+            self._on_outcome(msg_id, failure)
 
     # ---------------------------------------------------------- delivery
 
