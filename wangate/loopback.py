@@ -88,16 +88,18 @@ def write_site_configs(
     *,
     mtu: int = 9000,
     extra_toml: str | Mapping[str, str] = "",
+    workers: int | None = None,
 ) -> list[SiteProcess]:
     """Certificates and one config per site; ``extra_toml`` is added to every config, or
-    per site name when it is a mapping."""
+    per site name when it is a mapping. ``workers``: the ``[workers] count`` of every
+    site (default: $WANGATE_TEST_WORKERS, else none)."""
     if not 2 <= sites <= len(SITE_NAMES) or not 1 <= paths <= len(PATH_NAMES):
         raise WangateError(f"sites must be 2..{len(SITE_NAMES)} and paths 1..{len(PATH_NAMES)}")
     certs = directory / "certs"
     create_ca(certs)
     names = SITE_NAMES[:sites]
     ports = {}
-    workers = test_workers()
+    workers = test_workers() if workers is None else workers
     for i, name in enumerate(names):
         issue_site_certificate(certs, name)
         ports[name] = free_udp_port([site_address(i, p) for p in range(paths)], workers)
@@ -150,12 +152,16 @@ class LoopbackSites:
         mtu: int = 9000,
         extra_toml: str | Mapping[str, str] = "",
         verbose: bool = True,
+        workers: int | None = None,
     ) -> None:
         self._own_dir = directory is None
         if directory is None:
             directory = Path(tempfile.mkdtemp(prefix="wangate-"))
         self.directory = directory
-        self.sites = write_site_configs(directory, sites, paths, mtu=mtu, extra_toml=extra_toml)
+        self.workers = test_workers() if workers is None else workers
+        self.sites = write_site_configs(
+            directory, sites, paths, mtu=mtu, extra_toml=extra_toml, workers=self.workers
+        )
         self.paths = paths
         self.verbose = verbose
 
@@ -200,7 +206,7 @@ class LoopbackSites:
     def wait_all_paths_up(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         # one row per path and worker
-        expected = self.paths * (len(self.sites) - 1) * test_workers()
+        expected = self.paths * (len(self.sites) - 1) * self.workers
         for site in self.sites:
             while True:
                 up = 0

@@ -143,9 +143,11 @@ class GatewayStatus:
     local_messages: int  # delivered within the site
     inbox_queued: int  # messages waiting for a trainer's recv
     inbox_waiting_recvs: int  # recvs waiting for a message
+    # with [workers] count >= 2, one map per worker process (proto/localapi.md)
+    workers: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        status = {
             "site": self.site,
             "version": self.version,
             "uptime_s": self.uptime_s,
@@ -153,6 +155,9 @@ class GatewayStatus:
             "local_messages": self.local_messages,
             "inbox": {"queued": self.inbox_queued, "waiting_recvs": self.inbox_waiting_recvs},
         }
+        if self.workers:
+            status["workers"] = [dict(worker) for worker in self.workers]
+        return status
 
     @classmethod
     def from_dict(cls, status: Mapping[str, Any]) -> GatewayStatus:

@@ -710,6 +710,18 @@ class Coordinator(Gateway):
             local_messages=self.local_messages,
             inbox_queued=self.inbox.mailbox.queued_count(),
             inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
+            workers=tuple(
+                {
+                    "index": h.index,
+                    "pid": h.pid or 0,
+                    "role": "critical" if h.index == 0 else "bulk",
+                    "cpu_s": round(h.cpu_s, 3),
+                    "queued_bytes": h.queued_bytes,
+                    "stripes": len(h.stripes),
+                    "restarts": h.restarts,
+                }
+                for h in self.workers
+            ),
         )
 
     def status_counts(self) -> tuple[int, int, int, int, int]:
