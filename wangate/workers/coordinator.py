@@ -225,7 +225,7 @@ class Coordinator(Gateway):
         for sid in held:
             stripe = self._stripes.get(sid)
             if stripe is not None:
-                self._dispatch([stripe])
+                self._dispatch([stripe], exclude=handle.index)  # one that is up now
 
     # ----------------------------------------------------------------- sending
 

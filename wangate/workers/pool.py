@@ -90,7 +90,7 @@ class WorkerHandle:
         self.generation += 1
         generation = self.generation
         self.started_at = time.monotonic()
-        self.pid = None
+        self.pid = self.process.pid
         if self.report is not None:
             self.cpu_s_before += float(self.report["cpu_s"])
         self.report = None
@@ -112,7 +112,6 @@ class WorkerHandle:
             close_all(fds)
             return
         if kind == "ready":
-            self.pid = fields["pid"]
             if self.ready is not None and not self.ready.done():
                 self.ready.set_result(fields["pid"])
             return
