@@ -158,6 +158,7 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
             gw.wait("sh", msg_id, timeout=10)
 
 
+@pytest.mark.single_process  # counts the log lines of one process
 def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path) -> None:
     with LoopbackSites(2, 1, directory=tmp_path, mtu=1500, extra_toml=LIVENESS) as lab:
         with lab["bj"].client() as gw:

@@ -317,6 +317,7 @@ def test_large_messages_cross_in_segments_and_arrive_in_one(sites: LoopbackSites
     assert segment_count(daemon_pid(sites, "sh"), RECV_NAME) == 0
 
 
+@pytest.mark.single_process  # with workers the coordinator copies the payload at hand-over
 def test_bytes_changed_after_hand_over_fail_that_message_only(sites: LoopbackSites) -> None:
     encoded = encode_tensor(np.ones(16 * MiB, dtype=np.float32))  # 64 MiB: ~1 s on loopback
     payload = memoryview(encoded.payload).cast("B")
@@ -439,6 +440,7 @@ def rss_anon_kib(pid: int) -> int:
     raise AssertionError(f"no RssAnon for {pid}")
 
 
+@pytest.mark.single_process  # 1 GiB: tests/test_workers.py has it with workers
 @pytest.mark.timeout(900)
 def test_a_gib_crosses_with_each_gateway_holding_a_window_of_private_memory(
     sites: LoopbackSites,

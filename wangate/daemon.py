@@ -85,8 +85,10 @@ class Gateway:
         self.started_at = time.monotonic()
         # a worker process forwards its deliveries to the coordinator (wangate.workers)
         self.inbox = inbox or Inbox(config.limits.peer_inbox_bytes)
-        # told each stripe's outcome in a worker: (peer, msg_id, None or why it failed)
+        # told each stripe's outcome in a worker: (peer, msg_id, None or why it failed),
+        # and when the peer has it whole: (peer, msg_id)
         self.on_outcome: Callable[[str, int, str | None], None] | None = None
+        self.on_acked: Callable[[str, int], None] | None = None
         self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
         now = time.monotonic()
@@ -131,6 +133,7 @@ class Gateway:
             clock=time.monotonic,
             on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
             on_outcome=lambda msg_id, failure: self._outcome(peer, msg_id, failure),
+            on_acked=lambda msg_id: self.on_acked and self.on_acked(peer, msg_id),
         )
         segments = self.inbound_segments
         driver.session.use_body_buffers(segments.allocate, segments.free)

@@ -68,6 +68,7 @@ class PeerDriver:
         clock: Clock,
         on_unreachable: Callable[[], object],
         on_outcome: Callable[[int, str | None], object] | None = None,
+        on_acked: Callable[[int], object] | None = None,
     ) -> None:
         self.session = session
         self.peer = session.peer
@@ -78,6 +79,7 @@ class PeerDriver:
         self._clock = clock
         self._on_unreachable = on_unreachable
         self._on_outcome = on_outcome  # each finished message: (msg_id, None or why it failed)
+        self._on_acked = on_acked  # each message the peer has whole (msg_id)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pump_scheduled = False
@@ -279,6 +281,8 @@ class PeerDriver:
             elif isinstance(event, MessageDelivered):
                 self._metrics.message_delivered(self.peer, event.critical, event.elapsed_s)
                 self.backlog_freed.set()
+                if self._on_acked is not None:
+                    self._on_acked(event.msg_id)
             elif isinstance(event, MessageFailed):
                 failed.append(event)
                 self.failures.append(

@@ -47,6 +47,7 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
     "reset": ({"peer": str, "path": str}, 0),
     # worker -> coordinator
     "ready": ({"pid": int}, 0),
+    "acked": ({"sid": int}, 0),
     "done": ({"sid": int}, 0),
     "failed": ({"sid": int, "reason": str, "code": str}, 0),
     "recv": (

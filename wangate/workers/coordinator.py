@@ -65,7 +65,9 @@ MAX_ATTEMPTS = 4  # sends of one stripe that failed (a worker that exits does no
 RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits this long
 STRIPE_NAME = "wangate-stripe"
 # failures a new attempt cannot mend
-FINAL_CODES = frozenset({"peer_unreachable", "deadline", "bad_request", "unknown_peer"})
+FINAL_CODES = frozenset(
+    {"peer_unreachable", "deadline", "bad_request", "unknown_peer", "peer_restarted"}
+)
 
 
 @dataclass
@@ -95,6 +97,7 @@ class _Stripe:
     checksum: int
     worker: int = -1
     attempts: int = 0
+    acked: bool = False  # the peer had it whole once: no longer counts as waiting
 
 
 @dataclass
@@ -114,7 +117,9 @@ class Coordinator(Gateway):
         self.count = count
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         self.workers = [
-            WorkerHandle(i, config.path, str(level), self._on_message, self._on_gone)
+            WorkerHandle(
+                i, config.path, str(level), self._on_message, self._on_gone, self.instance_id
+            )
             for i in range(count)
         ]
         self._sids = itertools.count(1)
@@ -187,6 +192,8 @@ class Coordinator(Gateway):
         try:
             if kind == "done":
                 self._confirmed(handle, fields["sid"])
+            elif kind == "acked":
+                self._acked(fields["sid"])
             elif kind == "failed":
                 self._stripe_failed(handle, fields["sid"], fields["reason"], fields["code"])
             elif kind == "recv":
@@ -278,7 +285,7 @@ class Coordinator(Gateway):
     def _check_reachable(self, peer: str) -> None:
         if peer in self._unreachable:
             raise PeerUnreachable(
-                f"peer {peer} is unreachable: silent on every worker's connections "
+                f"peer {peer} is unreachable: silent for {self._silent_s(peer):.1f} s "
                 f"(limits.peer_dead_s = {self.config.limits.peer_dead_s}); it fails until "
                 "heard again"
             )
@@ -396,10 +403,20 @@ class Coordinator(Gateway):
         handle.queued_bytes -= stripe.length
         return stripe
 
+    def _acked(self, sid: int) -> None:
+        """The peer has the stripe whole: its bytes no longer wait (backpressure counts
+        what the peer does not have yet, as without workers)."""
+        stripe = self._stripes.get(sid)
+        if stripe is not None and not stripe.acked:
+            stripe.acked = True
+            self._pending[stripe.message.peer] -= stripe.length
+            self._event(stripe.message.peer).set()
+
     def _confirmed(self, handle: WorkerHandle, sid: int) -> None:
         stripe = self._release(handle, sid)
         if stripe is None:
             return
+        self._acked(sid)
         self._drop_stripe(stripe)
         message = stripe.message
         message.left -= 1
@@ -421,17 +438,19 @@ class Coordinator(Gateway):
             log.info("stripe of message %d to %s sent again: %s", message.msg_id, message.peer, reason)
             self._dispatch([stripe], exclude=handle.index)
             return
-        self._finish(message, f"stripe at byte {stripe.offset}: {reason}")
+        self._finish(message, reason)
 
     def _drop_stripe(self, stripe: _Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:
             os.close(stripe.fd)
+            if not stripe.acked:
+                stripe.acked = True
+                self._pending[stripe.message.peer] -= stripe.length
 
     def _finish(self, message: _Out, failure: str | None) -> None:
         message.finished = True
         peer = message.peer
         self._out.pop((peer, message.msg_id), None)
-        self._pending[peer] -= message.total
         outcomes = self._outcomes.setdefault(peer, OrderedDict())
         outcomes[message.msg_id] = None
         if failure is None:
@@ -609,17 +628,31 @@ class Coordinator(Gateway):
             self._take(held[0], held[1], delivery.source, _taken(held))
         return self._with_segment(delivery)
 
+    def _silent_s(self, peer: str) -> float:
+        return min(
+            (
+                float(h.report["status"]["peers"][peer]["silent_s"])
+                for h in self.workers
+                if h.report is not None and peer in h.report["status"]["peers"]
+            ),
+            default=0.0,
+        )
+
     def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
+        """As ``Gateway._hopeless_recv``, from the workers' reports."""
         if source is not None:
             if source not in self._unreachable:
                 return None
-            return PeerUnreachable(f"recv {tag!r} from {source}: peer {source} is unreachable")
+            return PeerUnreachable(
+                f"recv {tag!r} from {source}: peer {source} is unreachable "
+                f"(silent for {self._silent_s(source):.1f} s)"
+            )
         sources = self.inbox.mailbox.sources_of(tag) or frozenset(self.peers)
         if not sources or any(name not in self._unreachable for name in sources):
             return None
+        silent = ", ".join(f"{name} silent for {self._silent_s(name):.1f} s" for name in sorted(sources))
         return PeerUnreachable(
-            f"recv {tag!r}: every peer that could send it is unreachable "
-            f"({', '.join(sorted(sources))})"
+            f"recv {tag!r}: every peer that could send it is unreachable ({silent})"
         )
 
     # ------------------------------------------------------------ state, rows
@@ -678,24 +711,25 @@ class Coordinator(Gateway):
                 for key, value in PeerStatus.from_dict(info).counters.items():
                     counters[key] = counters.get(key, 0) + value
             counters["messages_in_flight"] = sum(1 for key in self._out if key[0] == name)
-            not_up = [info for info in infos if info["state"] != "up"]
+            # restarted on any worker says what happened; up on any, that it is reachable
+            by_state = {str(info["state"]): info for info in reversed(infos)}
             if name in self._unreachable:
-                state, reason = "unreachable", not_up[0]["state_reason"] if not_up else ""
+                state, reason = "unreachable", by_state["unreachable"]["state_reason"]
             elif not infos:
                 state, reason = "degraded", "workers starting"
-            elif not_up:
-                state, reason = not_up[0]["state"], not_up[0]["state_reason"]
-                if state == "unreachable":
-                    state = "degraded"
             else:
-                state, reason = "up", infos[0]["state_reason"]
+                state = next(
+                    s for s in ("restarted", "up", "degraded", "unreachable") if s in by_state
+                )
+                reason = by_state[state]["state_reason"]
+                state = "degraded" if state == "unreachable" else state
             peers[name] = PeerStatus.from_dict(
                 {
                     **counters,
+                    "messages_held": sum(int(info["messages_held"]) for info in infos),
                     "state": state,
                     "state_reason": reason,
                     "silent_s": min((float(i["silent_s"]) for i in infos), default=0.0),
-                    "messages_held": sum(1 for key in self._held if key[0] == name),
                     "paths_up": sorted(
                         {r.path for r in rows if r.peer == name and r.state != "down"}
                     ),

@@ -40,8 +40,10 @@ class WorkerHandle:
         log_level: str,
         on_message: OnMessage,
         on_gone: OnGone,
+        instance: int = 0,
     ) -> None:
         self.index = index
+        self._instance = instance
         self._config_path = config_path
         self._log_level = log_level
         self._on_message = on_message
@@ -79,6 +81,8 @@ class WorkerHandle:
                     str(child.fileno()),
                     "--log-level",
                     self._log_level,
+                    "--instance",
+                    str(self._instance),
                 ],
                 pass_fds=[child.fileno()],
             )

@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import sys
@@ -74,13 +75,27 @@ class ForwardingInbox(Inbox):
         return True
 
 
+INSTANCE_LOW_BITS = 16  # of a worker's instance id: its own; the rest are the coordinator's
+
+
 class Worker:
-    def __init__(self, config: Config, index: int, sock: socket.socket) -> None:
+    def __init__(
+        self, config: Config, index: int, sock: socket.socket, coordinator_instance: int = 0
+    ) -> None:
         self.index = index
         self.gateway = Gateway(config, inbox=ForwardingInbox(self._forward))
+        if coordinator_instance:
+            # the peer's workers tell a restarted worker (resend what it held) from a
+            # restarted coordinator (what it held is lost) by the high bits
+            own = random.getrandbits(INSTANCE_LOW_BITS) | 1
+            instance = coordinator_instance >> INSTANCE_LOW_BITS << INSTANCE_LOW_BITS | own
+            self.gateway.instance_id = instance
+            self.gateway.site = dataclasses.replace(self.gateway.site, instance_id=instance)
+        self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
         # every body in a segment of its own: it goes to the coordinator by descriptor
         self.gateway.inbound_segments.min_bytes = 1
         self.gateway.on_outcome = self._outcome
+        self.gateway.on_acked = self._acked
         self._sock = sock
         self._channel: Channel | None = None
         self._sids: dict[tuple[str, int], int] = {}  # (peer, msg_id) -> stripe id
@@ -178,24 +193,40 @@ class Worker:
     def _submitted(self, peer: str, msg_id: int, sid: int) -> None:
         key = (peer, msg_id)
         if key in self._early:
-            self._finished(sid, self._early.pop(key))
+            self._finished(peer, sid, self._early.pop(key))
         else:
             self._sids[key] = sid
+
+    def _acked(self, peer: str, msg_id: int) -> None:
+        sid = self._sids.get((peer, msg_id))
+        if sid is not None and self._channel is not None:
+            self._channel.send("acked", {"sid": sid})
 
     def _outcome(self, peer: str, msg_id: int, failure: str | None) -> None:
         sid = self._sids.pop((peer, msg_id), None)
         if sid is None:
             self._early[(peer, msg_id)] = failure
             return
-        self._finished(sid, failure)
+        self._finished(peer, sid, failure)
 
-    def _finished(self, sid: int, failure: str | None) -> None:
+    def _finished(self, peer: str, sid: int, failure: str | None) -> None:
         if failure is None:
             self._queued_bytes -= self._sizes.pop(sid, 0)
             assert self._channel is not None
             self._channel.send("done", {"sid": sid})
-        else:
-            self._failed(sid, failure, "message_failed")
+            return
+        # the session's words name the stripe's own message id: keep only the reason
+        reason = failure.split(" failed: ", 1)[-1]
+        driver = self.gateway.peers.get(peer)
+        seen = self._peer_coordinators.get(peer)
+        now = None if driver is None or driver.instance_id is None else driver.instance_id
+        restarted = seen is not None and now is not None and now >> INSTANCE_LOW_BITS != seen
+        self._failed(sid, reason, "peer_restarted" if restarted else "message_failed")
+
+    def _note_peers(self) -> None:
+        for name, driver in self.gateway.peers.items():
+            if driver.instance_id is not None:
+                self._peer_coordinators[name] = driver.instance_id >> INSTANCE_LOW_BITS
 
     def _failed(self, sid: int, reason: str, code: str) -> None:
         self._queued_bytes -= self._sizes.pop(sid, 0)
@@ -236,6 +267,7 @@ class Worker:
     async def _report(self) -> None:
         assert self._channel is not None
         while True:
+            self._note_peers()
             rows = self.gateway.paths()
             status = self.gateway.status(rows)
             times = os.times()
@@ -266,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--instance", type=int, default=0, help="the coordinator's instance id")
     args = parser.parse_args(argv)
     _die_with_parent()
     if os.getppid() == 1:
@@ -283,4 +316,4 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    return asyncio.run(Worker(config, args.index, sock).run())
+    return asyncio.run(Worker(config, args.index, sock, args.instance).run())
