@@ -1,6 +1,6 @@
 """Critical latency and failover: a 64 KiB critical message every 50 ms beside bulk.
 
-    python -m bench suite critical       # critical_bulk, critical_nobulk, critical_jitter
+    python -m bench suite critical       # critical_bulk, critical_nobulk, critical_jitter, *_w2
     python -m bench suite failover       # failover_degrade, failover_blackhole
 
 Each scenario runs through the runner without baselines, then its lab floor is measured
@@ -20,7 +20,14 @@ from typing import Any
 
 from bench.suite.common import RESULTS, fmt, load_record, met, ms, quantile
 
-CRITICAL = ("critical_bulk", "critical_jitter", "critical_nobulk")
+# the _w2 variants: the same with two worker processes per gateway (proto/workers.md)
+CRITICAL = (
+    "critical_bulk",
+    "critical_jitter",
+    "critical_nobulk",
+    "critical_bulk_w2",
+    "critical_nobulk_w2",
+)
 FAILOVER = ("failover_degrade", "failover_blackhole")
 COOLDOWN_S = 2.0  # the critical selector's cooldown after a switch (README)
 
