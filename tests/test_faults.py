@@ -212,6 +212,7 @@ def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path
         assert f"10 messages to sh failed (ids {ids[0]}..{ids[-1]}, tags 'held')" in log
 
 
+@pytest.mark.single_process  # compares one session's queue before and after
 def test_a_deadline_passing_while_waiting_for_room_sends_nothing(tmp_path: Path) -> None:
     small = "[limits]\npeer_inbox_bytes = 1048576\nmax_message_bytes = 1048576\n"
     with LoopbackSites(2, 1, directory=tmp_path, mtu=1500, extra_toml=small) as lab:

@@ -82,7 +82,9 @@ def test_paths_and_status_show_each_worker() -> None:
         status = bj.status()
         assert [w["index"] for w in status["workers"]] == [0, 1]
         assert {w["role"] for w in status["workers"]} == {"critical", "bulk"}
-        assert all(w["pid"] > 0 and w["cpu_s"] > 0 and w["restarts"] == 0 for w in status["workers"])
+        assert all(
+            w["pid"] > 0 and w["cpu_s"] > 0 and w["restarts"] == 0 for w in status["workers"]
+        )
         assert status["peers"]["sh"]["state"] == "up"
 
 
@@ -109,7 +111,5 @@ def test_one_gibibyte_through_workers_arrives_identical() -> None:
         assert np.array_equal(got, arr)
         # both bulk workers carried part of it
         with lab["bj"].client() as gw:
-            sent = {
-                r["worker"]: r["sent_bytes"] for r in gw.paths() if r["worker"] in (1, 2)
-            }
+            sent = {r["worker"]: r["sent_bytes"] for r in gw.paths() if r["worker"] in (1, 2)}
         assert sent[1] > 256 * MiB and sent[2] > 256 * MiB, sent

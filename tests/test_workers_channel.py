@@ -23,7 +23,9 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_a_packet_round_trips_with_exact_bytes() -> None:
     packet = encode("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
-    assert packet == bytes.fromhex("84a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000")
+    assert packet == bytes.fromhex(
+        "84a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000"
+    )
     assert decode(packet, 0) == ("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
 
 
@@ -33,7 +35,7 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (b"\xc1", 0, "a packet of 1 bytes is not msgpack"),
         (msgpack.packb([1, 2]), 0, "a packet is a list, not a map"),
         (msgpack.packb({"k": "explode"}), 0, "unknown packet kind 'explode'"),
-        (msgpack.packb({"k": "done"}), 0, r"done packet: missing keys \['sid'\], unknown keys \[\]"),
+        (msgpack.packb({"k": "done"}), 0, r"done: missing keys \['sid'\], unknown keys \[\]"),
         (msgpack.packb({"k": "done", "sid": 1, "x": 2}), 0, r"unknown keys \['x'\]"),
         (msgpack.packb({"k": "done", "sid": "1"}), 0, "done packet: sid is a str"),
         (msgpack.packb({"k": "done", "sid": True}), 0, "done packet: sid is a bool"),
@@ -66,7 +68,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
                 os.close(fd)
             arrived.set()
 
-        receiver = Channel(right, on_message, lambda reason: (closed.append(reason), arrived.set()))
+        receiver = Channel(right, on_message, lambda why: (closed.append(why), arrived.set()))
         sender = Channel(left, lambda *_: None, lambda reason: None)
         fd = os.memfd_create("t")
         os.write(fd, b"hello")
@@ -82,6 +84,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         arrived.clear()
         await arrived.wait()
         sender.close()
+        assert receiver.closed
         return got, closed, b""
 
     got, closed, _ = asyncio.run(main())

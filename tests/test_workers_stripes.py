@@ -24,7 +24,11 @@ MiB = 1 << 20
 
 
 def test_stripes_cover_the_payload_exactly_once() -> None:
-    assert stripe_ranges(10 * MiB, 4 * MiB) == [(0, 4 * MiB), (4 * MiB, 4 * MiB), (8 * MiB, 2 * MiB)]
+    assert stripe_ranges(10 * MiB, 4 * MiB) == [
+        (0, 4 * MiB),
+        (4 * MiB, 4 * MiB),
+        (8 * MiB, 2 * MiB),
+    ]
     assert stripe_ranges(8 * MiB, 4 * MiB) == [(0, 4 * MiB), (4 * MiB, 4 * MiB)]
     assert stripe_ranges(1, 4 * MiB) == [(0, 1)]
     assert stripe_ranges(0) == [(0, 0)]  # an empty message still travels
@@ -45,7 +49,9 @@ def test_stripes_go_to_the_worker_with_the_fewest_bytes_queued() -> None:
 
 
 def test_a_descriptor_round_trips_ahead_of_the_meta() -> None:
-    descriptor = StripeDescriptor(instance=7, msg_id=3, offset=4 * MiB, total=10 * MiB, checksum=0xDEADBEEF)
+    descriptor = StripeDescriptor(
+        instance=7, msg_id=3, offset=4 * MiB, total=10 * MiB, checksum=0xDEADBEEF
+    )
     meta = descriptor.encode(b"tensor-meta")
     assert len(meta) == DESCRIPTOR_BYTES + len(b"tensor-meta") == 51
     assert meta.hex()[:16] == b"WGS1".hex() + "00000000"
@@ -66,7 +72,10 @@ def test_a_descriptor_that_does_not_fit_is_the_peers_error() -> None:
 def _stripes(payload: bytes, size: int, msg_id: int = 1) -> list[tuple[StripeDescriptor, bytes]]:
     checksum = zlib.crc32(payload, zlib.crc32(b"m"))
     return [
-        (StripeDescriptor(9, msg_id, offset, len(payload), checksum), payload[offset : offset + length])
+        (
+            StripeDescriptor(9, msg_id, offset, len(payload), checksum),
+            payload[offset : offset + length],
+        )
         for offset, length in stripe_ranges(len(payload), size)
     ]
 
@@ -84,9 +93,8 @@ def test_stripes_in_any_order_with_duplicates_make_the_message_once() -> None:
         if added is not Added.DUPLICATE:
             buffer[descriptor.offset : descriptor.offset + len(part)] = part
         results.append(added)
-    assert results == [
-        Added.PARTIAL, Added.PARTIAL, Added.DUPLICATE, Added.PARTIAL, Added.DUPLICATE, Added.COMPLETE,
-    ]  # fmt: skip
+    partial, duplicate, complete = Added.PARTIAL, Added.DUPLICATE, Added.COMPLETE
+    assert results == [partial, partial, duplicate, partial, duplicate, complete]
     assert bytes(buffer) == payload
     context, crc = reassembly.finish(("sh", 9, 1), zlib.crc32(b"m"))
     assert context is buffer
@@ -104,7 +112,9 @@ def test_messages_of_two_instances_with_one_id_are_two_messages() -> None:
     assert reassembly.add(("sh", 1, 5), one, 4, 0, "a") is Added.COMPLETE
     reassembly.finish(("sh", 1, 5), 0)
     assert reassembly.is_new(("sh", 2, 5))
-    assert reassembly.add(("sh", 2, 5), StripeDescriptor(2, 5, 0, 4, 0), 4, 0, "b") is Added.COMPLETE
+    assert (
+        reassembly.add(("sh", 2, 5), StripeDescriptor(2, 5, 0, 4, 0), 4, 0, "b") is Added.COMPLETE
+    )
 
 
 def test_an_empty_message_is_complete_with_its_one_stripe() -> None:

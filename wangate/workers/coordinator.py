@@ -24,6 +24,7 @@ import os
 import time
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,9 +298,7 @@ class Coordinator(Gateway):
         peer = submission.peer
         meta = bytes(submission.meta)
         try:  # what a worker's session would refuse, refused now
-            MessageHeader(
-                submission.tag, submission.step, submission.critical, 0, meta
-            ).encode()
+            MessageHeader(submission.tag, submission.step, submission.critical, 0, meta).encode()
         except LocalProtocolError as exc:
             raise GatewayError(str(exc), code="bad_request") from None
         if len(meta) + DESCRIPTOR_BYTES > MAX_META_BYTES:
@@ -435,7 +434,9 @@ class Coordinator(Gateway):
         final = code in FINAL_CODES or message.peer in self._unreachable or expired
         stripe.attempts += 1
         if not final and stripe.attempts < MAX_ATTEMPTS:
-            log.info("stripe of message %d to %s sent again: %s", message.msg_id, message.peer, reason)
+            log.info(
+                "stripe of message %d to %s sent again: %s", message.msg_id, message.peer, reason
+            )
             self._dispatch([stripe], exclude=handle.index)
             return
         self._finish(message, reason)
@@ -486,7 +487,7 @@ class Coordinator(Gateway):
             raise GatewayError(f"unknown peer {peer!r}", code="unknown_peer")
         deadline_at = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            outcomes = self._outcomes.get(peer, {})
+            outcomes: Mapping[int, str | None] = self._outcomes.get(peer, {})
             if msg_id in outcomes:
                 failure = outcomes[msg_id]
                 if failure is None:
@@ -650,7 +651,9 @@ class Coordinator(Gateway):
         sources = self.inbox.mailbox.sources_of(tag) or frozenset(self.peers)
         if not sources or any(name not in self._unreachable for name in sources):
             return None
-        silent = ", ".join(f"{name} silent for {self._silent_s(name):.1f} s" for name in sorted(sources))
+        silent = ", ".join(
+            f"{name} silent for {self._silent_s(name):.1f} s" for name in sorted(sources)
+        )
         return PeerUnreachable(
             f"recv {tag!r}: every peer that could send it is unreachable ({silent})"
         )

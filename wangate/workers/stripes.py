@@ -73,9 +73,7 @@ class StripeDescriptor:
                 f"stripe of {stripe_bytes} bytes at offset {offset} runs past the message's "
                 f"{total} bytes"
             )
-        return cls(instance, msg_id, offset, total, checksum), bytes(
-            stripe_meta[DESCRIPTOR_BYTES:]
-        )
+        return cls(instance, msg_id, offset, total, checksum), bytes(stripe_meta[DESCRIPTOR_BYTES:])
 
 
 def stripe_ranges(total: int, stripe_bytes: int = STRIPE_BYTES) -> list[tuple[int, int]]:
