@@ -13,7 +13,10 @@ critical messages, so the bulk stripes go to count - 1 workers.
 Reported per count: seconds, goodput, CPU seconds of coordinators and of workers,
 CPU seconds per GiB moved (both sides), the coordinators' share, the ratio of CPU per
 GiB to count 1, and Mbit per CPU-second; the median over runs and the spread
-(min..max).
+(min..max). Every process also costs CPU while idle (timers, keep-alives: measured for
+``IDLE_S`` before the transfer), which grows with wall time, not bytes: on a loaded
+machine a slow run pays more of it. "beyond idle" subtracts that rate times the
+transfer's seconds, leaving the cost of the bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import numpy as np
 MiB = 1 << 20
 GiB = 1 << 30
 MESSAGE_BYTES = 16 * MiB
+IDLE_S = 3.0
 IPV4_UDP_OVERHEAD = 28
 
 
@@ -49,6 +53,11 @@ class Run:
     seconds: float
     coordinator_cpu_s: float  # both sites' daemon processes (all of it with count 1)
     worker_cpu_s: float  # both sites' worker processes
+    idle_cpu_s: float  # what all of them would have used idle for as long
+
+    @property
+    def cpu_s_per_gib_beyond_idle(self) -> float:
+        return (self.cpu_s - self.idle_cpu_s) / (self.total_bytes / GiB)
 
     @property
     def cpu_s(self) -> float:
@@ -88,7 +97,10 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
             pids[site.name] = [site.process.pid] + [w["pid"] for w in status.get("workers", [])]
         coordinators = [p[0] for p in pids.values()]
         worker_pids = [pid for p in pids.values() for pid in p[1:]]
+        idle_from = {pid: _cpu_s(pid) for pid in coordinators + worker_pids}
+        time.sleep(IDLE_S)  # the processes' idle cost per second, measured as they are now
         before = {pid: _cpu_s(pid) for pid in coordinators + worker_pids}
+        idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / IDLE_S
         errors: list[BaseException] = []
         finished: list[float] = []
 
@@ -120,12 +132,14 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
         if errors:
             raise errors[0]
         used = {pid: _cpu_s(pid) - before[pid] for pid in before}
+    seconds = finished[0] - started
     return Run(
         workers,
         count * MESSAGE_BYTES,
-        finished[0] - started,
+        seconds,
         sum(used[pid] for pid in coordinators),
         sum(used[pid] for pid in worker_pids),
+        idle_rate * seconds,
     )
 
 
@@ -138,12 +152,14 @@ def _spread(values: list[float], fmt: str) -> str:
 
 def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
     base = statistics.median(r.cpu_s_per_gib for r in runs[min(runs)])
+    base_beyond = statistics.median(r.cpu_s_per_gib_beyond_idle for r in runs[min(runs)])
     lines = [
         f"datagram {datagram_bytes} bytes; median (min..max) over {len(runs[min(runs)])} runs",
         "",
         "| workers | MiB | seconds | goodput Mbit/s | CPU s coordinators | CPU s workers "
-        "| CPU s per GiB | coordinator share | CPU/GiB vs 1 worker | Mbit per CPU-second |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU s per GiB | coordinator share | CPU/GiB vs 1 worker | Mbit per CPU-second "
+        "| CPU s per GiB beyond idle | beyond idle vs 1 worker |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workers, group in sorted(runs.items()):
         share = [r.coordinator_share for r in group] if workers > 1 else []
@@ -156,7 +172,9 @@ def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
             f"| {_spread([r.cpu_s_per_gib for r in group], '.1f')} "
             f"| {_spread([100 * s for s in share], '.1f') + ' %' if share else '-'} "
             f"| {_spread([r.cpu_s_per_gib / base for r in group], '.2f')} "
-            f"| {_spread([r.mbit_per_cpu_s for r in group], '.0f')} |"
+            f"| {_spread([r.mbit_per_cpu_s for r in group], '.0f')} "
+            f"| {_spread([r.cpu_s_per_gib_beyond_idle for r in group], '.1f')} "
+            f"| {_spread([r.cpu_s_per_gib_beyond_idle / base_beyond for r in group], '.2f')} |"
         )
     return "\n".join(lines)
 
@@ -180,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             runs[workers].append(run)
             print(
                 f"run {index} workers {workers}: {run.seconds:.2f} s, {run.cpu_s:.2f} CPU s "
-                f"(coordinators {run.coordinator_cpu_s:.2f}), {run.cpu_s_per_gib:.1f} CPU s/GiB",
+                f"(coordinators {run.coordinator_cpu_s:.2f}, idle {run.idle_cpu_s:.2f}), "
+                f"{run.cpu_s_per_gib:.1f} CPU s/GiB, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     print(f"load after {os.getloadavg()}")
