@@ -14,9 +14,9 @@ Reported per count: seconds, goodput, CPU seconds of coordinators and of workers
 CPU seconds per GiB moved (both sides), the coordinators' share, the ratio of CPU per
 GiB to count 1, and Mbit per CPU-second; the median over runs and the spread
 (min..max). Every process also costs CPU while idle (timers, keep-alives: measured for
-``IDLE_S`` before the transfer), which grows with wall time, not bytes: on a loaded
-machine a slow run pays more of it. "beyond idle" subtracts that rate times the
-transfer's seconds, leaving the cost of the bytes.
+``IDLE_S``, ``SETTLE_S`` after every path is up, before the transfer), which grows
+with wall time, not bytes: on a loaded machine a slow run pays more of it. "beyond
+idle" subtracts that rate times the transfer's seconds, leaving the cost of the bytes.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ MiB = 1 << 20
 GiB = 1 << 30
 MESSAGE_BYTES = 16 * MiB
 IDLE_S = 3.0
+SETTLE_S = 2.0
+START_TIMEOUT_S = 120.0
 IPV4_UDP_OVERHEAD = 28
 
 
@@ -88,7 +90,10 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
     lab = LoopbackSites(
         2, 1, mtu=datagram_bytes + IPV4_UDP_OVERHEAD, verbose=False, workers=workers
     )
-    with lab:
+    with contextlib.ExitStack() as stack:
+        stack.callback(lab.stop)
+        lab.start(timeout_s=START_TIMEOUT_S)  # a busy machine starts N processes slowly
+        time.sleep(SETTLE_S)  # paths validated, routes chosen: then idle is idle
         pids: dict[str, list[int]] = {}
         for site in lab.sites:
             assert site.process is not None
