@@ -78,7 +78,10 @@ class PathRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``paths`` row of the local API and ``wangate paths --json``."""
-        return dataclasses.asdict(self)
+        row = dataclasses.asdict(self)
+        if row["worker"] is None:
+            del row["worker"]  # only with worker processes: one process reports as before
+        return row
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> PathRow:
