@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from wangate.errors import RecvTimeout
-from wangate.loopback import LoopbackSites, SiteProcess
+from wangate.loopback import LoopbackSites, SiteProcess, write_site_configs
 from wangate.rows import PathRow
 
 pytestmark = pytest.mark.timeout(300)
@@ -113,3 +117,27 @@ def test_one_gibibyte_through_workers_arrives_identical() -> None:
         with lab["bj"].client() as gw:
             sent = {r["worker"]: r["sent_bytes"] for r in gw.paths() if r["worker"] in (1, 2)}
         assert sent[1] > 256 * MiB and sent[2] > 256 * MiB, sent
+
+
+def test_a_worker_that_cannot_listen_stops_the_start_naming_its_port(tmp_path: Path) -> None:
+    bj = write_site_configs(tmp_path, 2, 1, mtu=1500, workers=2)[0]
+    host, port = bj.config_path.read_text().split("listen = [")[1].split('"')[1].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind((host, int(port) + 1))  # worker 1's port
+        result = subprocess.run(
+            [sys.executable, "-m", "wangate", "run", "-c", str(bj.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (
+        f"worker 1: {bj.config_path}: site.listen[0]: cannot listen on {host}:{int(port) + 1}: "
+        "Address already in use"
+    ) in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "wangate: worker 1 exited while starting (end of file; exit code 2); its log lines "
+        "above say why"
+    )
+    assert not bj.socket_path.exists()

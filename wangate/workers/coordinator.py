@@ -158,6 +158,8 @@ class Coordinator(Gateway):
         except GatewayError:
             await self._stop_workers()
             raise
+        for handle in self.workers:
+            handle.started = True
         log.info("%d workers up: pids %s", self.count, [h.pid for h in self.workers])
         await self.start_local()
 

@@ -25,6 +25,7 @@ from wangate.workers.channel import Channel
 log = logging.getLogger("wangate.workers")
 
 STOP_TIMEOUT_S = 5.0
+EXIT_WAIT_S = 0.5
 
 OnMessage = Callable[["WorkerHandle", str, dict[str, Any], list[int]], None]
 OnGone = Callable[["WorkerHandle", str], None]
@@ -55,6 +56,7 @@ class WorkerHandle:
         self.pid: int | None = None
         self.started_at = 0.0
         self.restarts = 0
+        self.started = False  # the coordinator is up: an exit from now on means a restart
         self.stripes: set[int] = set()  # stripe ids it holds, not confirmed yet
         self.queued_bytes = 0  # their payload bytes
         self.report: dict[str, Any] | None = None  # its last report (rows, status, cpu)
@@ -125,6 +127,8 @@ class WorkerHandle:
         """The worker sent what it must not: end it (the coordinator restarts it)."""
         if self.channel is not None:
             self.channel.close()
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
         self._closed(self.generation, reason)
 
     def _closed(self, generation: int, reason: str) -> None:
@@ -133,12 +137,14 @@ class WorkerHandle:
         process = self.process
         code = None
         if process is not None:
-            if process.poll() is None:
+            try:  # its socket closes as it exits: its exit status is a moment away
+                code = process.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:  # alive, its channel closed or wrong: end it
                 process.kill()
-            code = process.wait()  # killed or exited: immediate
+                code = process.wait()
         self.channel = None
         why = f"{reason}; exit code {code}" if reason == "end of file" else reason
-        if self.ready is not None and not self.ready.done():
+        if not self.started and self.ready is not None and not self.ready.done():
             self.ready.set_exception(
                 GatewayError(
                     f"worker {self.index} exited while starting ({why}); its log lines above "
