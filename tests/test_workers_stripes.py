@@ -152,3 +152,13 @@ def test_a_stripes_own_crc_comes_from_its_checksum_without_a_pass() -> None:
         checksum = zlib.crc32(part, zlib.crc32(meta))
         assert stripe_crc(checksum, zlib.crc32(meta), length) == zlib.crc32(part)
         assert crc32_combine(zlib.crc32(meta), zlib.crc32(part), length) == checksum
+
+
+def test_a_message_without_new_stripes_for_long_is_idle_and_dropped() -> None:
+    reassembly: Reassembly[str] = Reassembly()
+    reassembly.add("old", StripeDescriptor(1, 1, 0, 10, 0), 4, 0, "a", now=100.0)
+    reassembly.add("new", StripeDescriptor(1, 2, 0, 10, 0), 4, 0, "b", now=150.0)
+    reassembly.add("old", StripeDescriptor(1, 1, 0, 10, 0), 4, 0, "a", now=155.0)  # duplicate
+    assert reassembly.idle(160.0, 60.0) == ["old"]  # a duplicate is not progress
+    assert reassembly.drop("old") == "a"
+    assert reassembly.idle(210.0, 60.0) == ["new"] and len(reassembly) == 1

@@ -552,7 +552,7 @@ class Coordinator(Gateway):
             assembly = self._reassembly.context(key)
         crc = stripe_crc(fields["checksum"], zlib.crc32(fields["meta"]), length)
         try:
-            added = self._reassembly.add(key, descriptor, length, crc, assembly)
+            added = self._reassembly.add(key, descriptor, length, crc, assembly, time.monotonic())
         except RemoteProtocolError as exc:
             log.warning("worker %d: dropped a stripe from %s: %s", handle.index, peer, exc)
             added = Added.DUPLICATE
@@ -593,6 +593,14 @@ class Coordinator(Gateway):
             self._take(previous[0], previous[1], peer, _taken(previous))
         self._held[(peer, descriptor.msg_id)] = held
         self._deliver(delivery)
+
+    def _drop_idle(self, now: float) -> None:
+        for key in self._reassembly.idle(now, self.config.limits.partial_message_idle_s):
+            assembly = self._reassembly.drop(key)
+            if assembly is not None:
+                log.warning("a partial message (%s) got nothing for %d s: dropped", key,
+                            self.config.limits.partial_message_idle_s)  # fmt: skip
+                self.inbound_segments.free(assembly.buffer)
 
     def _take(
         self, handle: WorkerHandle, generation: int, peer: str, fields: dict[str, Any]
@@ -671,6 +679,8 @@ class Coordinator(Gateway):
             raise ChannelError(f"a report without rows or peer states: {exc!r}") from None
         handle.report = fields
         handle.report["states"] = states
+        if handle.index == 0:  # every REPORT_INTERVAL_S: drop what will never complete
+            self._drop_idle(time.monotonic())
         reports = [h.report for h in self.workers]
         for name in self.peers:
             unreachable = all(

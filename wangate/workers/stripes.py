@@ -119,6 +119,7 @@ class _Assembly(Generic[T]):
     context: T
     stripes: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> length, CRC
     received: int = 0
+    last_at: float = 0.0  # when its last new stripe came
 
 
 class Reassembly(Generic[T]):
@@ -138,7 +139,13 @@ class Reassembly(Generic[T]):
         return key not in self._open and key not in self._done
 
     def add(
-        self, key: Hashable, descriptor: StripeDescriptor, length: int, crc: int, context: T
+        self,
+        key: Hashable,
+        descriptor: StripeDescriptor,
+        length: int,
+        crc: int,
+        context: T,
+        now: float = 0.0,
     ) -> Added:
         """Account one stripe of ``length`` payload bytes whose CRC-32 is ``crc``.
 
@@ -174,6 +181,7 @@ class Reassembly(Generic[T]):
                 )
         assembly.stripes[offset] = (length, crc)
         assembly.received += length
+        assembly.last_at = now
         if assembly.received < assembly.total:
             return Added.PARTIAL
         return Added.COMPLETE
@@ -200,6 +208,11 @@ class Reassembly(Generic[T]):
 
     def keys(self) -> list[Hashable]:
         return list(self._open)
+
+    def idle(self, now: float, idle_s: float) -> list[Hashable]:
+        """Messages that got no new stripe for ``idle_s`` (their sender restarted, or
+        gave them up): the shell drops them, as a session drops a partial message."""
+        return [k for k, a in self._open.items() if now - a.last_at >= idle_s]
 
     def _remember(self, key: Hashable) -> None:
         self._done[key] = None
