@@ -17,7 +17,6 @@ seen, so nothing is delivered twice (proto/workers.md).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import os
@@ -42,20 +41,19 @@ from wangate.errors import (
     RemoteProtocolError,
 )
 from wangate.errors import MessageFailed as MessageFailedError
-from wangate.localapi.segments import SIZE_SEALS, SegmentError, map_segment, new_segment, seal
+from wangate.localapi.segments import SIZE_SEALS, new_segment, seal
 from wangate.net.peer_driver import MAX_OUTCOMES, RECENT_FAILURES
 from wangate.reload import ReloadPlan
-from wangate.rows import GatewayStatus, PathRow, PeerStatus
+from wangate.rows import GatewayStatus, PathRow
 from wangate.service import Delivery, Submission
 from wangate.workers.channel import ChannelError
+from wangate.workers.merge import merged_peer, silent_s, worker_maps, worker_rows
 from wangate.workers.pool import WorkerHandle
+from wangate.workers.receiving import StripeReceiver
 from wangate.workers.stripes import (
     DESCRIPTOR_BYTES,
-    Added,
-    Reassembly,
     StripeDescriptor,
     assign_workers,
-    stripe_crc,
     stripe_ranges,
 )
 
@@ -101,17 +99,6 @@ class _Stripe:
     acked: bool = False  # the peer had it whole once: no longer counts as waiting
 
 
-@dataclass
-class _In:
-    """A message being assembled from stripes."""
-
-    buffer: bytearray | memoryview
-    tag: str
-    step: int
-    critical: bool
-    meta: bytes
-
-
 class Coordinator(Gateway):
     def __init__(self, config: Config, count: int) -> None:
         super().__init__(config)
@@ -132,12 +119,9 @@ class Coordinator(Gateway):
         self._recent_failures: dict[str, deque[dict[str, Any]]] = {}
         self._changed: dict[str, asyncio.Event] = {}  # an outcome, the state, room
         self._unreachable: set[str] = set()
-        self._reassembly: Reassembly[_In] = Reassembly()
-        # delivered, not taken: the completing stripe's worker waits for the trainer
-        self._held: dict[tuple[str, int], tuple[WorkerHandle, int, int, int]] = {}
-        self._refused: dict[str, deque[Delivery]] = {}
-        self._redelivery: dict[str, asyncio.Task[None]] = {}
-        self.copied_bytes = 0  # stripe bytes copied into delivery segments
+        self._receiver = StripeReceiver(
+            self.inbox, self.inbound_segments, self.max_message_bytes, self.peers.__contains__
+        )
 
     # ------------------------------------------------------------- lifecycle
 
@@ -172,8 +156,7 @@ class Coordinator(Gateway):
         for stripe in self._stripes.values():
             os.close(stripe.fd)
         self._stripes.clear()
-        for task in self._redelivery.values():
-            task.cancel()
+        self._receiver.close()
         await super().close()
 
     def apply_reload(self, plan: ReloadPlan) -> None:
@@ -200,7 +183,7 @@ class Coordinator(Gateway):
             elif kind == "failed":
                 self._stripe_failed(handle, fields["sid"], fields["reason"], fields["code"])
             elif kind == "recv":
-                self._received(handle, fields, fds[0])
+                self._receiver.received(handle, fields, fds[0])
             elif kind == "report":
                 self._reported(handle, fields)
             else:
@@ -521,133 +504,15 @@ class Coordinator(Gateway):
 
     # --------------------------------------------------------------- receiving
 
-    def _received(self, handle: WorkerHandle, fields: dict[str, Any], fd: int) -> None:
-        peer, length = fields["peer"], fields["length"]
-        try:
-            if peer not in self.peers:
-                raise RemoteProtocolError(f"a stripe from {peer!r}, which is not a peer")
-            descriptor, meta = StripeDescriptor.decode(fields["meta"], length)
-            if descriptor.total > self.max_message_bytes:
-                raise RemoteProtocolError(
-                    f"a stripe of a message of {descriptor.total} bytes, over "
-                    f"limits.max_message_bytes ({self.max_message_bytes})"
-                )
-            source = map_segment(fd, fields["offset"], length)
-        except (RemoteProtocolError, SegmentError) as exc:
-            log.warning("worker %d: dropped a message from %s: %s", handle.index, peer, exc)
-            self._take(handle, handle.generation, fields["peer"], fields)
-            return
-        finally:
-            os.close(fd)
-        key = (peer, descriptor.instance, descriptor.msg_id)
-        if self._reassembly.is_new(key):
-            assembly = _In(
-                self.inbound_segments.allocate(descriptor.total, 0),
-                fields["tag"],
-                fields["step"],
-                fields["critical"],
-                meta,
-            )
-        else:
-            assembly = self._reassembly.context(key)
-        crc = stripe_crc(fields["checksum"], zlib.crc32(fields["meta"]), length)
-        try:
-            added = self._reassembly.add(key, descriptor, length, crc, assembly, time.monotonic())
-        except RemoteProtocolError as exc:
-            log.warning("worker %d: dropped a stripe from %s: %s", handle.index, peer, exc)
-            added = Added.DUPLICATE
-        if added is Added.DUPLICATE:
-            self._take(handle, handle.generation, peer, fields)
-            return
-        assembly.buffer[descriptor.offset : descriptor.offset + length] = source
-        self.copied_bytes += length
-        del source
-        if added is Added.PARTIAL:
-            self._take(handle, handle.generation, peer, fields)
-            return
-        assembly, crc = self._reassembly.finish(key, zlib.crc32(assembly.meta))
-        if crc != descriptor.checksum:
-            log.warning(
-                "message %d from %s: checksum %08x, sender declared %08x; dropped",
-                descriptor.msg_id,
-                peer,
-                crc,
-                descriptor.checksum,
-            )
-            self.inbound_segments.free(assembly.buffer)
-            self._take(handle, handle.generation, peer, fields)
-            return
-        delivery = Delivery(
-            source=peer,
-            tag=assembly.tag,
-            step=assembly.step,
-            critical=assembly.critical,
-            meta=assembly.meta,
-            payload=assembly.buffer,
-            checksum=descriptor.checksum,
-            msg_id=descriptor.msg_id,
-        )
-        held = (handle, handle.generation, fields["msg_id"], fields["body_bytes"])
-        previous = self._held.pop((peer, descriptor.msg_id), None)
-        if previous is not None:  # the peer restarted: its ids began again
-            self._take(previous[0], previous[1], peer, _taken(previous))
-        self._held[(peer, descriptor.msg_id)] = held
-        self._deliver(delivery)
-
-    def _drop_idle(self, now: float) -> None:
-        for key in self._reassembly.idle(now, self.config.limits.partial_message_idle_s):
-            assembly = self._reassembly.drop(key)
-            if assembly is not None:
-                log.warning("a partial message (%s) got nothing for %d s: dropped", key,
-                            self.config.limits.partial_message_idle_s)  # fmt: skip
-                self.inbound_segments.free(assembly.buffer)
-
-    def _take(
-        self, handle: WorkerHandle, generation: int, peer: str, fields: dict[str, Any]
-    ) -> None:
-        """Tell the worker its stripe was taken: its credit is free, the sender learns it."""
-        if handle.generation == generation:
-            handle.send(
-                "taken",
-                {"peer": peer, "msg_id": fields["msg_id"], "body_bytes": fields["body_bytes"]},
-            )
-
-    def _deliver(self, delivery: Delivery) -> None:
-        source = delivery.source
-        refused = self._refused.setdefault(source, deque())
-        if refused or not self.inbox.try_deliver(delivery):
-            refused.append(delivery)
-            if source not in self._redelivery:
-                task = asyncio.get_running_loop().create_task(self._redeliver(source))
-                self._redelivery[source] = task
-
-    async def _redeliver(self, source: str) -> None:
-        refused = self._refused[source]
-        try:
-            while refused:
-                await self.inbox.deliver(refused[0])
-                refused.popleft()
-        finally:
-            self._redelivery.pop(source, None)
-
     async def receive(
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
     ) -> Delivery:
         delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
-        held = self._held.pop((delivery.source, delivery.msg_id), None)
-        if held is not None:
-            self._take(held[0], held[1], delivery.source, _taken(held))
+        self._receiver.taken(delivery)
         return self._with_segment(delivery)
 
     def _silent_s(self, peer: str) -> float:
-        return min(
-            (
-                float(h.report["status"]["peers"][peer]["silent_s"])
-                for h in self.workers
-                if h.report is not None and peer in h.report["status"]["peers"]
-            ),
-            default=0.0,
-        )
+        return silent_s(self.workers, peer)
 
     def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
         """As ``Gateway._hopeless_recv``, from the workers' reports."""
@@ -680,7 +545,7 @@ class Coordinator(Gateway):
         handle.report = fields
         handle.report["states"] = states
         if handle.index == 0:  # every REPORT_INTERVAL_S: drop what will never complete
-            self._drop_idle(time.monotonic())
+            self._receiver.drop_idle(time.monotonic(), self.config.limits.partial_message_idle_s)
         reports = [h.report for h in self.workers]
         for name in self.peers:
             unreachable = all(
@@ -697,80 +562,30 @@ class Coordinator(Gateway):
             self._event(name).set()
 
     def paths(self) -> list[PathRow]:
-        rows: list[PathRow] = []
-        for handle in self.workers:
-            if handle.report is not None:
-                rows += [
-                    dataclasses.replace(PathRow.from_dict(row), worker=handle.index)
-                    for row in handle.report["rows"]
-                ]
-                continue
-            for peer in self.config.peers:
-                for path in peer.paths:
-                    row = PathRow.not_connected(peer.name, path.name, path.local or "*", "")
-                    rows.append(dataclasses.replace(row, worker=handle.index))
-        return rows
+        return worker_rows(self.workers, self.config)
 
     def status(self, rows: list[PathRow] | None = None) -> GatewayStatus:
         if rows is None:
             rows = self.paths()
-        peers: dict[str, PeerStatus] = {}
-        for name in self.peers:
-            infos = [
-                h.report["status"]["peers"][name]
-                for h in self.workers
-                if h.report is not None and name in h.report["status"]["peers"]
-            ]
-            counters: dict[str, Any] = {}
-            for info in infos:
-                for key, value in PeerStatus.from_dict(info).counters.items():
-                    counters[key] = counters.get(key, 0) + value
-            counters["messages_in_flight"] = sum(1 for key in self._out if key[0] == name)
-            # restarted on any worker says what happened; up on any, that it is reachable
-            by_state = {str(info["state"]): info for info in reversed(infos)}
-            if name in self._unreachable:
-                state, reason = "unreachable", by_state["unreachable"]["state_reason"]
-            elif not infos:
-                state, reason = "degraded", "workers starting"
-            else:
-                state = next(
-                    s for s in ("restarted", "up", "degraded", "unreachable") if s in by_state
-                )
-                reason = by_state[state]["state_reason"]
-                state = "degraded" if state == "unreachable" else state
-            peers[name] = PeerStatus.from_dict(
-                {
-                    **counters,
-                    "messages_held": sum(int(info["messages_held"]) for info in infos),
-                    "state": state,
-                    "state_reason": reason,
-                    "silent_s": min((float(i["silent_s"]) for i in infos), default=0.0),
-                    "paths_up": sorted(
-                        {r.path for r in rows if r.peer == name and r.state != "down"}
-                    ),
-                    "recent_failures": list(self._recent_failures.get(name, ())),
-                }
-            )
         return GatewayStatus(
             site=self.site_name,
             version=__version__,
             uptime_s=round(time.monotonic() - self.started_at, 3),
-            peers=peers,
+            peers={
+                name: merged_peer(
+                    name,
+                    self.workers,
+                    rows,
+                    unreachable=name in self._unreachable,
+                    in_flight=sum(1 for key in self._out if key[0] == name),
+                    failures=list(self._recent_failures.get(name, ())),
+                )
+                for name in self.peers
+            },
             local_messages=self.local_messages,
             inbox_queued=self.inbox.mailbox.queued_count(),
             inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
-            workers=tuple(
-                {
-                    "index": h.index,
-                    "pid": h.pid or 0,
-                    "role": "critical" if h.index == 0 else "bulk",
-                    "cpu_s": round(h.cpu_s, 3),
-                    "queued_bytes": h.queued_bytes,
-                    "stripes": len(h.stripes),
-                    "restarts": h.restarts,
-                }
-                for h in self.workers
-            ),
+            workers=worker_maps(self.workers),
         )
 
     def status_counts(self) -> tuple[int, int, int, int, int]:
@@ -788,10 +603,6 @@ class Coordinator(Gateway):
         log.warning("%s/%s: connections reset by operator", peer, path)
         for handle in self.workers:
             handle.send("reset", {"peer": peer, "path": path})
-
-
-def _taken(held: tuple[WorkerHandle, int, int, int]) -> dict[str, Any]:
-    return {"msg_id": held[2], "body_bytes": held[3]}
 
 
 def _stage(part: memoryview) -> tuple[int, int]:
