@@ -24,24 +24,20 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from wangate import __version__
-from wangate.checksum import crc32, crc32_combine
+from wangate.checksum import crc32_combine
 from wangate.config import Config
-from wangate.core.message import MAX_META_BYTES, MessageHeader
 from wangate.daemon import Gateway
 from wangate.errors import (
     DeadlineExceeded,
     GatewayError,
-    LocalProtocolError,
     PeerUnreachable,
     RecvTimeout,
     RemoteProtocolError,
 )
 from wangate.errors import MessageFailed as MessageFailedError
-from wangate.localapi.segments import SIZE_SEALS, new_segment, seal
 from wangate.net.peer_driver import MAX_OUTCOMES, RECENT_FAILURES
 from wangate.reload import ReloadPlan
 from wangate.rows import GatewayStatus, PathRow
@@ -50,11 +46,10 @@ from wangate.workers.channel import ChannelError
 from wangate.workers.merge import merged_peer, silent_s, worker_maps, worker_rows
 from wangate.workers.pool import WorkerHandle
 from wangate.workers.receiving import StripeReceiver
+from wangate.workers.sending import OutMessage, Stripe, stage_payload
 from wangate.workers.stripes import (
-    DESCRIPTOR_BYTES,
     StripeDescriptor,
     assign_workers,
-    stripe_ranges,
 )
 
 log = logging.getLogger("wangate.workers")
@@ -62,41 +57,10 @@ log = logging.getLogger("wangate.workers")
 STARTUP_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 4  # sends of one stripe that failed (a worker that exits does not count)
 RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits this long
-STRIPE_NAME = "wangate-stripe"
 # failures a new attempt cannot mend
 FINAL_CODES = frozenset(
     {"peer_unreachable", "deadline", "bad_request", "unknown_peer", "peer_restarted"}
 )
-
-
-@dataclass
-class _Out:
-    """A message being sent."""
-
-    peer: str
-    msg_id: int
-    tag: str
-    step: int
-    critical: bool
-    total: int
-    started_at: float
-    deadline_at: float | None
-    left: int  # stripes not confirmed yet
-    finished: bool = False
-
-
-@dataclass
-class _Stripe:
-    sid: int
-    message: _Out
-    offset: int
-    length: int
-    fd: int  # the staged copy, kept until confirmed (a worker that exits needs it again)
-    meta: bytes
-    checksum: int
-    worker: int = -1
-    attempts: int = 0
-    acked: bool = False  # the peer had it whole once: no longer counts as waiting
 
 
 class Coordinator(Gateway):
@@ -111,8 +75,8 @@ class Coordinator(Gateway):
             for i in range(count)
         ]
         self._sids = itertools.count(1)
-        self._stripes: dict[int, _Stripe] = {}
-        self._out: dict[tuple[str, int], _Out] = {}
+        self._stripes: dict[int, Stripe] = {}
+        self._out: dict[tuple[str, int], OutMessage] = {}
         self._last_msg_id: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # bytes of messages in flight, per peer
         self._outcomes: dict[str, OrderedDict[int, str | None]] = {}
@@ -282,39 +246,13 @@ class Coordinator(Gateway):
     def _send(self, submission: Submission, arrived_at: float) -> int:
         peer = submission.peer
         meta = bytes(submission.meta)
-        try:  # what a worker's session would refuse, refused now
-            MessageHeader(submission.tag, submission.step, submission.critical, 0, meta).encode()
-        except LocalProtocolError as exc:
-            raise GatewayError(str(exc), code="bad_request") from None
-        if len(meta) + DESCRIPTOR_BYTES > MAX_META_BYTES:
-            raise GatewayError(
-                f"tensor description over {MAX_META_BYTES - DESCRIPTOR_BYTES} bytes "
-                "(with [workers], a stripe descriptor shares the limit)",
-                code="bad_request",
-            )
         view = memoryview(submission.payload).cast("B")
         total = view.nbytes
-        ranges = stripe_ranges(total)
-        staged: list[tuple[int, int]] = []
-        crc = zlib.crc32(meta)
-        try:
-            for offset, length in ranges:
-                fd, part_crc = _stage(view[offset : offset + length])
-                staged.append((fd, part_crc))
-                crc = crc32_combine(crc, part_crc, length)
-        except OSError as exc:
-            _close_fds(fd for fd, _ in staged)
-            raise GatewayError(f"cannot stage the payload in shared memory: {exc}") from None
-        if crc != submission.checksum & 0xFFFFFFFF:
-            _close_fds(fd for fd, _ in staged)
-            raise GatewayError(
-                f"send {submission.tag!r} (step {submission.step}) to {peer}: the payload's "
-                f"checksum is {crc:08x}, the request declares {submission.checksum:08x}",
-                code="checksum",
-            )
+        staged = stage_payload(submission, meta, view)  # raises GatewayError
+        ranges = [(offset, length) for offset, length, _, _ in staged]
         msg_id = self._last_msg_id[peer] = self._last_msg_id.get(peer, 0) + 1
         deadline_s = submission.deadline_s
-        message = _Out(
+        message = OutMessage(
             peer,
             msg_id,
             submission.tag,
@@ -328,19 +266,19 @@ class Coordinator(Gateway):
         self._out[(peer, msg_id)] = message
         self._pending[peer] = self._pending.get(peer, 0) + total
         stripes = []
-        for (offset, length), (fd, part_crc) in zip(ranges, staged, strict=True):
+        for offset, length, fd, part_crc in staged:
             descriptor = StripeDescriptor(
                 self.instance_id, msg_id, offset, total, submission.checksum & 0xFFFFFFFF
             )
             stripe_meta = descriptor.encode(meta)
             checksum = crc32_combine(zlib.crc32(stripe_meta), part_crc, length)
-            stripe = _Stripe(next(self._sids), message, offset, length, fd, stripe_meta, checksum)
+            stripe = Stripe(next(self._sids), message, offset, length, fd, stripe_meta, checksum)
             self._stripes[stripe.sid] = stripe
             stripes.append(stripe)
         self._dispatch(stripes)
         return msg_id
 
-    def _dispatch(self, stripes: list[_Stripe], exclude: int | None = None) -> None:
+    def _dispatch(self, stripes: list[Stripe], exclude: int | None = None) -> None:
         """Hand ``stripes`` to workers: critical ones to worker 0, the rest spread over
         the bulk workers by the bytes they hold."""
         if not stripes:
@@ -379,7 +317,7 @@ class Coordinator(Gateway):
                 [os.dup(stripe.fd)],
             )
 
-    def _release(self, handle: WorkerHandle, sid: int) -> _Stripe | None:
+    def _release(self, handle: WorkerHandle, sid: int) -> Stripe | None:
         stripe = self._stripes.get(sid)
         if stripe is None or stripe.worker != handle.index or sid not in handle.stripes:
             return None
@@ -426,14 +364,14 @@ class Coordinator(Gateway):
             return
         self._finish(message, reason)
 
-    def _drop_stripe(self, stripe: _Stripe) -> None:
+    def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:
             os.close(stripe.fd)
             if not stripe.acked:
                 stripe.acked = True
                 self._pending[stripe.message.peer] -= stripe.length
 
-    def _finish(self, message: _Out, failure: str | None) -> None:
+    def _finish(self, message: OutMessage, failure: str | None) -> None:
         message.finished = True
         peer = message.peer
         self._out.pop((peer, message.msg_id), None)
@@ -603,29 +541,3 @@ class Coordinator(Gateway):
         log.warning("%s/%s: connections reset by operator", peer, path)
         for handle in self.workers:
             handle.send("reset", {"peer": peer, "path": path})
-
-
-def _stage(part: memoryview) -> tuple[int, int]:
-    """A sealed segment holding a copy of ``part``, and the copy's CRC-32."""
-    length = part.nbytes
-    if length == 0:
-        fd = os.memfd_create(STRIPE_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        seal(fd, SIZE_SEALS)
-        return fd, 0
-    fd, mapping = new_segment(length, STRIPE_NAME)
-    try:
-        copy = memoryview(mapping)
-        copy[:length] = part
-        crc = crc32(copy[:length])  # of the copy: what the workers send
-        copy.release()
-        mapping.close()
-        seal(fd, SIZE_SEALS)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, crc
-
-
-def _close_fds(fds: Any) -> None:
-    for fd in fds:
-        os.close(fd)
