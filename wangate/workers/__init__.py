@@ -1,8 +1,10 @@
 """Worker processes: one gateway host uses several cores (``[workers] count``).
 
-``coordinator`` is the daemon process with workers; ``worker`` is one worker process;
-``pool`` starts and watches them; ``channel`` is the control channel between them;
-``stripes`` cuts messages for them and puts them back together (pure).
+``coordinator`` is the daemon process with workers (``sending`` stages a message's
+stripes, ``receiving`` puts arriving stripes together and delivers them, ``merge``
+builds ``paths`` and ``status`` from the workers' reports); ``worker`` is one worker
+process; ``pool`` starts and watches them; ``channel`` is the control channel between
+them; ``stripes`` cuts messages and puts them back together (pure).
 proto/workers.md has the protocol; wangate/net/README.md the drivers a worker runs.
 """
 
