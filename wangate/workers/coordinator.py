@@ -58,9 +58,9 @@ STARTUP_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 4  # sends of one stripe that failed (a worker that exits does not count)
 RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits this long
 # failures a new attempt cannot mend
-FINAL_CODES = frozenset(
-    {"peer_unreachable", "deadline", "bad_request", "unknown_peer", "peer_restarted"}
-)
+# (one worker finding the peer unreachable is not final: another may reach it; the
+# peer is unreachable when every worker finds it so, see _reported)
+FINAL_CODES = frozenset({"deadline", "bad_request", "unknown_peer", "peer_restarted"})
 
 
 class Coordinator(Gateway):
@@ -289,6 +289,9 @@ class Coordinator(Gateway):
             candidates = [w for w in range(1, self.count) if w != exclude] or [
                 w for w in range(1, self.count)
             ]
+        # a worker just restarted has no connection yet: those that have one go first
+        connected = [w for w in candidates if self._connected(w, stripes[0].message.peer)]
+        candidates = connected or candidates
         queued = {h.index: h.queued_bytes for h in self.workers}
         chosen = assign_workers([s.length for s in stripes], queued, candidates)
         now = time.monotonic()
@@ -316,6 +319,12 @@ class Coordinator(Gateway):
                 },
                 [os.dup(stripe.fd)],
             )
+
+    def _connected(self, index: int, peer: str) -> bool:
+        report = self.workers[index].report
+        return report is not None and any(
+            row["peer"] == peer and row["state"] != "down" for row in report["rows"]
+        )
 
     def _release(self, handle: WorkerHandle, sid: int) -> Stripe | None:
         stripe = self._stripes.get(sid)
