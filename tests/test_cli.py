@@ -51,6 +51,7 @@ def test_paths_json_has_the_contract_keys(sites: LoopbackSites) -> None:
         assert row.keys() >= CONTRACT_KEYS
         assert list(row) == every_key  # every row has every key, in the documented order
         assert row["state"] in ("up", "degraded")
+        assert isinstance(row["capacity_mbps"], float) and row["capacity_mbps"] >= 0.0
         assert row["role"] in ("critical", "backup", "bulk")
         assert row["local"].startswith("127.0.10.")
         assert row["remote"].startswith("127.0.11.")

@@ -524,17 +524,20 @@ def test_measured_shares_from_reports() -> None:
     from wangate.collective.capacity import Reports, out_rates_mbps
     from wangate.rows import PathRow
 
-    def row(peer: str, state: Any, rate_mbps: float | None) -> PathRow:
+    def row(
+        peer: str, state: Any, capacity_mbps: float | None, rate_mbps: float | None = 0.0
+    ) -> PathRow:
         down = PathRow.not_connected(peer, "p", "*", "(peer dials)")
-        return replace(down, state=state, rate_mbps=rate_mbps)
+        return replace(down, state=state, capacity_mbps=capacity_mbps, rate_mbps=rate_mbps)
 
     rows = [
-        row("gz", "up", 80.0),
+        row("gz", "up", 70.0),  # capacity, not the delivery rate of the last 10 s (0)
+        row("gz", "up", None, 10.0),  # a gateway without capacity_mbps: its rate
         row("gz", "down", 500.0),  # down: not counted
-        row("sh", "degraded", 20.0),
+        row("sh", "degraded", 20.0, 3.0),
         row("xx", "up", 900.0),  # not in the call
         row("sh", "up", float("nan")),
-        row("sh", "up", None),  # not measured yet
+        row("sh", "up", None, None),  # not measured yet
     ]
     assert out_rates_mbps(rows, ("gz", "sh")) == {"gz": 80.0, "sh": 20.0}
     plan = Plan.equal(["bj", "gz", "sh"])

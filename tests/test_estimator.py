@@ -332,6 +332,7 @@ def test_snapshot_has_every_key_in_display_units() -> None:
         "loss": 1.0,
         "loss_samples": 1,
         "rate_mbps": 0.0,
+        "capacity_mbps": 0.0,
         "inflight_bytes": 1000,
         "sent_bytes": 1500,
         "acked_bytes": 0,

@@ -61,7 +61,7 @@ ROW_UP: dict[str, Any] = {
     "rtt_p99_ms": 20.5, "jitter_ms": 0.25, "loss": 0.01, "loss_samples": 100,
     "rate_mbps": 80.0, "inflight_bytes": 3000, "rto_ms": 200.0, "sent_bytes": 123456,
     "recv_bytes": 654321, "acked_bytes": 120000, "lost_bytes": 1200, "spurious_losses": 2,
-    "role": "critical", "peer_state": "degraded",
+    "role": "critical", "peer_state": "degraded", "capacity_mbps": 96.0,
 }  # fmt: skip
 ROW_DOWN: dict[str, Any] = {
     "peer": "sh", "path": 'we"ird', "local": "*", "remote": "(peer dials)", "state": "down",
@@ -137,6 +137,10 @@ wangate_path_loss_samples{peer="sh",path="we\\"ird"} 0
 rate over the last 10 s.
 # TYPE wangate_path_delivery_rate_bytes_per_second gauge
 wangate_path_delivery_rate_bytes_per_second{peer="sh",path="fiber-a"} 10000000.0
+# HELP wangate_path_capacity_bytes_per_second Capacity: highest delivery rate over the \
+last 10 s of busy time, kept while idle.
+# TYPE wangate_path_capacity_bytes_per_second gauge
+wangate_path_capacity_bytes_per_second{peer="sh",path="fiber-a"} 12000000.0
 # HELP wangate_path_inflight_bytes Bytes sent and not yet acknowledged or lost.
 # TYPE wangate_path_inflight_bytes gauge
 wangate_path_inflight_bytes{peer="sh",path="fiber-a"} 3000

@@ -26,6 +26,7 @@ UP: dict[str, Any] = {
     "peer_state": "up", "rtt_p99_ms": 120.0, "inflight_bytes": 4096, "acked_bytes": 1000,
     "lost_bytes": 12, "spurious_losses": 1, "rto_ms": 250.0, "peer_role": "bulk",
     "last_switch_s": 0.25, "last_switch_reason": "fiber-b lost 3 probes",
+    "capacity_mbps": 95.5,
 }  # fmt: skip
 
 
@@ -43,7 +44,7 @@ def test_a_path_never_connected_has_every_key_and_nothing_measured() -> None:
     assert {k for k, v in as_dict.items() if v is None} == {
         "srtt_ms", "min_rtt_ms", "jitter_ms", "loss", "rate_mbps", "rtt_p99_ms",
         "inflight_bytes", "acked_bytes", "lost_bytes", "spurious_losses", "rto_ms",
-        "peer_role", "last_switch_s", "last_switch_reason",
+        "peer_role", "last_switch_s", "last_switch_reason", "capacity_mbps",
     }  # fmt: skip
     assert (row.state, row.state_reason, row.role, row.peer_state) == (
         "down",

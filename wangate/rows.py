@@ -60,6 +60,8 @@ class PathRow:
     peer_role: str | None = None  # the peer's route for its critical sends: critical or bulk
     last_switch_s: float | None = None  # since the critical route last moved
     last_switch_reason: str | None = None
+    # delivery rate while kept busy, over busy time: kept while idle (core/capacity.py)
+    capacity_mbps: float | None = None
     worker: int | None = None  # the worker process that carries it ([workers] count >= 2)
 
     @classmethod

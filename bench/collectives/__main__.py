@@ -45,6 +45,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cubic-timeout", type=float, default=300.0)
     parser.add_argument("--cubic-runs", type=int, default=None, help="default: --runs")
     parser.add_argument("--wangate-timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="wangate variants in rounds, one run each on fresh gateways, instead of all "
+        "runs of one variant then the next",
+    )
+    parser.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=0,
+        help="untimed collectives on each gateway before its timed runs (the measured "
+        "plan needs two: the leader uses the reports of the call before)",
+    )
+    parser.add_argument("--warmup-elements", type=int, default=None, help="default: --elements")
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="seconds with no traffic between the warm-up collectives and the first run",
+    )
+    parser.add_argument(
+        "--measured-baseline",
+        type=Path,
+        help="also run allreduce-measured-baseline: the measured plan over gateways run "
+        "from this folder's wangate package",
+    )
     args = parser.parse_args(argv)
     names = ["coll_3_half"] if args.half else [f"coll_{n}" for n in args.sites]
     if args.scenario:
@@ -66,6 +92,11 @@ def main(argv: list[str]) -> int:
                     variants=tuple(args.variants) if args.variants else None,
                     gateway_src=args.gateway_src,
                     label=args.label,
+                    alternate=args.alternate,
+                    warmup_runs=args.warmup_runs,
+                    warmup_elements=args.warmup_elements,
+                    measured_baseline=args.measured_baseline,
+                    idle_s=args.idle_s,
                 )
             )
     except WangateError as exc:

@@ -37,6 +37,7 @@ class Variant:
     name: str
     gateway_config: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    gateway_src: Path | None = None  # run the gateways from this tree (a baseline)
 
 
 def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
@@ -55,7 +56,12 @@ def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
         Variant("allreduce", weights(nominal)),
         Variant("allreduce-equal", weights(dict.fromkeys(scenario.sites, 1.0))),
         Variant("allreduce-measured"),
+        # run only when named: the best weights with a quarter of the default chunk
+        Variant("allreduce-chunk256k", weights(nominal) + "\nchunk_bytes = 262144"),
     )
+
+
+OPT_IN_VARIANTS = ("allreduce-chunk256k",)
 
 
 def links_bps(scenario: Scenario) -> dict[tuple[str, str], float]:
@@ -181,8 +187,9 @@ def run_method(
                 break
             times.append(max(r["end"] for r in done.values()) - go)
             rates = {site: r["rates_mbps"] for site, r in done.items() if r.get("rates_mbps")}
-            if rates:  # the measured plan's inputs, as the leader held them
-                observed.append(rates)
+            if rates:  # the measured plan's inputs, as the leader held them, and its weights
+                weights = {site: r["weights"] for site, r in done.items() if r.get("weights")}
+                observed.append({"rates_mbps": rates, "weights": weights})
             exact.append(all(r["exact"] for r in done.values()))
     finally:
         workers.stop()
@@ -263,6 +270,11 @@ def run_collectives(
     variants: tuple[str, ...] | None = None,
     gateway_src: Path | None = None,
     label: str = "",
+    alternate: bool = False,
+    warmup_runs: int = 0,
+    warmup_elements: int | None = None,
+    measured_baseline: Path | None = None,
+    idle_s: float = 0.0,
     say: Any = print,
 ) -> dict[str, Any]:
     size_bytes = 4 * elements
@@ -274,6 +286,11 @@ def run_collectives(
         "machine": machine_description(),
         "bounds": bounds(scenario, size_bytes),
         "gateway_src": str(gateway_src) if gateway_src else None,
+        "alternate": alternate,
+        "warmup_runs": warmup_runs,
+        "warmup_elements": warmup_elements or elements,
+        "measured_baseline": str(measured_baseline) if measured_baseline else None,
+        "idle_s": idle_s,
         "methods": {},
     }
     logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
@@ -323,17 +340,32 @@ def run_collectives(
                 runs_on_wangate.append(("rsag", variant))
         if "allreduce" in methods:
             chosen_variants = [
-                v for v in allreduce_variants(scenario) if variants is None or v.name in variants
+                v
+                for v in allreduce_variants(scenario)
+                if (v.name in variants if variants else v.name not in OPT_IN_VARIANTS)
             ]
+            if measured_baseline is not None:
+                # the measured plan over gateways of another tree (their path rows)
+                chosen_variants.append(
+                    Variant("allreduce-measured-baseline", gateway_src=measured_baseline)
+                )
             runs_on_wangate += [("allreduce", v) for v in chosen_variants]
         configs = {
             site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
         }
-        for method, variant in runs_on_wangate:
+        # alternating: round after round, each variant once on fresh gateways, so that
+        # the load of a shared machine falls on every variant alike
+        blocks = (
+            [(r, 1, m, v) for r in range(runs) for m, v in runs_on_wangate]
+            if alternate
+            else [(0, runs, m, v) for m, v in runs_on_wangate]
+        )
+        for offset, block_runs, method, variant in blocks:
             name = variant.name
             gateways = _start_gateways(
-                lab, configs, variant.gateway_config, logs_dir, name, gateway_src
-            )
+                lab, configs, variant.gateway_config, logs_dir, name,
+                variant.gateway_src or gateway_src,
+            )  # fmt: skip
             try:
                 specs = {
                     site: dict(
@@ -344,17 +376,23 @@ def run_collectives(
                         socket=str(lab.gateway_socket(site)),
                         timeout_s=wangate_timeout_s,
                         options=variant.options,
+                        runs=block_runs,
+                        run_offset=offset,
+                        warmup_runs=warmup_runs,
+                        warmup_elements=warmup_elements or elements,
+                        idle_s=idle_s,
                     )
                     for site in sites
                 }
                 cpu_before = _cpu_s(gateways)
-                result = run_method(lab, specs, runs, wangate_timeout_s, logs_dir)
+                result = run_method(lab, specs, block_runs, wangate_timeout_s, logs_dir)
                 # Gateway CPU seconds over the method (set-up and warm-up included).
                 result["gateway_cpu_s"] = {
                     site: cpu - cpu_before[site] for site, cpu in _cpu_s(gateways).items()
                 }
                 result["gateway_config"] = variant.gateway_config
                 result["options"] = variant.options
+                result = _merged(record["methods"].get(name), result)
                 record["methods"][name] = result
                 cpu = ", ".join(f"{k} {v:.1f}" for k, v in result["gateway_cpu_s"].items())
                 say(
@@ -367,6 +405,27 @@ def run_collectives(
     out.write_text(json.dumps(record, indent=1))
     record["file"] = str(out)
     return record
+
+
+def _merged(before: dict[str, Any] | None, block: dict[str, Any]) -> dict[str, Any]:
+    """One variant's results over its blocks: runs, observations and loads appended,
+    bytes and CPU summed."""
+    block["load_averages_1min"] = [block["load_average_1min"]]
+    if before is None:
+        return block
+    merged = dict(before)
+    for key in ("times_s", "exact", "observed", "load_averages_1min"):
+        merged[key] = before[key] + block[key]
+    merged["load_average_1min"] = block["load_average_1min"]
+    merged["gateway_cpu_s"] = {
+        site: cpu + block["gateway_cpu_s"].get(site, 0.0)
+        for site, cpu in before["gateway_cpu_s"].items()
+    }
+    merged["link_bytes"] = {
+        path: {k: v + block["link_bytes"].get(path, {}).get(k, 0) for k, v in counts.items()}
+        for path, counts in before["link_bytes"].items()
+    }
+    return merged
 
 
 def _fmt_times(result: dict[str, Any]) -> str:

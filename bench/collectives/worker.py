@@ -6,7 +6,9 @@ SPEC: ``method`` (``gloo`` | ``alltoall`` | ``allreduce``), ``site``, ``sites`` 
 rank order), ``elements``, ``seed``, ``runs``, ``timeout_s``; for ``gloo``
 ``address`` (this site's lab address), ``master`` (``IP:PORT`` of rank 0's store);
 otherwise ``socket`` (this site's gateway) and ``allreduce`` keyword arguments in
-``options``.
+``options``. Optional: ``warmup_runs`` untimed collectives of ``warmup_elements`` before
+the first run, then ``idle_s`` seconds with no traffic, ``run_offset`` (the first run's
+index: its tensor).
 
 Lines on stdout, one JSON object each: ``{"ready": run}`` when the tensor of that run
 is ready (set-up and one small warm-up collective done), then, after the line ``go``
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 WARMUP_ELEMENTS = 1024
+WARMUP_SEED = 1 << 20  # warm-up tensors' run index, apart from the timed runs'
 
 
 def site_tensor(seed: int, site_index: int, run: int, elements: int) -> np.ndarray:
@@ -162,6 +165,7 @@ class _Allreduce:
         self.client = wangate.Client(spec["socket"])
         self.timeout_s = spec["timeout_s"]
         self.options = spec.get("options", {})
+        self.site, self.sites = spec["site"], spec["sites"]
 
     def allreduce(self, array: np.ndarray, step: int) -> np.ndarray:
         result = self.client.allreduce(  # type: ignore[attr-defined]
@@ -170,8 +174,17 @@ class _Allreduce:
         return np.asarray(getattr(result, "array", result))
 
     def diagnostics(self) -> dict[str, Any]:
-        """The rates the leader holds for the measured plan (empty elsewhere)."""
-        return {"rates_mbps": self.client._session.collective.rates_mbps}
+        """The rates the leader holds for the measured plan (empty elsewhere), and the
+        weights it derives from them."""
+        from wangate.collective.capacity import Reports, capacities_mbps
+        from wangate.collective.plan import Plan
+
+        rates = self.client._session.collective.rates_mbps
+        if not rates:
+            return {"rates_mbps": rates}
+        plan = Plan.equal(self.sites)
+        weights = Reports(self.site, plan, "bench").plan_from(capacities_mbps(rates, plan.sites))
+        return {"rates_mbps": rates, "weights": dict(zip(plan.sites, weights.weights, strict=True))}
 
 
 METHODS = {
@@ -187,16 +200,24 @@ def main(spec: dict[str, Any]) -> None:
     index = spec["sites"].index(spec["site"])
     elements = spec["elements"]
     seed = spec["seed"]
-    # Warm-up (connections, first-use costs) as step 0; run k is step k + 1.
+    # Warm-up (connections, first-use costs) as step 0, then ``warmup_runs`` untimed
+    # collectives of ``warmup_elements`` (the measured plan's inputs); run k follows.
     method.allreduce(np.ones(WARMUP_ELEMENTS, dtype=np.float32), 0)
-    for run in range(spec["runs"]):
+    warmups = spec.get("warmup_runs", 0)
+    for w in range(warmups):
+        size = spec.get("warmup_elements", elements)
+        method.allreduce(site_tensor(seed, index, WARMUP_SEED + w, size), 1 + w)
+    if spec.get("idle_s", 0.0) > 0:
+        time.sleep(spec["idle_s"])  # a trainer computing between calls: the paths idle
+    first = spec.get("run_offset", 0)
+    for run in range(first, first + spec["runs"]):
         array = site_tensor(seed, index, run, elements)
         expected = expected_sum(seed, len(spec["sites"]), run, elements)
         _emit({"ready": run})
         if sys.stdin.readline().strip() != "go":
             return
         start = time.monotonic()
-        result = method.allreduce(array, run + 1)
+        result = method.allreduce(array, warmups + run + 1)
         end = time.monotonic()
         exact = result.dtype == np.float32 and bool(np.array_equal(result, expected))
         max_err = float(np.max(np.abs(result.astype(np.float64) - expected))) if not exact else 0.0

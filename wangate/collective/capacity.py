@@ -1,8 +1,9 @@
 """Shares by measured capacity: reports to the leader and the leader's announcement.
 
 Without ``[collective] weights``, a reduce-scatter/all-gather call's shares follow what
-each site's paths deliver into and out of it. Each gateway measures ``rate_mbps`` (the
-delivery rate) on its paths, that is the rate out of its site; every site but the
+each site's paths deliver into and out of it. Each gateway measures ``capacity_mbps`` on
+its paths (the delivery rate while the path was kept busy, remembered over idle time:
+``wangate.core.capacity``), that is the rate out of its site; every site but the
 lowest-named sends that leader its rate to each other site of the call with every call.
 The leader drains the reports that arrived (it never waits for one), adds its own, and
 from that matrix of rates takes each site's capacity as the lesser of what it sends out
@@ -28,11 +29,12 @@ from .tags import wire_tag
 
 
 def out_rates_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> dict[str, float]:
-    """The measured rate of this gateway's live paths to each of ``sites``, summed per site
-    (a site with no live path measured: 0)."""
+    """The measured capacity of this gateway's live paths to each of ``sites``, summed per
+    site (a site with no live path measured: 0). A row from a gateway that does not report
+    ``capacity_mbps`` counts with its delivery rate."""
     totals = dict.fromkeys(sites, 0.0)
     for row in rows:
-        rate = row.rate_mbps
+        rate = row.capacity_mbps if row.capacity_mbps is not None else row.rate_mbps
         live = row.peer in totals and row.state != "down"
         if live and rate is not None and math.isfinite(rate) and rate > 0:
             totals[row.peer] += rate

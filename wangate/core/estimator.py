@@ -18,6 +18,14 @@ seconds (a BBR-like max filter): while the path is idle or lightly used it keeps
 it showed when busy, which is what placement needs at the start of the next gradient
 burst. A path that slows down shows it through growing ``bytes_in_flight`` long before the
 filter forgets.
+
+Capacity (``capacity_bps``): a ``CapacityFilter`` fed the same acks, which keeps only
+samples taken while the sender kept the path busy, over longer intervals, and remembers
+them over busy time, not wall time (``wangate.core.capacity``). The sender says when it
+had nothing to send (``on_app_limited``); a sample is busy when everything in flight at
+that moment had been acknowledged and what the acks of the sample's interval cover was
+sent after that (one srtt before the interval began), as the delivery-rate draft marks
+packets sent while app-limited.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from wangate.core.capacity import CapacityFilter
 from wangate.errors import LocalProtocolError
 
 _DELIVERED, _LOST, _BURST_LOST = 0, 1, 2
@@ -128,6 +137,12 @@ class PathEstimator:
         # Delivery rate: (ack time, cumulative acked bytes) and a max filter of samples.
         self._ack_history: deque[tuple[float, int]] = deque()
         self._rate_filter: deque[tuple[float, float]] = deque()
+        # App-limited (delivery-rate draft §3.4): acked bytes that end the current
+        # app-limited period (0: none), and from when acks are of busy sends again.
+        self._app_limited_until = 0
+        self._busy_from = -math.inf
+        self._newest_acked_sent_at = -math.inf
+        self._capacity = CapacityFilter()
 
         self._bytes_in_flight = 0
         self._sent_bytes = 0
@@ -142,14 +157,34 @@ class PathEstimator:
         self._sent_bytes += size_bytes
         self._bytes_in_flight += size_bytes
 
-    def on_acked(self, size_bytes: int, now: float) -> None:
+    def on_acked(self, size_bytes: int, now: float, *, sent_at: float | None = None) -> None:
+        """``size_bytes`` acknowledged, sent at ``sent_at`` (unknown: ``now``)."""
         _check_size(size_bytes)
+        sent = now if sent_at is None else sent_at
+        if sent > self._newest_acked_sent_at:
+            self._newest_acked_sent_at = sent
         self._acked_bytes += size_bytes
         # Clamped: a duplicate report must not drive the count negative and wedge placement.
         self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
         self._record_outcome(lost=False)
         self._consecutive_losses = 0
+        if self._app_limited_until and self._acked_bytes > self._app_limited_until:
+            self._app_limited_until = 0
+            self._busy_from = now + self._srtt_s
         self._sample_rate(now)
+        busy_from = math.inf if self._app_limited_until else self._busy_from
+        self._capacity.on_acked(
+            self._acked_bytes,
+            now,
+            sent_at=self._newest_acked_sent_at,
+            srtt_s=self._srtt_s,
+            busy_from=busy_from,
+        )
+
+    def on_app_limited(self, now: float) -> None:
+        """The sender could have sent on this path and had nothing for it: rate samples
+        stay app-limited until what is in flight now has been acknowledged."""
+        self._app_limited_until = max(self._acked_bytes + self._bytes_in_flight, 1)
 
     def on_lost(self, size_bytes: int, now: float) -> None:
         _check_size(size_bytes)
@@ -300,6 +335,12 @@ class PathEstimator:
         return self._rate_filter[0][1] if self._rate_filter else 0.0
 
     @property
+    def capacity_bps(self) -> float:
+        """What the path delivered while kept busy, over busy time (``CapacityFilter``);
+        0.0 before any sample."""
+        return self._capacity.capacity_bps
+
+    @property
     def planning_rate_bps(self) -> float:
         """The rate schedulers plan with: measured, but never below ``rate_floor_bps``.
 
@@ -381,6 +422,7 @@ class PathEstimator:
             "loss": self.loss_rate,
             "loss_samples": self.loss_samples,
             "rate_mbps": self.delivery_rate_bps / 1e6,
+            "capacity_mbps": self.capacity_bps / 1e6,
             "inflight_bytes": self._bytes_in_flight,
             "sent_bytes": self._sent_bytes,
             "acked_bytes": self._acked_bytes,

@@ -404,6 +404,8 @@ class PeerSession:
                     message.read(piece.start, piece.end),
                     message.critical,
                 )
+        # asked for a datagram and nothing to carry: the path is not the limit now
+        sender.estimator.on_app_limited(now)
         if now - sender.last_sent_at >= PROBE_INTERVAL_S:
             seq = sender.record(SentDatagram(0, 0, 0, now, 0))
             return encode_probe(seq, int(now * 1e9))
@@ -536,7 +538,7 @@ class PeerSession:
                 est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
             self._scheduler.selector.record_probe_ok(path, now)
         for sent in acked:
-            est.on_acked(sent.size_bytes, now)
+            est.on_acked(sent.size_bytes, now, sent_at=sent.sent_at)
         for sent in acked:
             if sent.msg_id:
                 self._queue.mark_acked(
