@@ -56,6 +56,7 @@ log = logging.getLogger("wangate.workers")
 
 STARTUP_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 4  # sends of one stripe that failed (a worker that exits does not count)
+DEADLINE_SLACK_S = 0.01  # of a deadline spent in the coordinator that a worker ignores
 RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits this long
 # failures a new attempt cannot mend
 # (one worker finding the peer unreachable is not final: another may reach it; the
@@ -261,6 +262,7 @@ class Coordinator(Gateway):
             total,
             arrived_at,
             None if deadline_s is None else arrived_at + deadline_s,
+            deadline_s,
             left=len(ranges),
         )
         self._out[(peer, msg_id)] = message
@@ -302,8 +304,13 @@ class Coordinator(Gateway):
             handle.stripes.add(stripe.sid)
             handle.queued_bytes += stripe.length
             remaining_s = -1.0
-            if message.deadline_at is not None:
+            if message.deadline_at is not None and message.deadline_s is not None:
                 remaining_s = max(0.001, message.deadline_at - now)
+                if not stripe.sends and message.deadline_s - remaining_s < DEADLINE_SLACK_S:
+                    # sent on at once: the deadline as the trainer gave it (its failure
+                    # names it), not less the coordinator's few microseconds
+                    remaining_s = message.deadline_s
+            stripe.sends += 1
             handle.send(
                 "send",
                 {
@@ -365,13 +372,15 @@ class Coordinator(Gateway):
         expired = message.deadline_at is not None and time.monotonic() >= message.deadline_at
         final = code in FINAL_CODES or message.peer in self._unreachable or expired
         stripe.attempts += 1
+        # the first reason is the one that matters (later ones are about the retries)
+        stripe.first_failure = stripe.first_failure or reason
         if not final and stripe.attempts < MAX_ATTEMPTS:
             log.info(
                 "stripe of message %d to %s sent again: %s", message.msg_id, message.peer, reason
             )
             self._dispatch([stripe], exclude=handle.index)
             return
-        self._finish(message, reason)
+        self._finish(message, stripe.first_failure)
 
     def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:

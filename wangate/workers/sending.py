@@ -35,6 +35,7 @@ class OutMessage:
     total: int
     started_at: float
     deadline_at: float | None
+    deadline_s: float | None  # as the trainer gave it
     left: int  # stripes not confirmed yet
     finished: bool = False
 
@@ -50,6 +51,8 @@ class Stripe:
     checksum: int
     worker: int = -1
     attempts: int = 0
+    sends: int = 0  # to a worker, restarts included
+    first_failure: str | None = None  # why its first send failed: what the message says
     acked: bool = False  # the peer had it whole once: no longer counts as waiting
 
 
