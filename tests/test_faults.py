@@ -48,6 +48,7 @@ def peer_status(lab: LoopbackSites, site: str, peer: str) -> dict[str, Any]:
         return status
 
 
+@pytest.mark.single_process  # one row per path; what one session has in flight
 def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) -> None:
     with LoopbackSites(2, 2, directory=tmp_path, mtu=1500, extra_toml=LIVENESS) as lab:
         assert peer_status(lab, "bj", "sh")["state"] == "up"
