@@ -44,7 +44,7 @@ AIM_MULTIPATH = 0.88  # of the sum of the path rates
 
 def default_scenarios() -> list[str]:
     names = sorted(p.stem for p in SCENARIO_DIR.glob("loss_long_*.toml"))
-    return [*names, "loss_long_3paths"]
+    return [*(n for n in names if n != "loss_long_3paths"), "loss_long_3paths"]  # once, last
 
 
 def _run(args: argparse.Namespace) -> int:

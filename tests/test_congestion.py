@@ -227,6 +227,24 @@ def test_five_percent_random_loss_without_queue_is_not_congestion() -> None:
     assert _goodput_bps(sim.flows[0], 6.0) > 0.75 * RATE_BPS
 
 
+@pytest.mark.parametrize(("loss", "busy", "goodput"), [(0.0, 0.97, 0.97), (0.05, 0.97, 0.92)])
+def test_random_loss_leaves_no_part_of_the_link_unused(
+    loss: float, busy: float, goodput: float
+) -> None:
+    """The delivery rate counts what arrived; sending only that much would leave the
+    lost packets' share of the link idle (5 % here: busy 0.95, goodput 0.90 before)."""
+    cc = _wangate()
+    sim = Simulation(Link(loss=loss, seed=5), [Flow(cc)])
+    sim.run(2.0)
+    flow = sim.flows[0]
+    sent, delivered, events = flow.sent, flow.delivered_bytes, cc.congestion_events
+    sim.run(10.0)
+    assert (flow.sent - sent) * MSS >= busy * RATE_BPS * 8.0
+    assert flow.delivered_bytes - delivered >= goodput * RATE_BPS * 8.0
+    assert cc.congestion_events == events  # without a queue: no loss read as congestion
+    assert cc.random_loss == pytest.approx(loss, abs=0.01)
+
+
 def test_rising_rtt_slows_sending_and_window_does_not_follow_it() -> None:
     # after 2 s a queue we do not cause adds delay: +100 ms per second, up to 200 ms
     def extra(t: float) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tests.fakelink import LinkProfile, SimulatedPair
 from tests.test_session import all_done, assert_exactly_once_intact, body_bytes, send_many
 from wangate.core.events import MessageDelivered
-from wangate.core.frames import DGRAM_REPAIR, REPAIR_HEADER_BYTES, decode_datagram
+from wangate.core.frames import DGRAM_REPAIR, DGRAM_TYPE_MASK, decode_datagram, message_header_bytes
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 
 SYMBOL = 100
@@ -115,7 +115,7 @@ def repair_symbols_by_block(pair: SimulatedPair) -> dict[tuple[int, int], list[i
     seen: dict[tuple[int, int], list[int]] = {}
 
     def record(data: bytes) -> bytes:
-        if data[0] == DGRAM_REPAIR:
+        if data[0] & DGRAM_TYPE_MASK == DGRAM_REPAIR:
             repair = decode_datagram(data)
             seen.setdefault((repair.msg_id, repair.block), []).append(repair.index)
         return data
@@ -133,7 +133,7 @@ def test_a_2_percent_lossy_link_costs_the_losses_plus_the_tails_budget() -> None
     assert_exactly_once_intact(pair, "bj", sent)
     status = pair.sessions["bj"].status()
     total = sum(body_bytes(*m) for m in sent.values())
-    symbol = 1200 - REPAIR_HEADER_BYTES
+    symbol = 1200 - message_header_bytes(2 << 20, FEC.k, 1200)  # 20: every message's
     assert status["source_bytes"] == total  # no source byte is sent twice
     assert status["repair_bytes"] == 0
     wire = pair.wire["bj"]
@@ -168,7 +168,8 @@ def test_the_tail_of_a_message_costs_no_round_trip_on_a_lossy_link() -> None:
     assert_exactly_once_intact(pair, "bj", sent)
     status = pair.sessions["bj"].status()
     (msg_id,) = sent
-    blocks = -(-body_bytes(*sent[msg_id]) // (FEC.k * (1200 - REPAIR_HEADER_BYTES)))
+    size = body_bytes(*sent[msg_id])
+    blocks = -(-size // (FEC.k * (1200 - message_header_bytes(size, FEC.k, 1200))))
     last = blocks - 1
     # the last block got its repair symbols before anything could have been reported lost
     assert len(repairs[(msg_id, last)]) >= status["fec_repair_per_block"] >= 1

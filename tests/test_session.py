@@ -31,8 +31,8 @@ from wangate.core.events import (
     PathStateChanged,
 )
 from wangate.core.frames import (
+    DGRAM_REPAIR,
     DGRAM_SHARD,
-    SHARD_HEADER_BYTES,
     Ack,
     ControlStreamDecoder,
     Credit,
@@ -40,6 +40,7 @@ from wangate.core.frames import (
     encode_control,
     encode_probe,
     encode_shard,
+    shard_header_bytes,
 )
 from wangate.core.message import MessageHeader
 from wangate.core.paths import MIN_RTO_S
@@ -47,7 +48,7 @@ from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
-SHARD_PAYLOAD_BYTES = 1200 - SHARD_HEADER_BYTES
+SHARD_PAYLOAD_BYTES = 1200 - 20  # a 20-byte shard header: messages of 16 KiB to 1 GiB
 LOSSY = LinkProfile(
     delay_s=0.030,
     jitter_s=0.002,
@@ -467,11 +468,12 @@ def _shard(msg_id: int, msg_len: int, offset: int, data: bytes, seq: int = 1 << 
 MALFORMED_DATAGRAMS = {
     "empty": b"",
     "unknown type": bytes([0x12]) + bytes(41),
-    "truncated shard": _shard(900, 100, 0, b"x" * 10)[: SHARD_HEADER_BYTES - 1],
-    "shard past msg_len": struct.pack("!BBQQQQQ", DGRAM_SHARD, 0, 1 << 40, 0, 900, 100, 95)
+    "truncated shard": _shard(900, 100, 0, b"x" * 10)[: shard_header_bytes(100) - 1],
+    # type, path_seq u32, stamp u24, msg_id u32, msg_len and offset as 2-byte varints
+    "shard past msg_len": struct.pack("!BI3sIHH", DGRAM_SHARD, 0, bytes(3), 900, 0x4064, 0x405F)
     + b"y" * 10,
-    "empty shard": _shard(900, 100, 0, b"")[:SHARD_HEADER_BYTES],
-    "message id 0": struct.pack("!BBQQQQQ", DGRAM_SHARD, 0, 1 << 40, 0, 0, 100, 0) + b"z",
+    "empty shard": _shard(900, 100, 0, b""),
+    "message id 0": struct.pack("!BI3sIHH", DGRAM_SHARD, 0, bytes(3), 0, 0x4064, 0x4000) + b"z",
     "long probe": encode_probe(1 << 40, 0) + b"\0",
     "short probe": encode_probe(1 << 40, 0)[:-1],
 }
@@ -518,10 +520,10 @@ _HELLO_RAW = encode_control(Hello("bj", "a", 1, 1000))
     "raw",
     [
         bytes([0x09, 0, 0, 0, 1, 0]),  # unknown control type
-        _HELLO_RAW[:5] + bytes([2]) + _HELLO_RAW[6:],  # wire version 2
+        _HELLO_RAW[:5] + bytes([1]) + _HELLO_RAW[6:],  # wire version 1
         _HELLO_RAW[:-1] + b"!",  # path name "!"
         bytes([0x01, 0, 0, 0, 3, 1, 0, 0]),  # truncated hello
-        bytes([0x02, 0, 0, 0, 14]) + bytes(14),  # ack with 0 ranges
+        bytes([0x02, 0, 0, 0, 10]) + bytes(10),  # ack with 0 ranges
         bytes([0x03, 0, 0, 0, 4, 0, 0, 0, 1]),  # credit of 4 bytes
         bytes([0x01, 0, 1, 0, 1]),  # 65 537-byte body announced
     ],
@@ -550,7 +552,7 @@ def test_arbitrary_datagrams_only_raise_remote_protocol_error(datagrams: list[by
     session = PeerSession("sh", "bj", max_message_bytes=1 << 20, inbox_window_bytes=1 << 20, now=0)
     session.path_up("a", datagram_bytes=1200, now=0.0)
     for data in datagrams:
-        for candidate in (data, bytes([DGRAM_SHARD]) + data, bytes([0x11]) + data):
+        for candidate in (data, bytes([DGRAM_SHARD]) + data, bytes([DGRAM_REPAIR]) + data):
             with contextlib.suppress(RemoteProtocolError):
                 session.handle_datagram("a", candidate, 0.5)
     session.handle_timer(1.0)

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from tests.fakelink import LinkProfile, SimulatedPair
 from tests.test_session import all_done, assert_exactly_once_intact, body_bytes, send_many
-from wangate.core.frames import DGRAM_REPAIR, REPAIR_HEADER_BYTES, decode_datagram
+from wangate.core.frames import (
+    DGRAM_REPAIR,
+    DGRAM_TYPE_MASK,
+    ProbeDatagram,
+    decode_datagram,
+    message_header_bytes,
+)
 from wangate.core.outbound import CodingPolicy
 
 FEC = CodingPolicy(k=16, min_repair=1, max_repair=16)
@@ -34,8 +40,8 @@ def test_clean_link_sends_the_minimum_repair_per_block_and_nothing_else() -> Non
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
     assert_exactly_once_intact(pair, "bj", sent)
     status = pair.sessions["bj"].status()
-    symbol = 1200 - REPAIR_HEADER_BYTES
     size = body_bytes(*next(iter(sent.values())))
+    symbol = 1200 - message_header_bytes(size, FEC.k, 1200)
     symbols = (size + symbol - 1) // symbol
     blocks = (symbols + 15) // 16
     assert status["fec_bytes"] == blocks * symbol  # one repair symbol per block (the floor)
@@ -50,14 +56,15 @@ def test_critical_blocks_get_at_least_the_critical_minimum() -> None:
     repairs: dict[int, int] = {}
 
     def count_repairs(data: bytes) -> bytes:
-        if data[0] == DGRAM_REPAIR:
+        if data[0] & DGRAM_TYPE_MASK == DGRAM_REPAIR:
             msg_id = decode_datagram(data).msg_id
             repairs[msg_id] = repairs.get(msg_id, 0) + 1
         return data
 
     pair.tamper = count_repairs
-    symbol = 1200 - REPAIR_HEADER_BYTES
+    symbol = 1200 - 20  # 40 symbols are under 1 GiB and 16384 blocks: a 20-byte header
     sent = send_many(pair, "bj", [40 * symbol - 200] * 2, seed=3, critical_every=2)
+    assert all(message_header_bytes(body_bytes(*m), 16, 1200) == 20 for m in sent.values())
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
     assert_exactly_once_intact(pair, "bj", sent)
     bulk_id, critical_id = sent
@@ -76,9 +83,13 @@ def test_random_loss_is_repaired_by_fec_without_resending_source_bytes() -> None
     assert status["source_bytes"] == total  # nothing sent twice
     assert status["fec_bytes"] < 0.5 * total
     # bounded: one repair symbol per datagram lost, plus each block's up-front budget
-    symbol = 1200 - REPAIR_HEADER_BYTES
-    blocks = sum((body_bytes(*m) + 16 * symbol - 1) // (16 * symbol) for m in sent.values())
+    symbols = {
+        msg_id: 1200 - message_header_bytes(body_bytes(*m), FEC.k, 1200)
+        for msg_id, m in sent.items()
+    }
+    blocks = sum(-(-body_bytes(*m) // (FEC.k * symbols[msg_id])) for msg_id, m in sent.items())
     budget = blocks * FEC.max_repair
+    symbol = min(symbols.values())
     assert status["fec_bytes"] // symbol <= pair.wire["bj"].datagrams_dropped + budget
     assert pair.sessions["sh"].status()["blocks_decoded"] > 0
 
@@ -97,7 +108,7 @@ def test_a_corrupt_rebuilt_block_is_caught_and_resent_not_delivered() -> None:
     flipped: list[int] = []
 
     def flip_first_repair_symbol(data: bytes) -> bytes:
-        if data[0] == DGRAM_REPAIR and not flipped:
+        if data[0] & DGRAM_TYPE_MASK == DGRAM_REPAIR and not flipped:
             flipped.append(decode_datagram(data).msg_id)
             return data[:-1] + bytes([data[-1] ^ 0x40])
         return data
@@ -155,3 +166,33 @@ def test_loss_bursts_are_recovered_without_resending_source_bytes() -> None:
     status = pair.sessions["bj"].status()
     assert status["source_bytes"] == sum(body_bytes(*m) for m in sent.values())
     assert status["repair_bytes"] == 0
+
+
+def test_every_datagram_fills_the_path_and_none_is_larger() -> None:
+    """Datagrams are sized by the larger of the message's own shard and repair headers:
+    the datagrams with that header are exactly the path's datagram size (every source
+    shard of a 300 kB message but its last); nothing is larger (it would never leave)."""
+    pair = SimulatedPair({"a": lossy(0.02)}, seed=6, coding=FEC, datagram_bytes=1200)
+    sizes: dict[tuple[int, bool], list[int]] = {}
+
+    def record(data: bytes) -> bytes:
+        datagram = decode_datagram(data)
+        if not isinstance(datagram, ProbeDatagram):
+            repair = data[0] & DGRAM_TYPE_MASK == DGRAM_REPAIR
+            sizes.setdefault((datagram.msg_id, repair), []).append(len(data))
+        return data
+
+    pair.tamper = record
+    sent = send_many(pair, "bj", [300_000, 5_000], seed=6)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
+    assert_exactly_once_intact(pair, "bj", sent)
+    big, small = sent
+    assert message_header_bytes(body_bytes(*sent[big]), FEC.k, 1200) == 20
+    shards = sizes[(big, False)]
+    assert max(shards) == 1200 and shards.count(1200) >= len(shards) - 2
+    # its repair header is one byte shorter (block numbers under 64: a 1-byte varint)
+    assert set(sizes[(big, True)]) == {1199}
+    # a message under 16 KiB: 2-byte varints, a 16-byte shard header, 1184-byte symbols
+    assert message_header_bytes(body_bytes(*sent[small]), FEC.k, 1200) == 17
+    assert max(sizes[(small, False)]) == 1200 - 1  # 1183-byte symbols + 16
+    assert set(sizes[(small, True)]) == {1200}  # + 17

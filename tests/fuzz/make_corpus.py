@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "proto" / "vectors"
 CORPUS = Path(__file__).resolve().parent / "corpus"
 CONTROL = ("ack", "credit", "done", "hello", "rejected", "repair_request", "route")
-DATAGRAMS = ("shard", "shard_critical", "repair", "probe")
+DATAGRAMS = ("shard", "shard_critical", "shard_expanded", "repair", "probe")
 
 
 def hex_vector(name: str) -> bytes:

@@ -1,4 +1,5 @@
-"""Wire frames between gateways (documented in proto/wire.md).
+"""Wire frames between gateways (documented in proto/wire.md); the datagrams are in
+``wangate.core.datagrams`` and re-exported here.
 
 Two carriers per path connection:
 
@@ -20,14 +21,107 @@ import re
 import struct
 from dataclasses import dataclass
 
+from wangate.core.datagrams import (
+    DGRAM_PROBE,
+    DGRAM_REPAIR,
+    DGRAM_SHARD,
+    DGRAM_TYPE_MASK,
+    MAX_DATAGRAM_HEADER_BYTES,
+    MAX_FEC_SYMBOLS,
+    MAX_MESSAGE_BYTES,
+    MSG_ID_BITS,
+    PROBE_BYTES,
+    REPAIR_HEADER_MAX_BYTES,
+    SEQ_BITS,
+    SHARD_FLAG_CRITICAL,
+    SHARD_HEADER_MAX_BYTES,
+    STAMP_BITS,
+    STAMP_MASK,
+    STAMP_UNIT_S,
+    Datagram,
+    ProbeDatagram,
+    RepairDatagram,
+    ShardDatagram,
+    decode_datagram,
+    encode_probe,
+    encode_repair,
+    encode_shard,
+    expand,
+    message_header_bytes,
+    shard_header_bytes,
+    stamp,
+    stamp_age_s,
+    varint_bytes,
+)
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
-WIRE_VERSION = 1
+# the datagrams (wangate.core.datagrams) are re-exported: one import for the whole wire
+__all__ = [
+    "CONTROL_HEADER_BYTES",
+    "CTRL_ACK",
+    "CTRL_CREDIT",
+    "CTRL_DONE",
+    "CTRL_HELLO",
+    "CTRL_REJECTED",
+    "CTRL_REPAIR_REQUEST",
+    "CTRL_ROUTE",
+    "CTRL_TAKEN",
+    "DGRAM_PROBE",
+    "DGRAM_REPAIR",
+    "DGRAM_SHARD",
+    "DGRAM_TYPE_MASK",
+    "MAX_ACK_RANGES",
+    "MAX_CONTROL_BODY_BYTES",
+    "MAX_DATAGRAM_HEADER_BYTES",
+    "MAX_DONE_IDS",
+    "MAX_FEC_SYMBOLS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_REPAIR_BLOCKS",
+    "MSG_ID_BITS",
+    "NAME_RE",
+    "PROBE_BYTES",
+    "REJECT_CHECKSUM",
+    "REJECT_EXPIRED",
+    "REJECT_MALFORMED",
+    "REJECT_TOO_LARGE",
+    "REPAIR_HEADER_MAX_BYTES",
+    "SEQ_BITS",
+    "SHARD_FLAG_CRITICAL",
+    "SHARD_HEADER_MAX_BYTES",
+    "STAMP_BITS",
+    "STAMP_MASK",
+    "STAMP_UNIT_S",
+    "WIRE_VERSION",
+    "Ack",
+    "ControlFrame",
+    "ControlStreamDecoder",
+    "Credit",
+    "Datagram",
+    "Hello",
+    "MessageRejected",
+    "MessagesDone",
+    "MessagesTaken",
+    "ProbeDatagram",
+    "RepairDatagram",
+    "RepairRequested",
+    "RouteChosen",
+    "ShardDatagram",
+    "decode_control_body",
+    "decode_datagram",
+    "encode_control",
+    "encode_probe",
+    "encode_repair",
+    "encode_shard",
+    "expand",
+    "message_header_bytes",
+    "shard_header_bytes",
+    "stamp",
+    "stamp_age_s",
+    "varint_bytes",
+]
 
-# datagram types
-DGRAM_SHARD = 0x10
-DGRAM_PROBE = 0x11
-DGRAM_REPAIR = 0x12
+WIRE_VERSION = 2
+
 
 # control frame types
 CTRL_HELLO = 0x01
@@ -39,19 +133,6 @@ CTRL_DONE = 0x06
 CTRL_REPAIR_REQUEST = 0x07
 CTRL_TAKEN = 0x08
 
-SHARD_FLAG_CRITICAL = 0x01
-
-# type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64, offset u64
-_SHARD = struct.Struct("!BBQQQQQ")
-SHARD_HEADER_BYTES = _SHARD.size  # 42
-# type u8, flags u8, path_seq u64, sent_ns u64, msg_id u64, msg_len u64,
-# block u32, symbol index u16, k u16, symbol_bytes u32
-_REPAIR = struct.Struct("!BBQQQQIHHI")
-REPAIR_HEADER_BYTES = _REPAIR.size  # 46
-MAX_FEC_SYMBOLS = 256
-# type u8, flags u8, path_seq u64, sent_ns u64
-_PROBE = struct.Struct("!BBQQ")
-PROBE_BYTES = _PROBE.size  # 18
 
 # control frame envelope: type u8, body length u32
 _CTRL = struct.Struct("!BI")
@@ -59,7 +140,7 @@ CONTROL_HEADER_BYTES = _CTRL.size
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 _HELLO = struct.Struct("!BQQ")  # version, instance_id, max_message_bytes
-_ACK_HEAD = struct.Struct("!QIH")  # echo_sent_ns, ack_delay_us, range count
+_ACK_HEAD = struct.Struct("!IIH")  # echo_stamp (u24 in a u32), ack_delay_us, range count
 _ACK_RANGE = struct.Struct("!QQ")  # first, last (inclusive)
 MAX_ACK_RANGES = 1024
 _CREDIT = struct.Struct("!Q")
@@ -70,122 +151,8 @@ _REPAIR_REQUEST_HEAD = struct.Struct("!QH")  # msg_id, block count
 _BLOCK = struct.Struct("!I")
 MAX_REPAIR_BLOCKS = 1024
 
-MAX_MESSAGE_BYTES = 1 << 40  # no single message may declare more (1 TiB)
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _U32 = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class ShardDatagram:
-    path_seq: int
-    sent_ns: int
-    msg_id: int
-    msg_len: int
-    offset: int
-    data: bytes | memoryview
-    critical: bool = False
-
-
-@dataclass(frozen=True)
-class ProbeDatagram:
-    path_seq: int
-    sent_ns: int
-
-
-@dataclass(frozen=True)
-class RepairDatagram:
-    """One FEC repair symbol of block ``block`` of a message (see wangate.core.fec)."""
-
-    path_seq: int
-    sent_ns: int
-    msg_id: int
-    msg_len: int
-    block: int
-    index: int  # k_b..255, k_b = source symbols in this block (k, or fewer in the last)
-    k: int  # source symbols per block of this message (the last block may have fewer)
-    symbol_bytes: int
-    data: bytes | memoryview
-    critical: bool = False
-
-
-Datagram = ShardDatagram | ProbeDatagram | RepairDatagram
-
-
-def encode_shard(
-    path_seq: int,
-    sent_ns: int,
-    msg_id: int,
-    msg_len: int,
-    offset: int,
-    data: bytes | memoryview,
-    critical: bool = False,
-) -> bytes:
-    if offset + len(data) > msg_len:
-        raise LocalProtocolError("shard extends past the end of its message")
-    head = _pack(
-        _SHARD,
-        DGRAM_SHARD,
-        SHARD_FLAG_CRITICAL if critical else 0,
-        path_seq,
-        sent_ns,
-        msg_id,
-        msg_len,
-        offset,
-    )
-    return head + data
-
-
-def encode_repair(
-    path_seq: int,
-    sent_ns: int,
-    msg_id: int,
-    msg_len: int,
-    block: int,
-    index: int,
-    k: int,
-    data: bytes | memoryview,
-    critical: bool = False,
-) -> bytes:
-    head = _pack(
-        _REPAIR,
-        DGRAM_REPAIR,
-        SHARD_FLAG_CRITICAL if critical else 0,
-        path_seq,
-        sent_ns,
-        msg_id,
-        msg_len,
-        block,
-        index,
-        k,
-        len(data),
-    )
-    fault = _repair_fault(msg_id, msg_len, block, index, k, len(data))
-    if fault is not None:
-        raise LocalProtocolError(fault)
-    return head + data
-
-
-def _repair_fault(
-    msg_id: int, msg_len: int, block: int, index: int, k: int, size: int
-) -> str | None:
-    """Why a repair symbol with these fields cannot exist (None: it can)."""
-    if size == 0:
-        return "empty repair symbol"
-    if msg_id == 0 or msg_len > MAX_MESSAGE_BYTES:
-        return "repair symbol for an impossible message"
-    if not 1 <= k < MAX_FEC_SYMBOLS:
-        return f"repair symbol with k={k}"
-    symbols = -(-msg_len // size)
-    if block * k >= symbols:
-        return f"repair block {block} past the end of the message"
-    block_k = min(k, symbols - block * k)  # the last block may be short
-    if not block_k <= index < MAX_FEC_SYMBOLS:
-        return f"repair symbol index {index} in a block of {block_k}"
-    return None
-
-
-def encode_probe(path_seq: int, sent_ns: int) -> bytes:
-    return _pack(_PROBE, DGRAM_PROBE, 0, path_seq, sent_ns)
 
 
 def _pack(layout: struct.Struct, *values: int) -> bytes:
@@ -193,58 +160,6 @@ def _pack(layout: struct.Struct, *values: int) -> bytes:
         return layout.pack(*values)
     except struct.error as exc:  # a field out of range for its width
         raise LocalProtocolError(f"{values} cannot be encoded: {exc}") from exc
-
-
-def decode_datagram(data: bytes) -> Datagram:
-    if not data:
-        raise RemoteProtocolError("empty datagram")
-    kind = data[0]
-    if kind == DGRAM_SHARD:
-        if len(data) < SHARD_HEADER_BYTES:
-            raise RemoteProtocolError(f"shard datagram of {len(data)} bytes is truncated")
-        _, flags, seq, sent_ns, msg_id, msg_len, offset = _SHARD.unpack_from(data)
-        payload = memoryview(data)[SHARD_HEADER_BYTES:]
-        if msg_len > MAX_MESSAGE_BYTES:
-            raise RemoteProtocolError(f"shard declares a {msg_len}-byte message")
-        if offset + len(payload) > msg_len or not payload:
-            raise RemoteProtocolError(
-                f"shard [{offset}, {offset + len(payload)}) outside message of {msg_len} bytes"
-            )
-        if msg_id == 0:
-            raise RemoteProtocolError("shard with message id 0")
-        return ShardDatagram(
-            seq, sent_ns, msg_id, msg_len, offset, payload, bool(flags & SHARD_FLAG_CRITICAL)
-        )
-    if kind == DGRAM_REPAIR:
-        if len(data) < REPAIR_HEADER_BYTES:
-            raise RemoteProtocolError(f"repair datagram of {len(data)} bytes is truncated")
-        _, flags, seq, sent_ns, msg_id, msg_len, block, index, k, size = _REPAIR.unpack_from(data)
-        payload = memoryview(data)[REPAIR_HEADER_BYTES:]
-        if len(payload) != size:
-            raise RemoteProtocolError(f"repair symbol of {len(payload)} bytes, header says {size}")
-        fault = _repair_fault(msg_id, msg_len, block, index, k, size)
-        if fault is not None:
-            raise RemoteProtocolError(fault)
-        return RepairDatagram(
-            seq,
-            sent_ns,
-            msg_id,
-            msg_len,
-            block,
-            index,
-            k,
-            size,
-            payload,
-            bool(flags & SHARD_FLAG_CRITICAL),
-        )
-    if kind == DGRAM_PROBE:
-        if len(data) != PROBE_BYTES:
-            raise RemoteProtocolError(
-                f"probe datagram of {len(data)} bytes, expected {PROBE_BYTES}"
-            )
-        _, _, seq, sent_ns = _PROBE.unpack(data)
-        return ProbeDatagram(seq, sent_ns)
-    raise RemoteProtocolError(f"unknown datagram type 0x{kind:02x}")
 
 
 # ---------------------------------------------------------------------- control
@@ -265,7 +180,7 @@ class Hello:
 class Ack:
     """Per-path acknowledgement of datagram sequence numbers (RFC 9000 §19.3 in spirit)."""
 
-    echo_sent_ns: int  # sent_ns of the newest datagram acknowledged here
+    echo_stamp: int  # sent_stamp of the newest datagram acknowledged here
     ack_delay_us: int  # how long the receiver held that datagram before acking it
     ranges: tuple[tuple[int, int], ...]  # inclusive (first, last), any order
 
@@ -359,7 +274,9 @@ def encode_control(frame: ControlFrame) -> bytes:
         delay_us = min(frame.ack_delay_us, _U32)
         if any(last < first for first, last in frame.ranges):
             raise LocalProtocolError("an ack range is reversed")
-        parts = [_pack(_ACK_HEAD, frame.echo_sent_ns, delay_us, len(frame.ranges))]
+        if not 0 <= frame.echo_stamp <= STAMP_MASK:
+            raise LocalProtocolError(f"ack echoes stamp {frame.echo_stamp}, not a u24")
+        parts = [_pack(_ACK_HEAD, frame.echo_stamp, delay_us, len(frame.ranges))]
         parts.extend(_pack(_ACK_RANGE, first, last) for first, last in frame.ranges)
         body = b"".join(parts)
         kind = CTRL_ACK
@@ -424,6 +341,8 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
         if len(body) < _ACK_HEAD.size:
             raise RemoteProtocolError("ack truncated")
         echo, delay, count = _ACK_HEAD.unpack_from(body)
+        if echo > STAMP_MASK:
+            raise RemoteProtocolError(f"ack echoes stamp {echo}, not a u24")
         if count == 0 or count > MAX_ACK_RANGES:
             raise RemoteProtocolError(f"ack with {count} ranges")
         if len(body) != _ACK_HEAD.size + count * _ACK_RANGE.size:

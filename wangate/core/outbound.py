@@ -24,6 +24,7 @@ acknowledged symbols say the bytes arrived, not that the message checked out.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from wangate.core.buffer import Buffer
@@ -41,6 +42,7 @@ class OutboundMessage:
         "critical",
         "deadline_at",
         "head",
+        "header_bytes",
         "msg_id",
         "next_offset",
         "payload",
@@ -71,6 +73,7 @@ class OutboundMessage:
         self.shape: CodingShape | None = None  # set when the first piece is taken
         self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
         self.repair_work: deque[int] = deque()  # per repair symbol: block << 1 | up front
+        self.header_bytes = 0  # room its datagrams' headers take (OutboundQueue.header_bytes)
 
     def read(self, start: int, end: int) -> bytes | memoryview:
         head_len = len(self.head)
@@ -159,6 +162,10 @@ class CodingPolicy:
 UNKNOWN_TAIL_BYTES = 1 << 62
 
 
+def _no_header(msg_len: int, k: int, datagram_bytes: int) -> int:
+    return 0
+
+
 class OutboundQueue:
     """Messages started (admitted by the peer's credit) and not yet confirmed done."""
 
@@ -171,7 +178,13 @@ class OutboundQueue:
         self.fec_bytes = 0  # cumulative repair-symbol bytes
         self.source_bytes = 0  # cumulative first-time bytes
         self.bulk_backlog_bytes = 0  # bulk bytes still to send (new and repairs)
-        self.symbol_bytes = 0  # symbol size for newly started coded messages (0: no FEC)
+        # datagram space for newly started coded messages' symbols and their headers (0: no
+        # FEC); the symbol is this less the message's header_bytes
+        self.symbol_bytes = 0
+        # the most header bytes a datagram of a message takes: (msg_len, k, datagram
+        # bytes) -> bytes, k and datagram bytes 0 for an uncoded one; the session sets
+        # the wire's (frames.message_header_bytes), and take() sizes pieces by it
+        self.header_bytes: Callable[[int, int, int], int] = _no_header
         self.repair_count = 0  # repair symbols per block where a round trip costs time
         # bytes the paths send while a loss is found and its repair arrives; the session
         # sets it from the paths (until then every block counts as a tail)
@@ -182,6 +195,7 @@ class OutboundQueue:
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
+        message.header_bytes = self.header_bytes(message.body_len, 0, 0)
         self._add_backlog(message, message.body_len)
         self._enqueue(message)
 
@@ -208,7 +222,8 @@ class OutboundQueue:
         return bool(self._bulk)
 
     def take(self, max_bytes: int, *, critical: bool) -> Piece | None:
-        """The next critical (or bulk) piece of at most ``max_bytes``, if any."""
+        """The next critical (or bulk) piece whose datagram, header included, takes at
+        most ``max_bytes``, if any."""
         work = self._critical if critical else self._bulk
         skipped = 0
         while skipped < len(work):
@@ -225,7 +240,8 @@ class OutboundQueue:
                 return piece
         return None
 
-    def _take_from(self, message: OutboundMessage, max_bytes: int) -> Piece | None:
+    def _take_from(self, message: OutboundMessage, space: int) -> Piece | None:
+        max_bytes = space - message.header_bytes
         while message.repairs:
             start, end = message.repairs.popleft()
             gap = message.acked.first_gap(start, end)
@@ -248,13 +264,18 @@ class OutboundQueue:
             if piece is not None:
                 return piece
         if message.next_offset < message.body_len:
-            return self._new_piece(message, max_bytes)
+            return self._new_piece(message, space)
         return None
 
-    def _new_piece(self, message: OutboundMessage, max_bytes: int) -> Piece:
+    def _new_piece(self, message: OutboundMessage, space: int) -> Piece:
         start = message.next_offset
-        if message.shape is None and self.coding.k and self.symbol_bytes:
-            message.shape = CodingShape(message.body_len, self.symbol_bytes, self.coding.k)
+        k = self.coding.k
+        if message.shape is None and k and self.symbol_bytes:
+            header = self.header_bytes(message.body_len, k, self.symbol_bytes)
+            message.header_bytes = max(message.header_bytes, header)
+            symbol = self.symbol_bytes - message.header_bytes
+            message.shape = CodingShape(message.body_len, symbol, k)
+        max_bytes = space - message.header_bytes
         shape = message.shape
         if shape is None:
             end = min(message.body_len, start + max_bytes)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
-from wangate.core.frames import MAX_ACK_RANGES, Ack
+from wangate.core.frames import MAX_ACK_RANGES, STAMP_BITS, STAMP_UNIT_S, Ack, expand
 from wangate.core.rangeset import RangeSet
 
 PACKET_THRESHOLD = 3  # RFC 9002 §6.1.1
@@ -184,13 +184,14 @@ class PathReceiver:
     pending: RangeSet = field(default_factory=RangeSet)
     pending_count: int = 0
     newest_seq: int = 0
-    newest_sent_ns: int = 0
+    newest_stamp: int = 0
     newest_received_at: float = 0.0
+    clock_units: int = -1  # the newest sender stamp, unwrapped (-1: none yet)
     first_pending_at: float = 0.0
     ack_due_at: float | None = None  # the earliest any pending datagram wants its ack
     received_bytes: int = 0
 
-    def on_datagram(self, seq: int, sent_ns: int, now: float, ack_within_s: float) -> None:
+    def on_datagram(self, seq: int, sent_stamp: int, now: float, ack_within_s: float) -> None:
         """Owe an ack for ``seq`` within ``ack_within_s``."""
         if self.pending_count == 0:
             self.first_pending_at = now
@@ -198,11 +199,21 @@ class PathReceiver:
         self.pending_count += 1
         if seq >= self.newest_seq:
             self.newest_seq = seq
-            self.newest_sent_ns = sent_ns
+            self.newest_stamp = sent_stamp
             self.newest_received_at = now
         due_at = now + ack_within_s
         if self.ack_due_at is None or due_at < self.ack_due_at:
             self.ack_due_at = due_at
+
+    def sender_clock_s(self, sent_stamp: int) -> float:
+        """The sender's clock (seconds, its own epoch) at ``sent_stamp``: the wrapping
+        stamp unwrapped against the newest heard on this path (RFC 9000 Appendix A.3)."""
+        if self.clock_units < 0:
+            units = sent_stamp
+        else:
+            units = expand(sent_stamp, STAMP_BITS, self.clock_units)
+        self.clock_units = max(self.clock_units, units)
+        return units * STAMP_UNIT_S
 
     def ack_deadline(self) -> float | None:
         if self.pending_count == 0:
@@ -230,4 +241,4 @@ class PathReceiver:
         if self.pending_count == 0:
             self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
-        return Ack(self.newest_sent_ns, delay_us, tuple(ranges))
+        return Ack(self.newest_stamp, delay_us, tuple(ranges))

@@ -37,9 +37,8 @@ from wangate.core.events import (
 )
 from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
+    MAX_DATAGRAM_HEADER_BYTES,
     MAX_DONE_IDS,
-    REPAIR_HEADER_BYTES,
-    SHARD_HEADER_BYTES,
     Ack,
     ControlFrame,
     Credit,
@@ -55,6 +54,9 @@ from wangate.core.frames import (
     encode_probe,
     encode_repair,
     encode_shard,
+    message_header_bytes,
+    stamp,
+    stamp_age_s,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.inbound import (
@@ -83,7 +85,7 @@ PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
-MIN_DATAGRAM_BYTES = SHARD_HEADER_BYTES + 64
+MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
 MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
 
 
@@ -136,6 +138,7 @@ class PeerSession:
         self._next_msg_id = 1
         self._outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
         self._queue = OutboundQueue(coding)
+        self._queue.header_bytes = message_header_bytes
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
         self._last_critical_at = -CRITICAL_ACTIVE_S
@@ -153,6 +156,7 @@ class PeerSession:
             max_message_bytes, self.inbox_window_bytes, self._events, idle_timeout_s=partial_idle_s
         )
         self._credit_dirty: set[str] = set()
+        self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
         self._credit_refresh_at = now + CREDIT_REFRESH_S
         self._done_check_at = now + DONE_CHECK_S
@@ -205,8 +209,14 @@ class PeerSession:
             record.usable = False
             self._events.append(PathStateChanged(path, "down", reason))
         record.state, record.why = "down", reason
-        # acks owed on the old connection die with it; the byte count carries on
-        record.receiver = PathReceiver(received_bytes=record.receiver.received_bytes)
+        # acks owed on the old connection die with it; the byte count carries on, and so
+        # do the references the peer's truncated sequence numbers and stamps expand against
+        old = record.receiver
+        record.receiver = PathReceiver(
+            newest_seq=old.newest_seq,
+            clock_units=old.clock_units,
+            received_bytes=old.received_bytes,
+        )
         self._reselect(now)
 
     def _set_state(self, path: str, record: PathRecord, state: str, why: str) -> None:
@@ -241,6 +251,9 @@ class PeerSession:
         self._update_liveness(now)
         for record in self._paths.values():
             record.sender.take_all_inflight()
+            # the new instance counts its sequence numbers and its clock afresh
+            record.receiver = PathReceiver(received_bytes=record.receiver.received_bytes)
+        self._largest_msg_id_in = 0
         self._outbox.reset()
         self._inbound.peer_restarted()
         self._credit_dirty.update(self._paths)
@@ -361,7 +374,7 @@ class PeerSession:
             return None
         sender = record.sender
         if record.usable:
-            piece = self._next_piece(path, sender.datagram_bytes - SHARD_HEADER_BYTES, now)
+            piece = self._next_piece(path, sender.datagram_bytes, now)
             if piece is not None:
                 message = piece.message
                 if piece.is_repair_symbol:
@@ -374,7 +387,7 @@ class PeerSession:
                     assert message.shape is not None
                     return encode_repair(
                         seq,
-                        int(now * 1e9),
+                        stamp(now),
                         message.msg_id,
                         message.body_len,
                         piece.block,
@@ -397,7 +410,7 @@ class PeerSession:
                     self.repair_datagrams += 1
                 return encode_shard(
                     seq,
-                    int(now * 1e9),
+                    stamp(now),
                     message.msg_id,
                     message.body_len,
                     piece.start,
@@ -408,7 +421,7 @@ class PeerSession:
         sender.estimator.on_app_limited(now)
         if now - sender.last_sent_at >= PROBE_INTERVAL_S:
             seq = sender.record(SentDatagram(0, 0, 0, now, 0))
-            return encode_probe(seq, int(now * 1e9))
+            return encode_probe(seq, stamp(now))
         return None
 
     def has_critical_for(self, path: str) -> bool:
@@ -498,7 +511,7 @@ class PeerSession:
             queue.symbol_bytes = 0
             return
         senders = [self._paths[n].sender for n in open_paths]
-        queue.symbol_bytes = min(s.datagram_bytes for s in senders) - REPAIR_HEADER_BYTES
+        queue.symbol_bytes = min(s.datagram_bytes for s in senders)  # less each one's header
         # random loss seen by a block spread over the paths in proportion to their rates
         rates = [s.estimator.planning_rate_bps for s in senders]
         loss = sum(s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True))
@@ -533,7 +546,7 @@ class PeerSession:
             # Only an ack of something still in flight times the path (RFC 9002 §5.1):
             # one of datagrams given up long ago may have waited out an outage behind
             # lost stream data, and a sample of seconds would hold the path back.
-            rtt_s = now - ack.echo_sent_ns / 1e9
+            rtt_s = stamp_age_s(now, ack.echo_stamp)
             if 0.0 < rtt_s < 60.0:
                 est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
             self._scheduler.selector.record_probe_ok(path, now)
@@ -566,11 +579,13 @@ class PeerSession:
             raise LocalProtocolError(f"datagram on path {path} that is not up")
         receiver, sender = record.receiver, record.sender
         self._heard(path, record, now)
-        datagram = decode_datagram(data)
-        sender.estimator.on_transit_sample(now - datagram.sent_ns / 1e9, now)
+        datagram = decode_datagram(data, receiver.newest_seq, self._largest_msg_id_in)
+        sender.estimator.on_transit_sample(now - receiver.sender_clock_s(datagram.sent_stamp), now)
         if isinstance(datagram, ProbeDatagram):
-            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, ack_within_s=0.0)
+            receiver.on_datagram(datagram.path_seq, datagram.sent_stamp, now, ack_within_s=0.0)
             return
+        if datagram.msg_id > self._largest_msg_id_in:
+            self._largest_msg_id_in = datagram.msg_id
         if isinstance(datagram, RepairDatagram):
             accepted = self._inbound.accept_repair(datagram, now)
         else:
@@ -578,7 +593,7 @@ class PeerSession:
         if accepted:
             receiver.received_bytes += len(data)
             ack_within_s = CRITICAL_ACK_DELAY_S if datagram.critical else MAX_ACK_DELAY_S
-            receiver.on_datagram(datagram.path_seq, datagram.sent_ns, now, ack_within_s)
+            receiver.on_datagram(datagram.path_seq, datagram.sent_stamp, now, ack_within_s)
 
     def consumed(self, body_bytes: int, msg_id: int = 0) -> None:
         """A trainer took received message ``msg_id``: its bytes no longer count against

@@ -11,7 +11,9 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   BDP = bandwidth x min RTT.
 * Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
   separate pacing hook, so the window *is* the pacing control:
-  ``cwnd = gain x bandwidth x rtt_w`` with ``rtt_w`` the smoothed RTT clamped to
+  ``cwnd = gain x bandwidth / (1 - random loss) x rtt_w`` (the delivery rate counts
+  what arrived; the wire carries the lost packets too; random loss: that of rounds
+  without a queue) with ``rtt_w`` the smoothed RTT clamped to
   ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
   pacing rate is ``gain x bandwidth``; once a queue grows past it, the window stops
   following the RTT, so the rate falls as ``bandwidth x (min_rtt + allowance) / srtt``
@@ -146,6 +148,9 @@ class WangateCongestionControl(QuicCongestionControl):
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
         self.loss_baseline = 0.0  # the path's usual loss rate (bytes), congestion aside
+        # the loss of rounds without a queue: what the path loses whatever we send (a
+        # queue's own drops must not make us send faster into it)
+        self.random_loss = 0.0
         self.congestion_events = 0
         self._recovery_start = -math.inf
 
@@ -176,6 +181,15 @@ class WangateCongestionControl(QuicCongestionControl):
             return PROBE_BW_GAINS[self._phase]
         return 1.0
 
+    @property
+    def sending_rate_bps(self) -> float:
+        """The rate that fills the bottleneck: the delivery rate counts only what
+        arrived, so with the path's usual random loss ``p`` the sender must put
+        ``1 / (1 - p)`` times as much on the wire (a lost packet took its share of the
+        link before it was lost) or leave ``p`` of the link unused. ``p`` is the loss of
+        rounds that showed no queue, so that a queue's drops do not feed the queue."""
+        return self.btl_bw_bps / (1.0 - min(self.random_loss, HIGH_LOSS_RATE))
+
     def _window_rtt_s(self) -> float:
         assert self.min_rtt_s is not None
         allowance = max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
@@ -192,7 +206,7 @@ class WangateCongestionControl(QuicCongestionControl):
         elif self.state == DRAIN:
             target = bdp
         else:
-            target = self.pacing_gain * self.btl_bw_bps * self._window_rtt_s()
+            target = self.pacing_gain * self.sending_rate_bps * self._window_rtt_s()
             if self.state == PROBE_BW:
                 target = min(target, CWND_CAP_GAIN * bdp)
         return max(int(target), self.min_target_window)
@@ -315,6 +329,8 @@ class WangateCongestionControl(QuicCongestionControl):
             if total:
                 rate = self._round_lost_bytes / total
                 self.loss_baseline += LOSS_BASELINE_WEIGHT * (rate - self.loss_baseline)
+                if not self._round_queued():
+                    self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
         self.round_count += 1
         self._next_round_delivered = self.delivered_bytes
         self._round_min_rtt_s = math.inf
@@ -330,15 +346,19 @@ class WangateCongestionControl(QuicCongestionControl):
             return True
         # Startup too: random loss of a few percent must not end it (a 64 kB message on a
         # lossy path would crawl up in ProbeBW); its overshoot fills the buffer first
-        queue = (
-            self.min_rtt_s is not None
-            and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
-            and self._round_min_rtt_s - self.min_rtt_s > RTT_ALLOWANCE_MIN_S
-        )
+        queue = self._round_queued()
         usual = self.loss_baseline
         packets = max(1, self._round_lost_packets + self._round_acked_packets)
         noise = LOSS_NOISE_SIGMAS * math.sqrt(usual * (1.0 - usual) / packets)
         return loss_rate > QUEUE_LOSS_RATE + usual + noise and queue
+
+    def _round_queued(self) -> bool:
+        """Whether this round's lowest RTT showed a standing queue."""
+        return (
+            self.min_rtt_s is not None
+            and self._round_min_rtt_s > self.min_rtt_s * QUEUE_RTT_FACTOR
+            and self._round_min_rtt_s - self.min_rtt_s > RTT_ALLOWANCE_MIN_S
+        )
 
     def _on_congestion(self, now: float) -> None:
         self.congestion_events += 1
