@@ -17,8 +17,12 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/wangate demo
 
+# the integration tests that move messages, again with worker processes ([workers] count = 2)
+WORKER_TESTS := tests/test_e2e.py tests/test_localapi_segments.py tests/test_faults.py tests/test_daemon.py
+
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+	WANGATE_TEST_WORKERS=2 $(VENV)/bin/python -m pytest -q -m "not single_process and not slow" $(WORKER_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wangate tests bench examples

@@ -3,6 +3,7 @@
     python -m bench run multipath_clean3 [loss_1 ...]   # or: run all
     python -m bench suite loss [critical ...]           # or: suite all (python -m bench suite -h)
     python -m bench cpu                        # gateway vs plain aioquic, CPU per byte
+    python -m bench workers                    # CPU per GiB with 1, 2, 4 worker processes
     python -m bench plots results/multipath_clean3/run.json
     python -m bench lab ...                    # the same as python -m bench.lab ...
 
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cpu import main as cpu_main
 
         return cpu_main(argv[1:])
+    if argv[:1] == ["workers"]:
+        from bench.workers import main as workers_main
+
+        return workers_main(argv[1:])
     if argv[:1] == ["suite"]:
         from bench.suite.run import main as suite_main
 
@@ -113,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--run-id", help="lab run id (1-6 of [0-9a-z]); random by default")
     sub.add_parser("suite", help="named suites by subject (python -m bench suite -h)")
     sub.add_parser("cpu", help="gateway vs plain aioquic on loopback (python -m bench cpu -h)")
+    sub.add_parser("workers", help="CPU per GiB with worker processes (python -m bench workers -h)")
     sub.add_parser("plots", help="redraw PNGs from results/<scenario>/run.json")
     sub.add_parser("lab", help="the WAN lab (python -m bench lab -h)")
     args = parser.parse_args(argv)

@@ -127,6 +127,7 @@ def test_unknown_peer_is_a_clear_error_and_the_daemon_keeps_serving(
         assert gw.recv("after", source="bj", step=0, timeout=30).tolist() == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.single_process  # counts the bytes of one session
 def test_a_path_reset_mid_transfer_loses_nothing(sites: LoopbackSites) -> None:
     """Kill one path's connection while a 64 MiB message crosses: the others finish it."""
     arr = np.random.default_rng(7).standard_normal(16 * MiB, np.float32)

@@ -48,6 +48,7 @@ def peer_status(lab: LoopbackSites, site: str, peer: str) -> dict[str, Any]:
         return status
 
 
+@pytest.mark.single_process  # one row per path; what one session has in flight
 def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) -> None:
     with LoopbackSites(2, 2, directory=tmp_path, mtu=1500, extra_toml=LIVENESS) as lab:
         assert peer_status(lab, "bj", "sh")["state"] == "up"
@@ -158,6 +159,7 @@ def test_a_killed_peer_fails_sends_and_recvs_within_peer_dead_s(tmp_path: Path) 
             gw.wait("sh", msg_id, timeout=10)
 
 
+@pytest.mark.single_process  # counts the log lines of one process
 def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path) -> None:
     with LoopbackSites(2, 1, directory=tmp_path, mtu=1500, extra_toml=LIVENESS) as lab:
         with lab["bj"].client() as gw:
@@ -211,6 +213,7 @@ def test_a_restarted_receiver_reports_the_messages_its_inbox_held(tmp_path: Path
         assert f"10 messages to sh failed (ids {ids[0]}..{ids[-1]}, tags 'held')" in log
 
 
+@pytest.mark.single_process  # compares one session's queue before and after
 def test_a_deadline_passing_while_waiting_for_room_sends_nothing(tmp_path: Path) -> None:
     small = "[limits]\npeer_inbox_bytes = 1048576\nmax_message_bytes = 1048576\n"
     with LoopbackSites(2, 1, directory=tmp_path, mtu=1500, extra_toml=small) as lab:

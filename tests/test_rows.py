@@ -200,3 +200,16 @@ def test_a_gateway_reports_its_unconnected_paths_as_rows(tmp_path: Path) -> None
     assert status.site == "bj" and list(status.peers) == ["sh"]
     assert status.peers["sh"].paths_up == () and status.peers["sh"].counter("messages_sent") == 0
     assert GatewayStatus.from_dict(status.to_dict()) == status
+
+
+def test_with_workers_a_row_names_its_worker_and_the_status_lists_them() -> None:
+    row = PathRow.from_dict({**UP, "worker": 1})
+    assert row.worker == 1 and row.to_dict() == {**UP, "worker": 1}
+    assert format_paths_table([row]).splitlines()[1].split()[:2] == ["sh", "fiber-a/w1"]
+    worker = {"index": 0, "pid": 41, "role": "critical", "cpu_s": 2.5, "queued_bytes": 2048,
+              "stripes": 1, "restarts": 3}  # fmt: skip
+    status = GatewayStatus.from_dict({**STATUS, "workers": [worker]})
+    assert status.to_dict() == {**STATUS, "workers": [worker]}
+    assert format_status(status).splitlines()[-1] == (
+        "  worker 0 (critical, pid 41): 2.5 CPU s, 2.0 KiB queued, 3 restarts"
+    )

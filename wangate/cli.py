@@ -51,9 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     from wangate.config import load_config
-    from wangate.daemon import Gateway
     from wangate.reload import Reloader
     from wangate.systemd import Notifier
+    from wangate.workers import make_gateway
 
     # SIGHUP's default action kills: until the reload handler is in place it waits
     hangups: list[int] = []
@@ -63,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _install_event_loop_policy()
 
     async def main() -> None:
-        gateway = Gateway(config)
+        gateway = make_gateway(config)
         reloader = Reloader(gateway, config_path)
         notifier = Notifier(reloader.status_line)
         stop = asyncio.Event()

@@ -34,6 +34,7 @@ log = logging.getLogger("wangate.config")
 # headers that is an MTU of 1248, so the IPv6 minimum link MTU of 1280 is the floor.
 MIN_MTU = 1280
 MAX_MTU = 65535
+MAX_WORKERS = 64
 _IPV4_UDP_OVERHEAD = 20 + 8
 _IPV6_UDP_OVERHEAD = 40 + 8
 
@@ -142,6 +143,25 @@ class CriticalConfig:
 
 
 @dataclass(frozen=True)
+class WorkersConfig:
+    """[workers]: worker processes (wangate.workers). None: chosen by the host."""
+
+    count: int | None = None
+
+    def resolved(self, cpu_count: int | None, paths: int) -> int:
+        """The number of workers: as configured, else one per path plus the critical
+        worker, within the cores less one for the coordinator; 1 (no workers: one
+        process, as before) on a host of fewer than 4 cores, where the processes would
+        only compete for them."""
+        if self.count is not None:
+            return self.count
+        cores = cpu_count or 1
+        if cores < 4:
+            return 1
+        return max(1, min(cores - 1, paths + 1, MAX_WORKERS))
+
+
+@dataclass(frozen=True)
 class CollectiveConfig:
     """[collective]: how allreduce shares the tensor between sites (proto/collective.md)."""
 
@@ -164,6 +184,7 @@ class Config:
     metrics: MetricsConfig
     fec: FecConfig = FecConfig()
     critical: CriticalConfig = CriticalConfig()
+    workers: WorkersConfig = WorkersConfig()
     collective: CollectiveConfig = CollectiveConfig()
 
     def collective_settings(self) -> dict[str, Any]:
@@ -347,7 +368,9 @@ class _Parser:
     # -- sections -------------------------------------------------------------------
 
     def config(self, document: dict[str, Any]) -> Config:
-        optional = {"peers", "limits", "compression", "metrics", "fec", "critical", "collective"}
+        optional = {
+            "peers", "limits", "compression", "metrics", "fec", "critical", "collective", "workers"
+        }  # fmt: skip
         self.table(document, "", {"site", "tls"}, optional)
         site = self.site(document["site"])
         tls = self.tls(document["tls"], site.name)
@@ -363,7 +386,22 @@ class _Parser:
             fec=self.fec(document.get("fec", {})),
             critical=self.critical(document.get("critical", {})),
             collective=self.collective(document.get("collective", {}), site, peers),
+            workers=self.workers(document.get("workers", {}), site),
         )
+
+    def workers(self, value: object, site: SiteConfig) -> WorkersConfig:
+        table = self.table(value, "workers", set(), {"count"})
+        if "count" not in table:
+            return WorkersConfig()
+        count = self.integer(table["count"], "workers.count", 1, MAX_WORKERS)
+        for index, (_host, port) in enumerate(site.listen):
+            if port and port + count - 1 > 65535:  # worker w listens on port + w
+                raise self.error(
+                    "workers.count",
+                    f"{count} workers need ports {port}..{port + count - 1} of site.listen"
+                    f"[{index}]; the last is over 65535",
+                )
+        return WorkersConfig(count)
 
     def collective(
         self, value: object, site: SiteConfig, peers: tuple[PeerConfig, ...]

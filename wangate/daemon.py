@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aioquic.quic.connection import QuicConnection
@@ -72,7 +73,7 @@ BACKOFF_MAX_S = 10.0
 class Gateway:
     """One site's gateway; implements ``GatewayService`` for the local API."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, inbox: Inbox | None = None) -> None:
         self.config = config
         self.site_name = config.site.name
         self.instance_id = random.getrandbits(63) | 1
@@ -83,7 +84,12 @@ class Gateway:
             self.site_name, self.instance_id, self.max_message_bytes + MAX_HEADER_BYTES
         )
         self.started_at = time.monotonic()
-        self.inbox = Inbox(config.limits.peer_inbox_bytes)
+        # a worker process forwards its deliveries to the coordinator (wangate.workers)
+        self.inbox = inbox or Inbox(config.limits.peer_inbox_bytes)
+        # told each stripe's outcome in a worker: (peer, msg_id, None or why it failed),
+        # and when the peer has it whole: (peer, msg_id)
+        self.on_outcome: Callable[[str, int, str | None], None] | None = None
+        self.on_acked: Callable[[str, int], None] | None = None
         self.inbound_segments = InboundSegments()  # large inbound bodies: shared memory
         self.streams = InboundStreams(self.inbound_segments)  # taken while they arrive
         self.metrics = GatewayMetrics()  # fed by submit() and the drivers' events
@@ -128,15 +134,26 @@ class Gateway:
             metrics=self.metrics,
             clock=time.monotonic,
             on_unreachable=lambda: self.inbox.fail_waiters(self._hopeless_recv),
+            on_outcome=lambda msg_id, failure: self._outcome(peer, msg_id, failure),
+            on_acked=lambda msg_id: self.on_acked and self.on_acked(peer, msg_id),
             streams=self.streams,
         )
         segments = self.inbound_segments
         driver.session.use_body_buffers(segments.allocate, segments.free, segments.min_bytes)
         return driver
 
+    def _outcome(self, peer: str, msg_id: int, failure: str | None) -> None:
+        if self.on_outcome is not None:
+            self.on_outcome(peer, msg_id, failure)
+
     # ----------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
+        await self.start_peering()
+        await self.start_local()
+
+    async def start_peering(self) -> None:
+        """Listen for peers and dial them (a worker process does only this)."""
         try:
             check_aioquic()
         except AioquicIncompatible as exc:
@@ -175,6 +192,9 @@ class Gateway:
         for peer in self.config.peers:
             for path in peer.paths:
                 self._start_dialing(peer.name, path)
+
+    async def start_local(self) -> None:
+        """The local API for trainers, and the metrics endpoint."""
         self._local_api = LocalApiServer(
             self,
             self.config.site.socket,

@@ -76,9 +76,15 @@ def _receiver(site: SiteProcess, peers: list[str], bulk_bytes: int, tally: Tally
         tally.errors.append(f"{site.name} recv: {exc}")
 
 
+DEMO_WORKERS = 2  # [workers] count: worker 0 carries critical messages, worker 1 bulk
+
+
 def run_demo(sites: int = 3, paths: int = 3, size_mib: int = 32) -> int:
-    print(f"wangate demo: {sites} sites on loopback, {paths} QUIC paths between each pair")
-    with LoopbackSites(sites, paths, verbose=False) as lab:
+    print(
+        f"wangate demo: {sites} sites on loopback, {paths} QUIC paths between each pair, "
+        f"{DEMO_WORKERS} worker processes per gateway"
+    )
+    with LoopbackSites(sites, paths, verbose=False, workers=DEMO_WORKERS) as lab:
         names = [s.name for s in lab.sites]
         print(f"  daemons up: {', '.join(names)} (configs and logs in {lab.directory})")
         bulk_bytes = size_mib << 20

@@ -36,8 +36,18 @@ def site_address(site_index: int, path_index: int) -> str:
     return f"127.0.{10 + site_index}.{path_index + 1}"
 
 
-def free_udp_port(addresses: list[str]) -> int:
-    """A port free on every one of ``addresses`` (checked by binding them all)."""
+# the tests run the integration suite again with worker processes: WANGATE_TEST_WORKERS=2
+TEST_WORKERS_ENV = "WANGATE_TEST_WORKERS"
+
+
+def test_workers() -> int:
+    """The ``[workers] count`` the loopback sites get (1: none, the default)."""
+    return int(os.environ.get(TEST_WORKERS_ENV, "1") or 1)
+
+
+def free_udp_port(addresses: list[str], count: int = 1) -> int:
+    """A port free on every one of ``addresses`` (checked by binding them all), with the
+    ``count - 1`` ports after it (worker ``w`` listens on port + ``w``)."""
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.bind((addresses[0], 0))
@@ -45,9 +55,10 @@ def free_udp_port(addresses: list[str]) -> int:
         socks = []
         try:
             for address in addresses:
-                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                socks.append(s)
-                s.bind((address, port))
+                for offset in range(count):
+                    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    socks.append(s)
+                    s.bind((address, port + offset))
             return port
         except OSError:
             continue
@@ -77,18 +88,21 @@ def write_site_configs(
     *,
     mtu: int = 9000,
     extra_toml: str | Mapping[str, str] = "",
+    workers: int | None = None,
 ) -> list[SiteProcess]:
     """Certificates and one config per site; ``extra_toml`` is added to every config, or
-    per site name when it is a mapping."""
+    per site name when it is a mapping. ``workers``: the ``[workers] count`` of every
+    site (default: $WANGATE_TEST_WORKERS, else none)."""
     if not 2 <= sites <= len(SITE_NAMES) or not 1 <= paths <= len(PATH_NAMES):
         raise WangateError(f"sites must be 2..{len(SITE_NAMES)} and paths 1..{len(PATH_NAMES)}")
     certs = directory / "certs"
     create_ca(certs)
     names = SITE_NAMES[:sites]
     ports = {}
+    workers = test_workers() if workers is None else workers
     for i, name in enumerate(names):
         issue_site_certificate(certs, name)
-        ports[name] = free_udp_port([site_address(i, p) for p in range(paths)])
+        ports[name] = free_udp_port([site_address(i, p) for p in range(paths)], workers)
     result = []
     for i, name in enumerate(names):
         listen = ", ".join(f'"{site_address(i, p)}:{ports[name]}"' for p in range(paths))
@@ -105,6 +119,8 @@ def write_site_configs(
             "",
             extra_toml if isinstance(extra_toml, str) else extra_toml.get(name, ""),
         ]
+        if workers > 1 and "[workers]" not in lines[-1]:
+            lines += ["[workers]", f"count = {workers}", ""]
         for j, peer in enumerate(names):
             if peer == name:
                 continue
@@ -136,12 +152,16 @@ class LoopbackSites:
         mtu: int = 9000,
         extra_toml: str | Mapping[str, str] = "",
         verbose: bool = True,
+        workers: int | None = None,
     ) -> None:
         self._own_dir = directory is None
         if directory is None:
             directory = Path(tempfile.mkdtemp(prefix="wangate-"))
         self.directory = directory
-        self.sites = write_site_configs(directory, sites, paths, mtu=mtu, extra_toml=extra_toml)
+        self.workers = test_workers() if workers is None else workers
+        self.sites = write_site_configs(
+            directory, sites, paths, mtu=mtu, extra_toml=extra_toml, workers=self.workers
+        )
         self.paths = paths
         self.verbose = verbose
 
@@ -185,7 +205,8 @@ class LoopbackSites:
 
     def wait_all_paths_up(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
-        expected = self.paths * (len(self.sites) - 1)
+        # one row per path and worker
+        expected = self.paths * (len(self.sites) - 1) * self.workers
         for site in self.sites:
             while True:
                 up = 0

@@ -186,6 +186,21 @@ def _site_families(status: GatewayStatus) -> Iterator[Metric]:
         "Messages delivered within this site.",
         value=status.local_messages,
     )
+    if status.workers:
+        cpu = CounterMetricFamily(
+            "wangate_worker_cpu_seconds_total",
+            "CPU seconds (user and system) of each worker process, restarts included.",
+            labels=("worker",),
+        )
+        queued = GaugeMetricFamily(
+            "wangate_worker_queued_bytes",
+            "Stripe bytes handed to each worker and not yet confirmed.",
+            labels=("worker",),
+        )
+        for worker in status.workers:
+            cpu.add_metric((str(worker["index"]),), _clean(float(worker["cpu_s"])))
+            queued.add_metric((str(worker["index"]),), worker["queued_bytes"])
+        yield from (cpu, queued)
 
 
 # (metric, kind, help, PathRow field, factor to base units); a row's None is left out
@@ -223,36 +238,41 @@ _PATH_VALUES: tuple[tuple[str, MetricKind, str, str, float], ...] = (
 
 
 def _path_families(rows: Sequence[PathRow]) -> Iterator[Metric]:
+    # with worker processes a path has one connection per worker: one series each
+    per_worker = any(row.worker is not None for row in rows)
+    base: tuple[str, ...] = ("peer", "path", "worker") if per_worker else ("peer", "path")
+
+    def key(row: PathRow) -> tuple[str, ...]:
+        return (row.peer, row.path, str(row.worker)) if per_worker else (row.peer, row.path)
+
     info = GaugeMetricFamily(
         "wangate_path_info",
         "A configured path and its current endpoints (always 1).",
-        labels=("peer", "path", "local", "remote"),
+        labels=(*base, "local", "remote"),
     )
     states = GaugeMetricFamily(
         "wangate_path_state",
         "1 for the path's current state (up, degraded, down).",
-        labels=("peer", "path", "state"),
+        labels=(*base, "state"),
     )
     roles = GaugeMetricFamily(
         "wangate_path_role",
         "1 for the path's role for our sends (critical, backup, bulk).",
-        labels=("peer", "path", "role"),
+        labels=(*base, "role"),
     )
     for row in rows:
-        info.add_metric((row.peer, row.path, row.local, row.remote), 1)
+        info.add_metric((*key(row), row.local, row.remote), 1)
         for state in PATH_STATES:
-            states.add_metric((row.peer, row.path, state), row.state == state)
+            states.add_metric((*key(row), state), row.state == state)
         for role in PATH_ROLES:
-            roles.add_metric((row.peer, row.path, role), row.role == role)
+            roles.add_metric((*key(row), role), row.role == role)
     yield from (info, states, roles)
-    for name, kind, help_text, key, factor in _PATH_VALUES:
-        family = _family(name, kind, help_text, ("peer", "path"))
+    for name, kind, help_text, field_name, factor in _PATH_VALUES:
+        family = _family(name, kind, help_text, base)
         for row in rows:
-            value: float | None = getattr(row, key)
+            value: float | None = getattr(row, field_name)
             if value is not None:
-                family.add_metric(
-                    (row.peer, row.path), _clean(value if factor == 1 else value * factor)
-                )
+                family.add_metric(key(row), _clean(value if factor == 1 else value * factor))
         yield family
 
 

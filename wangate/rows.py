@@ -62,6 +62,7 @@ class PathRow:
     last_switch_reason: str | None = None
     # delivery rate while kept busy, over busy time: kept while idle (core/capacity.py)
     capacity_mbps: float | None = None
+    worker: int | None = None  # the worker process that carries it ([workers] count >= 2)
 
     @classmethod
     def not_connected(
@@ -79,7 +80,10 @@ class PathRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``paths`` row of the local API and ``wangate paths --json``."""
-        return dataclasses.asdict(self)
+        row = dataclasses.asdict(self)
+        if row["worker"] is None:
+            del row["worker"]  # only with worker processes: one process reports as before
+        return row
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> PathRow:
@@ -144,9 +148,11 @@ class GatewayStatus:
     local_messages: int  # delivered within the site
     inbox_queued: int  # messages waiting for a trainer's recv
     inbox_waiting_recvs: int  # recvs waiting for a message
+    # with [workers] count >= 2, one map per worker process (proto/localapi.md)
+    workers: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        status = {
             "site": self.site,
             "version": self.version,
             "uptime_s": self.uptime_s,
@@ -154,6 +160,9 @@ class GatewayStatus:
             "local_messages": self.local_messages,
             "inbox": {"queued": self.inbox_queued, "waiting_recvs": self.inbox_waiting_recvs},
         }
+        if self.workers:
+            status["workers"] = [dict(worker) for worker in self.workers]
+        return status
 
     @classmethod
     def from_dict(cls, status: Mapping[str, Any]) -> GatewayStatus:

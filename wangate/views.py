@@ -40,7 +40,7 @@ def paths_table_cells(row: PathRow) -> list[str]:
     loss = "-" if row.loss is None else f"{row.loss * 100:.2f}% ({row.loss_samples})"
     return [
         row.peer,
-        row.path,
+        row.path if row.worker is None else f"{row.path}/w{row.worker}",  # one per worker
         f"{row.local} -> {row.remote}",
         row.state,
         f"{fmt_num(row.srtt_ms, '.2f')}/{fmt_num(row.min_rtt_ms, '.2f')}",
@@ -80,4 +80,10 @@ def format_status(status: GatewayStatus) -> str:
                 f"    failed: message {failure['msg_id']} (tag {failure['tag']!r}, "
                 f"step {failure['step']}): {failure['reason']}"
             )
+    for worker in status.workers:
+        lines.append(
+            f"  worker {worker['index']} ({worker['role']}, pid {worker['pid']}): "
+            f"{float(worker['cpu_s']):.1f} CPU s, {fmt_bytes(worker['queued_bytes'])} queued, "
+            f"{worker['restarts']} restarts"
+        )
     return "\n".join(lines)

@@ -122,12 +122,15 @@ def _wait_paths_up(
     for site, process in gateways.items():
         up = 0
         while True:
+            rows: list[dict[str, object]] = []
             try:
                 with wangate.Client(lab.gateway_socket(site)) as gw:
-                    up = sum(1 for row in gw.paths() if row["state"] != "down")
+                    rows = gw.paths()
             except (WangateError, OSError):
-                up = 0
-            if up == expected[site]:
+                pass
+            up = sum(1 for row in rows if row["state"] != "down")
+            # with [workers] count = N a path has a row per worker: every one up
+            if up == len(rows) >= expected[site]:
                 break
             if process.poll() is not None:
                 raise WangateError(

@@ -1,6 +1,6 @@
 """Critical latency and failover: a 64 KiB critical message every 50 ms beside bulk.
 
-    python -m bench suite critical       # critical_bulk, critical_nobulk, critical_jitter
+    python -m bench suite critical       # critical_bulk, critical_nobulk, critical_jitter, *_w2
     python -m bench suite failover       # failover_degrade, failover_blackhole
 
 Each scenario runs through the runner without baselines, then its lab floor is measured
@@ -21,6 +21,9 @@ from typing import Any
 from bench.suite.common import RESULTS, fmt, load_record, met, ms, quantile
 
 CRITICAL = ("critical_bulk", "critical_jitter", "critical_nobulk")
+# the same links and workload with two worker processes per gateway (proto/workers.md):
+# their floor is their base scenario's
+WORKERS = ("critical_bulk_w2", "critical_nobulk_w2")
 FAILOVER = ("failover_degrade", "failover_blackhole")
 COOLDOWN_S = 2.0  # the critical selector's cooldown after a switch (README)
 
@@ -49,7 +52,7 @@ def _route_text(change: dict[str, Any] | None) -> str:
 
 
 def _floor_rows(name: str, p50: float | None, p99: float | None) -> list[str]:
-    file = RESULTS / "critical_floor" / f"{name}.json"
+    file = RESULTS / "critical_floor" / f"{name.removesuffix('_w2')}.json"
     if not file.exists():
         return []
     floor = json.loads(file.read_text())

@@ -76,8 +76,8 @@ SUITES: dict[str, Suite] = {
     ),
     "fair": Suite(runs=(), table=fair.rows, drivers=(fair.run,)),
     "critical": Suite(
-        runs=((critical.CRITICAL, ("--no-baselines",)),),
-        table=lambda: critical.rows(critical.CRITICAL),
+        runs=((critical.CRITICAL + critical.WORKERS, ("--no-baselines",)),),
+        table=lambda: critical.rows(critical.CRITICAL + critical.WORKERS),
         floors=critical.CRITICAL,
     ),
     "failover": Suite(

@@ -69,6 +69,8 @@ class PeerDriver:
         metrics: GatewayMetrics,
         clock: Clock,
         on_unreachable: Callable[[], object],
+        on_outcome: Callable[[int, str | None], object] | None = None,
+        on_acked: Callable[[int], object] | None = None,
         streams: InboundStreams | None = None,
     ) -> None:
         self.session = session
@@ -79,6 +81,8 @@ class PeerDriver:
         self._metrics = metrics
         self._clock = clock
         self._on_unreachable = on_unreachable
+        self._on_outcome = on_outcome  # each finished message: (msg_id, None or why it failed)
+        self._on_acked = on_acked  # each message the peer has whole (msg_id)
         self._streams = streams  # large messages taken by trainers while they arrive
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -287,6 +291,8 @@ class PeerDriver:
             elif isinstance(event, MessageDelivered):
                 self._metrics.message_delivered(self.peer, event.critical, event.elapsed_s)
                 self.backlog_freed.set()
+                if self._on_acked is not None:
+                    self._on_acked(event.msg_id)
             elif isinstance(event, MessageFailed):
                 failed.append(event)
                 self.failures.append(
@@ -333,6 +339,8 @@ class PeerDriver:
         while len(self.outcomes) > MAX_OUTCOMES:
             self.outcomes.popitem(last=False)
         self.outcome_changed.set()
+        if self._on_outcome is not None:
+            self._on_outcome(msg_id, failure)
 
     # ---------------------------------------------------------- delivery
 

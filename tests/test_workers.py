@@ -1,0 +1,143 @@
+"""Worker processes with real daemons: a worker killed mid-transfer, 1 GiB through
+workers, status and paths per worker ([workers] count, wangate.workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from wangate.errors import RecvTimeout
+from wangate.loopback import LoopbackSites, SiteProcess, write_site_configs
+from wangate.rows import PathRow
+
+pytestmark = pytest.mark.timeout(300)
+
+MiB = 1 << 20
+
+
+def workers_of(site: SiteProcess) -> dict[int, dict[str, Any]]:
+    with site.client() as gw:
+        return {w["index"]: w for w in gw.status()["workers"]}
+
+
+def poll(what: Any, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := what()):
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        time.sleep(0.02)
+    return result
+
+
+@pytest.mark.parametrize("side", ["bj", "sh"])
+def test_a_worker_killed_mid_transfer_is_restarted_and_the_message_arrives_once(
+    side: str,
+) -> None:
+    # worker 0 carries critical messages; 1 and 2 share the bulk stripes
+    with LoopbackSites(2, 2, workers=3) as lab:
+        array = np.random.default_rng(3).integers(0, 1 << 32, 32 * MiB, dtype=np.uint32)
+        before = workers_of(lab[side])
+        assert [before[i]["role"] for i in range(3)] == ["critical", "bulk", "bulk"]
+        with lab["bj"].client() as bj, lab["sh"].client() as sh:
+            msg_id = bj.send("sh", "big", array, step=4)  # 128 MiB: 32 stripes
+
+            def some_arrived() -> bool:
+                peer = sh.status()["peers"]["bj"]
+                return bool(peer["bytes_received"] > 0 and peer["messages_held"] == 0)
+
+            poll(some_arrived)  # mid-transfer: stripes arrived, the message is not whole
+            os.kill(before[1]["pid"], signal.SIGKILL)
+            after = poll(lambda: (w := workers_of(lab[side]))[1]["restarts"] == 1 and w)
+            assert after[1]["pid"] not in (0, before[1]["pid"])
+            assert os.path.exists(f"/proc/{after[1]['pid']}")
+            assert after[2]["pid"] == before[2]["pid"] and after[2]["restarts"] == 0
+            got = sh.recv("big", source="bj", step=4, timeout=200)
+            assert got.dtype == np.uint32 and np.array_equal(got, array)
+            bj.wait("sh", msg_id, timeout=60)
+            # delivered once: no second copy comes
+            with pytest.raises(RecvTimeout):
+                sh.recv("big", source="bj", timeout=2.0)
+            assert sh.status()["peers"]["bj"]["messages_held"] == 0
+            # and the restarted worker carries traffic again
+            small = np.arange(1000, dtype=np.float32)
+            for step in range(6):
+                bj.send("sh", "small", small, step=step)
+            for step in range(6):
+                assert np.array_equal(sh.recv("small", source="bj", step=step, timeout=60), small)
+
+
+def test_paths_and_status_show_each_worker() -> None:
+    with LoopbackSites(2, 2, workers=2) as lab, lab["bj"].client() as bj:
+        rows = PathRow.from_dicts(bj.paths())
+        assert sorted((r.worker, r.path, r.state) for r in rows) == [
+            (0, "fiber-a", "up"), (0, "fiber-b", "up"), (1, "fiber-a", "up"), (1, "fiber-b", "up"),
+        ]  # fmt: skip
+        ports = {(r.worker, r.path): int(r.local.rsplit(":", 1)[1]) for r in rows}
+        assert ports[(1, "fiber-a")] == ports[(0, "fiber-a")] + 1  # bj listens: port + worker
+        status = bj.status()
+        assert [w["index"] for w in status["workers"]] == [0, 1]
+        assert {w["role"] for w in status["workers"]} == {"critical", "bulk"}
+        assert all(
+            w["pid"] > 0 and w["cpu_s"] > 0 and w["restarts"] == 0 for w in status["workers"]
+        )
+        assert status["peers"]["sh"]["state"] == "up"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_gibibyte_through_workers_arrives_identical() -> None:
+    arr = np.arange(256 * MiB, dtype=np.uint32)  # 1 GiB, every word distinct
+    arr[::4096] ^= 0xA5A5A5A5
+    result: dict[str, np.ndarray] = {}
+    with LoopbackSites(2, 1, workers=3) as lab:
+
+        def receive() -> None:
+            with lab["sh"].client() as gw:
+                result["got"] = gw.recv("gib", source="bj", step=0, timeout=800)
+
+        receiver = threading.Thread(target=receive)
+        receiver.start()
+        with lab["bj"].client() as gw:
+            msg_id = gw.send("sh", "gib", arr, step=0)
+            receiver.join()
+            gw.wait("sh", msg_id, timeout=60)
+        got = result["got"]
+        assert got.dtype == np.uint32 and got.shape == arr.shape
+        assert np.array_equal(got, arr)
+        # both bulk workers carried part of it
+        with lab["bj"].client() as gw:
+            sent = {r["worker"]: r["sent_bytes"] for r in gw.paths() if r["worker"] in (1, 2)}
+        assert sent[1] > 256 * MiB and sent[2] > 256 * MiB, sent
+
+
+def test_a_worker_that_cannot_listen_stops_the_start_naming_its_port(tmp_path: Path) -> None:
+    bj = write_site_configs(tmp_path, 2, 1, mtu=1500, workers=2)[0]
+    host, port = bj.config_path.read_text().split("listen = [")[1].split('"')[1].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind((host, int(port) + 1))  # worker 1's port
+        result = subprocess.run(
+            [sys.executable, "-m", "wangate", "run", "-c", str(bj.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (
+        f"worker 1: {bj.config_path}: site.listen[0]: cannot listen on {host}:{int(port) + 1}: "
+        "Address already in use"
+    ) in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "wangate: worker 1 exited while starting (end of file; exit code 2); its log lines "
+        "above say why"
+    )
+    assert not bj.socket_path.exists()

@@ -1,0 +1,100 @@
+"""``paths`` and ``status`` of a gateway with workers: its workers' reports, merged.
+
+Each worker reports its rows and status every 0.1 s (proto/workers.md). A path has one
+row per worker (the ``worker`` key); a peer's counters are the sums over the workers;
+its state is ``restarted`` if any worker saw that, else ``up`` if any worker has it up,
+else ``degraded`` (``unreachable`` only when every worker finds it so: the coordinator
+decides that, from the same reports).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from wangate.config import Config
+from wangate.rows import PathRow, PeerStatus
+from wangate.workers.pool import WorkerHandle
+
+
+def worker_rows(workers: Sequence[WorkerHandle], config: Config) -> list[PathRow]:
+    rows: list[PathRow] = []
+    for handle in workers:
+        if handle.report is not None:
+            rows += [
+                dataclasses.replace(PathRow.from_dict(row), worker=handle.index)
+                for row in handle.report["rows"]
+            ]
+            continue
+        for peer in config.peers:  # not reported yet (starting)
+            for path in peer.paths:
+                row = PathRow.not_connected(peer.name, path.name, path.local or "*", "")
+                rows.append(dataclasses.replace(row, worker=handle.index))
+    return rows
+
+
+def peer_infos(workers: Sequence[WorkerHandle], name: str) -> list[Mapping[str, Any]]:
+    """What each worker that has reported says of peer ``name``."""
+    return [
+        h.report["status"]["peers"][name]
+        for h in workers
+        if h.report is not None and name in h.report["status"]["peers"]
+    ]
+
+
+def silent_s(workers: Sequence[WorkerHandle], name: str) -> float:
+    return min((float(i["silent_s"]) for i in peer_infos(workers, name)), default=0.0)
+
+
+def merged_peer(
+    name: str,
+    workers: Sequence[WorkerHandle],
+    rows: Sequence[PathRow],
+    *,
+    unreachable: bool,
+    in_flight: int,
+    failures: list[Mapping[str, Any]],
+) -> PeerStatus:
+    infos = peer_infos(workers, name)
+    counters: dict[str, Any] = {}
+    for info in infos:
+        for key, value in PeerStatus.from_dict(info).counters.items():
+            counters[key] = counters.get(key, 0) + value
+    counters["messages_in_flight"] = in_flight  # messages, not stripes
+    by_state = {str(info["state"]): info for info in reversed(infos)}
+    if unreachable:
+        state, reason = "unreachable", by_state["unreachable"]["state_reason"]
+    elif not infos:
+        state, reason = "degraded", "workers starting"
+    else:
+        state = next(s for s in ("restarted", "up", "degraded", "unreachable") if s in by_state)
+        reason = by_state[state]["state_reason"]
+        state = "degraded" if state == "unreachable" else state
+    return PeerStatus.from_dict(
+        {
+            **counters,
+            "messages_held": sum(int(info["messages_held"]) for info in infos),
+            "state": state,
+            "state_reason": reason,
+            "silent_s": min((float(i["silent_s"]) for i in infos), default=0.0),
+            "paths_up": sorted({r.path for r in rows if r.peer == name and r.state != "down"}),
+            "recent_failures": failures,
+        }
+    )
+
+
+def worker_maps(workers: Sequence[WorkerHandle]) -> tuple[dict[str, Any], ...]:
+    """The ``workers`` list of ``status`` (proto/localapi.md)."""
+    return tuple(
+        {
+            "index": h.index,
+            "pid": h.pid or 0,
+            "role": "critical" if h.index == 0 else "bulk",
+            "cpu_s": round(h.cpu_s, 3),
+            "queued_bytes": h.queued_bytes,
+            "stripes": len(h.stripes),
+            "restarts": h.restarts,
+        }
+        for h in workers
+    )

@@ -1,0 +1,121 @@
+"""The sending coordinator's stripes: a message staged in shared memory, cut into
+stripes, each tracked until its worker confirms it (proto/workers.md, "Stripes").
+
+Staging is the one copy on the way out and the one checksum pass on the way in: each
+stripe is copied from the trainer's payload into a sealed memfd and its CRC-32 taken
+over the copy; combined, they must give the checksum the trainer declared.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from wangate.checksum import crc32, crc32_combine
+from wangate.core.message import MAX_META_BYTES, MessageHeader
+from wangate.errors import GatewayError, LocalProtocolError
+from wangate.localapi.segments import SIZE_SEALS, new_segment, seal
+from wangate.service import Submission
+from wangate.workers.stripes import DESCRIPTOR_BYTES, stripe_ranges
+
+STRIPE_NAME = "wangate-stripe"  # what /proc/PID/fd shows
+
+
+@dataclass
+class OutMessage:
+    """A message being sent."""
+
+    peer: str
+    msg_id: int
+    tag: str
+    step: int
+    critical: bool
+    total: int
+    started_at: float
+    deadline_at: float | None
+    deadline_s: float | None  # as the trainer gave it
+    left: int  # stripes not confirmed yet
+    finished: bool = False
+
+
+@dataclass
+class Stripe:
+    sid: int
+    message: OutMessage
+    offset: int
+    length: int
+    fd: int  # the staged copy, kept until confirmed (a worker that exits needs it again)
+    meta: bytes
+    checksum: int
+    worker: int = -1
+    attempts: int = 0
+    sends: int = 0  # to a worker, restarts included
+    first_failure: str | None = None  # why its first send failed: what the message says
+    acked: bool = False  # the peer had it whole once: no longer counts as waiting
+
+
+def stage_payload(
+    submission: Submission, meta: bytes, view: memoryview
+) -> list[tuple[int, int, int, int]]:
+    """(offset, length, sealed segment, CRC-32) of each stripe of ``view``.
+
+    Raises ``GatewayError``: ``bad_request`` for what a worker's session would refuse
+    (a bad tag, a meta too long for the stripe descriptor beside it), ``checksum`` when
+    the bytes do not give the declared checksum; nothing is kept then.
+    """
+    try:
+        MessageHeader(submission.tag, submission.step, submission.critical, 0, meta).encode()
+    except LocalProtocolError as exc:
+        raise GatewayError(str(exc), code="bad_request") from None
+    if len(meta) + DESCRIPTOR_BYTES > MAX_META_BYTES:
+        raise GatewayError(
+            f"tensor description over {MAX_META_BYTES - DESCRIPTOR_BYTES} bytes "
+            "(with [workers], a stripe descriptor shares the limit)",
+            code="bad_request",
+        )
+    staged: list[tuple[int, int, int, int]] = []
+    crc = zlib.crc32(meta)
+    try:
+        for offset, length in stripe_ranges(view.nbytes):
+            fd, part_crc = _stage(view[offset : offset + length])
+            staged.append((offset, length, fd, part_crc))
+            crc = crc32_combine(crc, part_crc, length)
+    except OSError as exc:
+        _close_fds(fd for _, _, fd, _ in staged)
+        raise GatewayError(f"cannot stage the payload in shared memory: {exc}") from None
+    if crc != submission.checksum & 0xFFFFFFFF:
+        _close_fds(fd for _, _, fd, _ in staged)
+        raise GatewayError(
+            f"send {submission.tag!r} (step {submission.step}) to {submission.peer}: the "
+            f"payload's checksum is {crc:08x}, the request declares {submission.checksum:08x}",
+            code="checksum",
+        )
+    return staged
+
+
+def _stage(part: memoryview) -> tuple[int, int]:
+    """A sealed segment holding a copy of ``part``, and the copy's CRC-32."""
+    length = part.nbytes
+    if length == 0:
+        fd = os.memfd_create(STRIPE_NAME, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        seal(fd, SIZE_SEALS)
+        return fd, 0
+    fd, mapping = new_segment(length, STRIPE_NAME)
+    try:
+        copy = memoryview(mapping)
+        copy[:length] = part
+        crc = crc32(copy[:length])  # of the copy: what the workers send
+        copy.release()
+        mapping.close()
+        seal(fd, SIZE_SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, crc
+
+
+def _close_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -1,0 +1,319 @@
+"""A worker process: its own event loop and QUIC connections, stripes in and out.
+
+Started by the coordinator (``python -m wangate.worker --config FILE --index W --fd N``)
+with one end of a socketpair as its control channel. It runs a ``Gateway`` without
+the local API: worker ``W`` listens on each ``site.listen`` port + ``W`` and dials
+each path's remote port + ``W``, so worker ``W`` of one site talks to worker ``W`` of
+the other (proto/workers.md). Stripes come in as shared-memory segments and go out as
+ordinary messages of its sessions; stripes that arrive go to the coordinator in the
+segments they were assembled in. Nothing here changes the sans-IO core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import dataclasses
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+from typing import Any
+
+from wangate.config import Config, load_config
+from wangate.daemon import Gateway
+from wangate.errors import WangateError
+from wangate.localapi.inbox import Inbox
+from wangate.localapi.segments import SIZE_SEALS, map_segment, new_segment, seal
+from wangate.service import Delivery, Submission
+from wangate.workers.channel import Channel
+
+log = logging.getLogger("wangate.workers")
+
+REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be
+PR_SET_PDEATHSIG = 1
+STRIPE_NAME = "wangate-stripe"
+
+
+def worker_config(config: Config, index: int) -> Config:
+    """``config`` as worker ``index`` runs it: every UDP port moved up by ``index``."""
+
+    def moved(port: int) -> int:
+        return port + index if port else 0
+
+    site = dataclasses.replace(
+        config.site, listen=tuple((host, moved(port)) for host, port in config.site.listen)
+    )
+    peers = tuple(
+        dataclasses.replace(
+            peer,
+            paths=tuple(
+                dataclasses.replace(
+                    path,
+                    remote=None if path.remote is None else (path.remote[0], moved(path.remote[1])),
+                )
+                for path in peer.paths
+            ),
+        )
+        for peer in config.peers
+    )
+    return dataclasses.replace(config, site=site, peers=peers)
+
+
+class ForwardingInbox(Inbox):
+    """Where the worker's sessions deliver: every stripe goes on to the coordinator."""
+
+    def __init__(self, forward: Any) -> None:
+        super().__init__(1)
+        self._forward = forward
+
+    def try_deliver(self, delivery: Delivery) -> bool:
+        self._forward(delivery)
+        return True
+
+
+INSTANCE_LOW_BITS = 16  # of a worker's instance id: its own; the rest are the coordinator's
+
+
+class Worker:
+    def __init__(
+        self, config: Config, index: int, sock: socket.socket, coordinator_instance: int = 0
+    ) -> None:
+        self.index = index
+        self.gateway = Gateway(config, inbox=ForwardingInbox(self._forward))
+        if coordinator_instance:
+            # the peer's workers tell a restarted worker (resend what it held) from a
+            # restarted coordinator (what it held is lost) by the high bits
+            own = random.getrandbits(INSTANCE_LOW_BITS) | 1
+            instance = coordinator_instance >> INSTANCE_LOW_BITS << INSTANCE_LOW_BITS | own
+            self.gateway.instance_id = instance
+            self.gateway.site = dataclasses.replace(self.gateway.site, instance_id=instance)
+        self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
+        # every body in a segment of its own: it goes to the coordinator by descriptor
+        self.gateway.inbound_segments.min_bytes = 1
+        self.gateway.on_outcome = self._outcome
+        self.gateway.on_acked = self._acked
+        self._sock = sock
+        self._channel: Channel | None = None
+        self._sids: dict[tuple[str, int], int] = {}  # (peer, msg_id) -> stripe id
+        self._early: dict[tuple[str, int], str | None] = {}  # outcomes before their id
+        self._queued_bytes = 0
+        self._sizes: dict[int, int] = {}
+        self._stopped = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopped.set)
+        self._channel = Channel(self._sock, self._on_message, self._on_closed)
+        try:
+            await self.gateway.start_peering()
+        except WangateError as exc:
+            log.error("worker %d: %s", self.index, exc)
+            return 2
+        self._channel.send("ready", {"pid": os.getpid()})
+        reporter = loop.create_task(self._report())
+        try:
+            await self._stopped.wait()
+        finally:
+            reporter.cancel()
+            self._channel.close()
+            await self.gateway.close()
+        return 0
+
+    def _on_closed(self, reason: str) -> None:
+        if reason != "end of file":
+            log.error("worker %d: control channel: %s", self.index, reason)
+        self._stopped.set()  # the coordinator is gone, or talks nonsense: stop
+
+    # ----------------------------------------------------------- from the coordinator
+
+    def _on_message(self, kind: str, fields: dict[str, Any], fds: list[int]) -> None:
+        if kind == "send":
+            self._send(fields, fds[0])
+        elif kind == "taken":
+            driver = self.gateway.peers.get(fields["peer"])
+            if driver is not None:
+                driver.consumed(fields["body_bytes"], fields["msg_id"])
+        elif kind == "reset":
+            try:
+                self.gateway.reset_path(fields["peer"], fields["path"])
+            except WangateError as exc:
+                log.info("worker %d: %s", self.index, exc)
+        else:
+            log.error("worker %d: unexpected %s packet from the coordinator", self.index, kind)
+            self._stopped.set()
+
+    def _send(self, fields: dict[str, Any], fd: int) -> None:
+        sid = fields["sid"]
+        try:
+            payload = map_segment(fd, 0, fields["length"])
+        except WangateError as exc:
+            self._failed(sid, str(exc), "bad_segment")
+            return
+        finally:
+            os.close(fd)
+        deadline_s = fields["deadline_s"]
+        submission = Submission(
+            peer=fields["peer"],
+            tag=fields["tag"],
+            step=fields["step"],
+            critical=fields["critical"],
+            meta=fields["meta"],
+            payload=payload,
+            checksum=fields["checksum"],
+            deadline_s=None if deadline_s < 0 else float(deadline_s),
+        )
+        self._sizes[sid] = len(payload)
+        self._queued_bytes += len(payload)
+        try:
+            msg_id = self.gateway.submit_now(submission)
+        except WangateError as exc:
+            self._failed(sid, str(exc), getattr(exc, "code", "error"))
+            return
+        if msg_id is not None:
+            self._submitted(submission.peer, msg_id, sid)
+            return
+        task = asyncio.get_running_loop().create_task(self._submit_later(submission, sid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _submit_later(self, submission: Submission, sid: int) -> None:
+        try:
+            msg_id = await self.gateway.submit(submission)
+        except WangateError as exc:
+            self._failed(sid, str(exc), getattr(exc, "code", "error"))
+            return
+        self._submitted(submission.peer, msg_id, sid)
+
+    def _submitted(self, peer: str, msg_id: int, sid: int) -> None:
+        key = (peer, msg_id)
+        if key in self._early:
+            self._finished(peer, sid, self._early.pop(key))
+        else:
+            self._sids[key] = sid
+
+    def _acked(self, peer: str, msg_id: int) -> None:
+        sid = self._sids.get((peer, msg_id))
+        if sid is not None and self._channel is not None:
+            self._channel.send("acked", {"sid": sid})
+
+    def _outcome(self, peer: str, msg_id: int, failure: str | None) -> None:
+        sid = self._sids.pop((peer, msg_id), None)
+        if sid is None:
+            self._early[(peer, msg_id)] = failure
+            return
+        self._finished(peer, sid, failure)
+
+    def _finished(self, peer: str, sid: int, failure: str | None) -> None:
+        if failure is None:
+            self._queued_bytes -= self._sizes.pop(sid, 0)
+            assert self._channel is not None
+            self._channel.send("done", {"sid": sid})
+            return
+        # the session's words name the stripe's own message id: keep only the reason
+        reason = failure.split(" failed: ", 1)[-1]
+        driver = self.gateway.peers.get(peer)
+        seen = self._peer_coordinators.get(peer)
+        now = None if driver is None or driver.instance_id is None else driver.instance_id
+        restarted = seen is not None and now is not None and now >> INSTANCE_LOW_BITS != seen
+        self._failed(sid, reason, "peer_restarted" if restarted else "message_failed")
+
+    def _note_peers(self) -> None:
+        for name, driver in self.gateway.peers.items():
+            if driver.instance_id is not None:
+                self._peer_coordinators[name] = driver.instance_id >> INSTANCE_LOW_BITS
+
+    def _failed(self, sid: int, reason: str, code: str) -> None:
+        self._queued_bytes -= self._sizes.pop(sid, 0)
+        assert self._channel is not None
+        self._channel.send("failed", {"sid": sid, "reason": reason, "code": str(code)})
+
+    # ------------------------------------------------------------- to the coordinator
+
+    def _forward(self, delivery: Delivery) -> None:
+        payload = memoryview(delivery.payload).cast("B")
+        fd = self.gateway.inbound_segments.claim(payload)
+        if fd is None:  # a body in private memory (segments ran out): copy it out once
+            fd, mapping = new_segment(payload.nbytes, STRIPE_NAME)
+            mapping[: payload.nbytes] = payload
+            mapping.close()
+            seal(fd, SIZE_SEALS)
+            offset = 0
+        else:
+            offset = memoryview(payload.obj).nbytes - payload.nbytes  # the payload ends it
+        assert self._channel is not None
+        self._channel.send(
+            "recv",
+            {
+                "peer": delivery.source,
+                "msg_id": delivery.msg_id,
+                "body_bytes": delivery.body_bytes,
+                "tag": delivery.tag,
+                "step": delivery.step,
+                "critical": delivery.critical,
+                "meta": delivery.meta,
+                "checksum": delivery.checksum,
+                "offset": offset,
+                "length": payload.nbytes,
+            },
+            [fd],
+        )
+
+    async def _report(self) -> None:
+        assert self._channel is not None
+        while True:
+            self._note_peers()
+            rows = self.gateway.paths()
+            status = self.gateway.status(rows)
+            times = os.times()
+            self._channel.send(
+                "report",
+                {
+                    "rows": [row.to_dict() for row in rows],
+                    "status": status.to_dict(),
+                    "cpu_s": times.user + times.system,
+                    "queued": self._queued_bytes,
+                },
+            )
+            await asyncio.sleep(REPORT_INTERVAL_S)
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process when the coordinator dies, however it dies (prctl(2))."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m wangate.worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--instance", type=int, default=0, help="the coordinator's instance id")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    if os.getppid() == 1:
+        return 1  # the coordinator died before the line above
+    logging.basicConfig(
+        level=args.log_level,
+        format=f"%(asctime)s %(levelname)s worker {args.index}: %(message)s",
+        stream=sys.stderr,
+    )
+    sock = socket.socket(fileno=args.fd)
+    config = worker_config(load_config(args.config), args.index)
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    return asyncio.run(Worker(config, args.index, sock, args.instance).run())
