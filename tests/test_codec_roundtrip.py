@@ -13,6 +13,8 @@ from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.spec import selected_count
 from wangate.errors import CodecError
 
+F32_MAX = float(np.finfo(np.float32).max)
+
 ALL_DTYPES = (
     "?",
     "i1",
@@ -129,10 +131,14 @@ def check_lossy(x: np.ndarray, spec: str) -> None:
         assert np.count_nonzero(y) <= k
         kept = y != 0
         # Sent elements carry the value carrier's error (for int8/int4 at most half a step of
-        # a scale set by the largest value); the rest are no larger than the k-th magnitude,
-        # or were sent and quantised to zero.
+        # a scale set by the largest value, plus saturation beyond what the capped scale
+        # sends); the rest are no larger than the k-th magnitude, or were sent and quantised
+        # to zero.
         if values.name in ("int8", "int4"):
-            carrier = np.full_like(ref, np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001)
+            largest = 127 * F32_MAX / 128 if values.name == "int8" else 7 * F32_MAX / 16
+            carrier = np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001 + np.maximum(
+                np.abs(ref) - largest, 0
+            )
         else:
             carrier = dense_bound(values.name, ref, 1)
         assert (error[kept] <= carrier[kept] + slack[kept]).all()
