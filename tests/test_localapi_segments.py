@@ -400,9 +400,12 @@ def test_inbound_segments_are_capped_and_fall_back_to_private_memory() -> None:
     small = segments.allocate(4095, None)
     assert isinstance(small, bytearray) and len(small) == 4095
     first = segments.allocate(5000, 59)  # payload at 59: placed 5 bytes in, to start at 64
-    second = segments.allocate(5000, None)
+    second = segments.allocate(5000, None)  # offset unknown: 56 bytes in, to end at 5056
     assert isinstance(first, memoryview) and isinstance(second, memoryview)
-    assert (memoryview(first.obj).nbytes, memoryview(second.obj).nbytes) == (5005, 5000)
+    assert (memoryview(first.obj).nbytes, memoryview(second.obj).nbytes) == (5005, 5056)
+    # a float64 payload that ends the body starts aligned for its dtype
+    payload = np.frombuffer(second[5000 - 8 * 600 :], dtype=np.float64)
+    assert payload.flags.aligned and payload.ctypes.data % 8 == 0
     third = segments.allocate(5000, None)
     assert isinstance(third, bytearray)  # two alive already
     assert segments.live == 2 and segments.open_count == 2
@@ -412,7 +415,7 @@ def test_inbound_segments_are_capped_and_fall_back_to_private_memory() -> None:
     os.close(fd)
     segments.free(second)
     assert segments.open_count == 0
-    del first, second
+    del first, second, payload
     gc.collect()
     assert segments.live == 0
     assert isinstance(segments.allocate(5000, None), memoryview)

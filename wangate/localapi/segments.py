@@ -156,10 +156,14 @@ class InboundSegments:
     def allocate(self, size_bytes: int, payload_offset: int | None) -> bytearray | memoryview:
         """A body of ``size_bytes``; a segment's is placed so that the payload (at
         ``payload_offset`` in it, when known) starts aligned, so that the trainer's
-        array can be a view of it. The body ends the segment."""
+        array can be a view of it. The body ends the segment. With the offset not yet
+        known (the first shard to arrive was not the body's first), the body's end is
+        aligned instead: the payload runs to the end and its length is a multiple of
+        its item size, so it still starts aligned for its dtype."""
         if size_bytes < self.min_bytes or self.live >= self.max_live:
             return bytearray(size_bytes)
-        pad = 0 if payload_offset is None else -payload_offset % PAYLOAD_ALIGNMENT
+        aligned = size_bytes if payload_offset is None else payload_offset
+        pad = -aligned % PAYLOAD_ALIGNMENT
         try:
             fd, mapping = new_segment(pad + size_bytes, RECV_NAME)
         except OSError:  # out of descriptors or memory: today's way still works
