@@ -19,6 +19,7 @@ import pytest
 from wangate.errors import RecvTimeout
 from wangate.loopback import LoopbackSites, SiteProcess, write_site_configs
 from wangate.rows import PathRow
+from wangate.workers.worker import BULK_NICENESS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -90,6 +91,14 @@ def test_paths_and_status_show_each_worker() -> None:
             w["pid"] > 0 and w["cpu_s"] > 0 and w["restarts"] == 0 for w in status["workers"]
         )
         assert status["peers"]["sh"]["state"] == "up"
+        # the bulk worker runs at a lower CPU priority than the critical one
+        nice = {w["role"]: _niceness(w["pid"]) for w in status["workers"]}
+        assert nice["bulk"] == nice["critical"] + BULK_NICENESS
+
+
+def _niceness(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])  # field 19 of proc(5), counted after "pid (comm)"
 
 
 @pytest.mark.slow

@@ -36,6 +36,8 @@ log = logging.getLogger("wangate.workers")
 REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be
 PR_SET_PDEATHSIG = 1
 STRIPE_NAME = "wangate-stripe"
+CRITICAL_WORKER = 0  # carries the critical messages (proto/workers.md)
+BULK_NICENESS = 5  # added to a bulk worker's nice value: about a third of the CPU weight
 
 
 def worker_config(config: Config, index: int) -> Config:
@@ -303,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     if os.getppid() == 1:
         return 1  # the coordinator died before the line above
+    if args.index != CRITICAL_WORKER:
+        # Where the host's cores are oversubscribed, the kernel then gives the critical
+        # worker (and the coordinator) their CPU before bulk; with a core free it
+        # changes nothing.
+        os.nice(BULK_NICENESS)
     logging.basicConfig(
         level=args.log_level,
         format=f"%(asctime)s %(levelname)s worker {args.index}: %(message)s",
