@@ -150,3 +150,15 @@ def test_a_worker_that_cannot_listen_stops_the_start_naming_its_port(tmp_path: P
         "above say why"
     )
     assert not bj.socket_path.exists()
+
+
+def test_wait_through_workers_times_out_while_untaken_then_returns() -> None:
+    arr = np.arange(2 * MiB, dtype=np.uint32)  # 8 MiB: two stripes
+    with LoopbackSites(2, 1, workers=2) as lab, lab["bj"].client() as bj:
+        msg_id = bj.send("sh", "w", arr, step=0)
+        # no trainer at sh has taken it: the coordinator waits for news, then gives up
+        with pytest.raises(RecvTimeout, match=f"message {msg_id} to sh is still in flight"):
+            bj.wait("sh", msg_id, timeout=0.5)
+        with lab["sh"].client() as sh:
+            assert np.array_equal(sh.recv("w", source="bj", step=0, timeout=60), arr)
+        bj.wait("sh", msg_id, timeout=60)

@@ -209,19 +209,12 @@ class Coordinator(Gateway):
             self._check_reachable(peer)
             if self._has_room(submission):
                 break
-            event = self._event(peer)
-            event.clear()
-            remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
-            try:
-                if remaining_s is not None and remaining_s <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(event.wait(), remaining_s)
-            except TimeoutError:
+            if not await self._wait_for_news(peer, deadline_at):
                 raise DeadlineExceeded(
                     f"send {submission.tag!r} (step {submission.step}) to {peer}: deadline of "
                     f"{deadline_s:g} s passed while waiting for room ({self._pending[peer]} "
                     "bytes already queued for it); nothing was sent"
-                ) from None
+                )
             if peer not in self.peers:
                 raise GatewayError(f"peer {peer!r} was removed", code="unknown_peer")
         return self._send(submission, arrived_at)
@@ -445,18 +438,25 @@ class Coordinator(Gateway):
                     code="unknown_message",
                 )
             self._check_reachable(peer)
-            event = self._event(peer)
-            event.clear()
-            remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
-            try:
-                if remaining_s is not None and remaining_s <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(event.wait(), remaining_s)
-            except TimeoutError:
+            if not await self._wait_for_news(peer, deadline_at):
                 raise RecvTimeout(
                     f"message {msg_id} to {peer} is still in flight after {timeout_s:g} s",
                     code="timeout",
-                ) from None
+                )
+
+    async def _wait_for_news(self, peer: str, deadline_at: float | None) -> bool:
+        """Wait for news of ``peer`` (room, an outcome, its state); False once
+        ``deadline_at`` has passed without any."""
+        event = self._event(peer)
+        event.clear()
+        remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
+        if remaining_s is not None and remaining_s <= 0:
+            return False
+        try:
+            await asyncio.wait_for(event.wait(), remaining_s)
+        except TimeoutError:
+            return False
+        return True
 
     # --------------------------------------------------------------- receiving
 
