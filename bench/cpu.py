@@ -37,8 +37,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from wangate.loopback import LoopbackSites
 
 MiB = 1 << 20
 MESSAGE_BYTES = 16 * MiB
@@ -81,50 +85,58 @@ def run_wangate(
         # ``python -m wangate`` imports from the current folder first
         with contextlib.chdir(gateway_src) if gateway_src else contextlib.nullcontext():
             stack.enter_context(lab)
-        thread_cpu: dict[str, float] = {}
-        errors: list[BaseException] = []
-        finished: list[float] = []
-
-        def send() -> None:
-            try:
-                with lab["bj"].client() as gw:
-                    for step in range(count):
-                        gw.send("sh", "cpu", message, step=step)
-            except BaseException as exc:
-                errors.append(exc)
-            thread_cpu["send"] = time.thread_time()
-
-        def recv() -> None:
-            try:
-                with lab["sh"].client() as gw:
-                    for step in range(count):
-                        got = gw.recv("cpu", source="bj", step=step, timeout=600)
-                        if got.nbytes != message.nbytes or got[-1] != message[-1]:
-                            raise AssertionError(f"message {step} arrived damaged")
-                finished.append(time.perf_counter())
-            except BaseException as exc:
-                errors.append(exc)
-            thread_cpu["recv"] = time.thread_time()
-
         cpu0 = {s.name: lab.cpu_seconds(s) for s in lab.sites}
-        threads = [threading.Thread(target=recv), threading.Thread(target=send)]
-        started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        seconds, thread_cpu = transfer(lab, message, count)
         cpu = {s.name: lab.cpu_seconds(s) - cpu0[s.name] for s in lab.sites}
     return CpuResult(
         "wangate",
         datagram_bytes,
         count * MESSAGE_BYTES,
-        finished[0] - started,
+        seconds,
         cpu["bj"],
         cpu["sh"],
         thread_cpu["send"] + thread_cpu["recv"],
     )
+
+
+def transfer(lab: LoopbackSites, message: np.ndarray, count: int) -> tuple[float, dict[str, float]]:
+    """``count`` copies of ``message`` from bj to sh through the local API, a trainer
+    thread each side: seconds until the last one arrived (checked), and each trainer
+    thread's CPU seconds (``send``, ``recv``)."""
+    thread_cpu: dict[str, float] = {}
+    errors: list[BaseException] = []
+    finished: list[float] = []
+
+    def send() -> None:
+        try:
+            with lab["bj"].client() as gw:
+                for step in range(count):
+                    gw.send("sh", "cpu", message, step=step)
+        except BaseException as exc:
+            errors.append(exc)
+        thread_cpu["send"] = time.thread_time()
+
+    def recv() -> None:
+        try:
+            with lab["sh"].client() as gw:
+                for step in range(count):
+                    got = gw.recv("cpu", source="bj", step=step, timeout=600)
+                    if got.nbytes != message.nbytes or got[-1] != message[-1]:
+                        raise AssertionError(f"message {step} arrived damaged")
+            finished.append(time.perf_counter())
+        except BaseException as exc:
+            errors.append(exc)
+        thread_cpu["recv"] = time.thread_time()
+
+    threads = [threading.Thread(target=recv), threading.Thread(target=send)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return finished[0] - started, thread_cpu
 
 
 def _free_port() -> int:

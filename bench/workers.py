@@ -27,12 +27,13 @@ import os
 import platform
 import statistics
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from bench.cpu import transfer
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -106,38 +107,8 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
         time.sleep(IDLE_S)  # the processes' idle cost per second, measured as they are now
         before = {pid: _cpu_s(pid) for pid in coordinators + worker_pids}
         idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / IDLE_S
-        errors: list[BaseException] = []
-        finished: list[float] = []
-
-        def send() -> None:
-            try:
-                with lab["bj"].client() as gw:
-                    for step in range(count):
-                        gw.send("sh", "cpu", message, step=step)
-            except BaseException as exc:
-                errors.append(exc)
-
-        def recv() -> None:
-            try:
-                with lab["sh"].client() as gw:
-                    for step in range(count):
-                        got = gw.recv("cpu", source="bj", step=step, timeout=600)
-                        if got.nbytes != message.nbytes or got[-1] != message[-1]:
-                            raise AssertionError(f"message {step} arrived damaged")
-                finished.append(time.perf_counter())
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=recv), threading.Thread(target=send)]
-        started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+        seconds, _ = transfer(lab, message, count)
         used = {pid: _cpu_s(pid) - before[pid] for pid in before}
-    seconds = finished[0] - started
     return Run(
         workers,
         count * MESSAGE_BYTES,
