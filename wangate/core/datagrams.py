@@ -96,8 +96,9 @@ def varint_bytes(value: int) -> int:
     raise LocalProtocolError(f"{value} cannot be encoded as a varint")
 
 
-def _varint(value: int) -> bytes:
-    size = varint_bytes(value)
+def _varint(value: int, size: int = 0) -> bytes:
+    """``value`` as a varint of ``size`` bytes (default: the fewest that hold it)."""
+    size = size or varint_bytes(value)
     return (value | ((size.bit_length() - 1) << (8 * size - 2))).to_bytes(size, "big")
 
 
@@ -205,9 +206,8 @@ def encode_shard(
     # the offset takes as many bytes as msg_len's, so a message's shard headers are one
     # size (the sender sizes its datagrams by it)
     size = varint_bytes(msg_len)
-    offset_field = (offset | ((size.bit_length() - 1) << (8 * size - 2))).to_bytes(size, "big")
     head = _common(DGRAM_SHARD, critical, path_seq, sent_stamp, msg_id)
-    return head + _varint(msg_len) + offset_field + data
+    return head + _varint(msg_len, size) + _varint(offset, size) + data
 
 
 def encode_repair(
