@@ -13,8 +13,8 @@ from wangate.workers.stripes import (
     DESCRIPTOR_BYTES,
     STRIPE_BYTES,
     Added,
-    Reassembly,
     StripeDescriptor,
+    StripeReassembly,
     assign_workers,
     stripe_crc,
     stripe_ranges,
@@ -84,7 +84,7 @@ def test_stripes_in_any_order_with_duplicates_make_the_message_once() -> None:
     payload = random.Random(5).randbytes(1000)
     stripes = _stripes(payload, 300)  # 300, 300, 300, 100
     order = [3, 1, 1, 0, 3, 2]  # out of order, two duplicates
-    reassembly: Reassembly[bytearray] = Reassembly()
+    reassembly: StripeReassembly[bytearray] = StripeReassembly()
     buffer = bytearray(len(payload))
     results = []
     for index in order:
@@ -107,7 +107,7 @@ def test_stripes_in_any_order_with_duplicates_make_the_message_once() -> None:
 
 
 def test_messages_of_two_instances_with_one_id_are_two_messages() -> None:
-    reassembly: Reassembly[str] = Reassembly()
+    reassembly: StripeReassembly[str] = StripeReassembly()
     one = StripeDescriptor(1, 5, 0, 4, 0)
     assert reassembly.add(("sh", 1, 5), one, 4, 0, "a") is Added.COMPLETE
     reassembly.finish(("sh", 1, 5), 0)
@@ -118,13 +118,13 @@ def test_messages_of_two_instances_with_one_id_are_two_messages() -> None:
 
 
 def test_an_empty_message_is_complete_with_its_one_stripe() -> None:
-    reassembly: Reassembly[None] = Reassembly()
+    reassembly: StripeReassembly[None] = StripeReassembly()
     assert reassembly.add("k", StripeDescriptor(1, 1, 0, 0, 0), 0, 0, None) is Added.COMPLETE
     assert reassembly.finish("k", 0x1234) == (None, 0x1234)
 
 
 def test_contradicting_stripes_are_the_peers_error() -> None:
-    reassembly: Reassembly[None] = Reassembly()
+    reassembly: StripeReassembly[None] = StripeReassembly()
     reassembly.add("k", StripeDescriptor(1, 1, 0, 10, 0), 4, 0, None)
     with pytest.raises(RemoteProtocolError, match="says 12 bytes, an earlier one said 10"):
         reassembly.add("k", StripeDescriptor(1, 1, 4, 12, 0), 4, 0, None)
@@ -137,7 +137,7 @@ def test_contradicting_stripes_are_the_peers_error() -> None:
 
 
 def test_completed_messages_are_remembered_up_to_a_bound() -> None:
-    reassembly: Reassembly[None] = Reassembly(max_done=2)
+    reassembly: StripeReassembly[None] = StripeReassembly(max_done=2)
     for msg_id in (1, 2, 3):
         reassembly.add(msg_id, StripeDescriptor(1, msg_id, 0, 1, 0), 1, 0, None)
         reassembly.finish(msg_id, 0)
@@ -155,7 +155,7 @@ def test_a_stripes_own_crc_comes_from_its_checksum_without_a_pass() -> None:
 
 
 def test_a_message_without_new_stripes_for_long_is_idle_and_dropped() -> None:
-    reassembly: Reassembly[str] = Reassembly()
+    reassembly: StripeReassembly[str] = StripeReassembly()
     reassembly.add("old", StripeDescriptor(1, 1, 0, 10, 0), 4, 0, "a", now=100.0)
     reassembly.add("new", StripeDescriptor(1, 2, 0, 10, 0), 4, 0, "b", now=150.0)
     reassembly.add("old", StripeDescriptor(1, 1, 0, 10, 0), 4, 0, "a", now=155.0)  # duplicate

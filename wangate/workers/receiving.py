@@ -25,7 +25,7 @@ from wangate.localapi.inbox import Inbox
 from wangate.localapi.segments import InboundSegments, SegmentError, map_segment
 from wangate.service import Delivery
 from wangate.workers.pool import WorkerHandle
-from wangate.workers.stripes import Added, Reassembly, StripeDescriptor, stripe_crc
+from wangate.workers.stripes import Added, StripeDescriptor, StripeReassembly, stripe_crc
 
 log = logging.getLogger("wangate.workers")
 
@@ -70,7 +70,7 @@ class StripeReceiver:
         self._segments = segments
         self._max_message_bytes = max_message_bytes
         self._is_peer = is_peer
-        self._reassembly: Reassembly[_In] = Reassembly()
+        self._reassembly: StripeReassembly[_In] = StripeReassembly()
         self._held: dict[tuple[str, int], Held] = {}  # delivered, not taken yet
         self._refused: dict[str, deque[Delivery]] = {}
         self._redelivery: dict[str, asyncio.Task[None]] = {}

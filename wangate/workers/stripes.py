@@ -6,7 +6,7 @@ message of that worker's session (proto/workers.md). The stripe's header carries
 original tag, step and critical flag; its meta starts with a ``StripeDescriptor``
 (which message of which coordinator instance, where the stripe lies in it, the whole
 message's checksum), followed by the original meta. The receiving coordinator puts the
-stripes back with a ``Reassembly``: exact offsets, duplicates dropped, any order, and
+stripes back with a ``StripeReassembly``: exact offsets, duplicates dropped, any order, and
 each message complete exactly once.
 
 No I/O and no clock here: the coordinator (wangate.workers.coordinator) is the shell.
@@ -122,7 +122,7 @@ class _Assembly(Generic[T]):
     last_at: float = 0.0  # when its last new stripe came
 
 
-class Reassembly(Generic[T]):
+class StripeReassembly(Generic[T]):
     """Messages being put back together from stripes, keyed by ``(source, instance,
     msg_id)``; ``T`` is what the shell keeps with each (its buffer)."""
 
