@@ -24,6 +24,7 @@ import pytest
 
 import wangate
 from tests.selfsite import default_client_settings
+from tests.test_localapi_segments import daemon_pid
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
 from wangate.localapi.protocol import SendRequest, encode_request
@@ -43,12 +44,6 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
     with LoopbackSites(2, 1, directory=tmp_path_factory.mktemp("sites")) as lab:
         lab.wait_all_paths_up()
         yield lab
-
-
-def pid_of(sites: LoopbackSites, name: str) -> int:
-    process = sites[name].process
-    assert process is not None
-    return process.pid
 
 
 class Paused:
@@ -80,7 +75,7 @@ def test_a_large_message_is_read_while_it_arrives(sites: LoopbackSites) -> None:
             128 * MiB,
         )
         assert incoming.wait(8 * MiB, timeout=60) >= 8 * MiB
-        with Paused(pid_of(sites, "bj")):
+        with Paused(daemon_pid(sites, "bj")):
             # nothing more leaves the sender: the message cannot finish meanwhile
             with pytest.raises(wangate.RecvTimeout, match="streamed message 'big'"):
                 incoming.wait(incoming.size, timeout=0.5)
@@ -98,7 +93,7 @@ def test_a_large_message_is_read_while_it_arrives(sites: LoopbackSites) -> None:
         del got, view, incoming
     gc.collect()
     assert segment_count(os.getpid(), RECV_NAME) == before
-    assert segment_count(pid_of(sites, "sh"), RECV_NAME) == 0
+    assert segment_count(daemon_pid(sites, "sh"), RECV_NAME) == 0
 
 
 async def _async_stream(bj_path: Path, sh_path: Path, array: np.ndarray) -> tuple[int, int]:
@@ -153,7 +148,7 @@ def rss_anon_kib(pid: int) -> int:
 def test_a_large_message_within_the_site_costs_the_daemon_no_private_copy(
     sites: LoopbackSites,
 ) -> None:
-    pid = pid_of(sites, "sh")
+    pid = daemon_pid(sites, "sh")
     array = np.arange(64 * MiB, dtype=np.uint32)  # 256 MiB
     gc.collect()
     before = segment_count(os.getpid(), RECV_NAME)
@@ -189,7 +184,7 @@ class TamperedSend:
         request = SendRequest(
             1, "sh", tag, step, False, encoded.meta, checksum, None, (0, payload.nbytes)
         )
-        with Paused(pid_of(sites, "bj")):  # nothing leaves before the bytes are changed
+        with Paused(daemon_pid(sites, "bj")):  # nothing leaves before the bytes are changed
             socket.send_fds(self.sock, [encode_request(request)], [self.fd])
             self.mapping[-4:] = b"\xff\xff\xff\xff"
         reply, _ = read_reply(self.sock)
@@ -249,7 +244,7 @@ RECEIVER_THAT_DIES = textwrap.dedent(
 
 def test_a_receiver_killed_mid_stream_leaks_nothing(sites: LoopbackSites) -> None:
     array = np.arange(16 * MiB, dtype=np.float32)  # 64 MiB
-    sh_pid = pid_of(sites, "sh")
+    sh_pid = daemon_pid(sites, "sh")
     with sites["bj"].client() as bj:
         msg_id = bj.send("sh", "orphan", array)
         child = subprocess.Popen(
@@ -259,7 +254,7 @@ def test_a_receiver_killed_mid_stream_leaks_nothing(sites: LoopbackSites) -> Non
         )
         assert child.stdout is not None
         assert int(child.stdout.readline()) >= 4 << 20
-        with Paused(pid_of(sites, "bj")):
+        with Paused(daemon_pid(sites, "bj")):
             child.kill()  # mid-stream: the sender is paused
             child.wait(10)
         bj.wait("sh", msg_id, timeout=60)  # completed; taken by the trainer that died
@@ -281,7 +276,7 @@ def test_a_sender_killed_mid_message_fails_the_stream_naming_the_peer(
             bj.send("sh", "lost", array)
             incoming = sh.recv("lost", source="bj", stream=True, timeout=60)
             incoming.wait(4 * MiB, timeout=60)
-            os.kill(pid_of(lab, "bj"), signal.SIGSTOP)  # so that it cannot finish first
+            os.kill(daemon_pid(lab, "bj"), signal.SIGSTOP)  # so that it cannot finish first
             lab.kill("bj")
             killed_at = time.monotonic()
             with pytest.raises(wangate.PeerUnreachable) as info:
@@ -297,7 +292,7 @@ def test_a_sender_killed_mid_message_fails_the_stream_naming_the_peer(
             assert sh.status()["peers"]["bj"]["inbound_in_progress"] == 1
             lab.restart("bj")
             assert sh.status()["peers"]["bj"]["inbound_in_progress"] == 0
-        assert segment_count(pid_of(lab, "sh"), RECV_NAME) == 0
+        assert segment_count(daemon_pid(lab, "sh"), RECV_NAME) == 0
 
 
 def test_a_gateway_without_segments_answers_a_streaming_recv_whole(tmp_path: Path) -> None:
