@@ -230,11 +230,11 @@ class LoopbackSites:
             return "(no log)"
 
     def cpu_seconds(self, site: SiteProcess) -> float:
-        """User+system CPU time the site's daemon has used so far (Linux /proc)."""
+        """User+system CPU time the site's daemon and its worker processes have used so
+        far (Linux /proc; a worker that has exited is not counted)."""
         assert site.process is not None
-        fields = Path(f"/proc/{site.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        pid = site.process.pid
+        return sum(_process_cpu_s(p) for p in (pid, *_children(pid)))
 
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -268,3 +268,21 @@ class LoopbackSites:
         self.stop()
         if self._own_dir and exc is None:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _process_cpu_s(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # exited since it was listed
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (its workers), from every thread's children list."""
+    found: list[int] = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(FileNotFoundError):
+            found.extend(int(c) for c in children.read_text().split())
+    return found
