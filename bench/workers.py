@@ -29,11 +29,11 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from bench.cpu import transfer
+from wangate.loopback import LoopbackSites, process_cpu_s
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -42,11 +42,6 @@ IDLE_S = 3.0
 SETTLE_S = 2.0
 START_TIMEOUT_S = 120.0
 IPV4_UDP_OVERHEAD = 28
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,6 @@ class Run:
 
 
 def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
-    from wangate.loopback import LoopbackSites
 
     count = max(1, total_bytes // MESSAGE_BYTES)
     message = np.frombuffer(os.urandom(MESSAGE_BYTES), dtype=np.uint8)
@@ -103,12 +97,12 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
             pids[site.name] = [site.process.pid] + [w["pid"] for w in status.get("workers", [])]
         coordinators = [p[0] for p in pids.values()]
         worker_pids = [pid for p in pids.values() for pid in p[1:]]
-        idle_from = {pid: _cpu_s(pid) for pid in coordinators + worker_pids}
+        idle_from = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
         time.sleep(IDLE_S)  # the processes' idle cost per second, measured as they are now
-        before = {pid: _cpu_s(pid) for pid in coordinators + worker_pids}
+        before = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
         idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / IDLE_S
         seconds, _ = transfer(lab, message, count)
-        used = {pid: _cpu_s(pid) - before[pid] for pid in before}
+        used = {pid: process_cpu_s(pid) - before[pid] for pid in before}
     return Run(
         workers,
         count * MESSAGE_BYTES,

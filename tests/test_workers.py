@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from wangate.errors import RecvTimeout
-from wangate.loopback import LoopbackSites, SiteProcess, _process_cpu_s, write_site_configs
+from wangate.loopback import LoopbackSites, SiteProcess, process_cpu_s, write_site_configs
 from wangate.rows import PathRow
 from wangate.workers.worker import BULK_NICENESS
 
@@ -92,7 +92,7 @@ def test_paths_and_status_show_each_worker() -> None:
         )
         assert status["peers"]["sh"]["state"] == "up"
         # the site's CPU counts its workers too
-        own = _process_cpu_s(lab["bj"].process.pid)  # type: ignore[union-attr]
+        own = process_cpu_s(lab["bj"].process.pid)  # type: ignore[union-attr]
         assert lab.cpu_seconds(lab["bj"]) >= own + sum(w["cpu_s"] for w in status["workers"])
         # the bulk worker runs at a lower CPU priority than the critical one
         nice = {w["role"]: _niceness(w["pid"]) for w in status["workers"]}

@@ -234,7 +234,7 @@ class LoopbackSites:
         far (Linux /proc; a worker that has exited is not counted)."""
         assert site.process is not None
         pid = site.process.pid
-        return sum(_process_cpu_s(p) for p in (pid, *_children(pid)))
+        return sum(process_cpu_s(p) for p in (pid, *_children(pid)))
 
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -270,7 +270,7 @@ class LoopbackSites:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _process_cpu_s(pid: int) -> float:
+def process_cpu_s(pid: int) -> float:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:  # exited since it was listed
