@@ -96,11 +96,36 @@ def map_segment(fd: int, offset: int, length: int) -> memoryview:
         )
     if length == 0:
         return memoryview(b"")
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap(2): a page-aligned offset
     try:
-        mapping = mmap.mmap(fd, offset + length, mmap.MAP_SHARED, mmap.PROT_READ)
+        mapping = mmap.mmap(
+            fd, offset + length - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start
+        )
     except (OSError, ValueError) as exc:
         raise SegmentError(f"cannot map the segment: {exc}") from None
-    return memoryview(mapping)[offset:]
+    return memoryview(mapping)[offset - start :]
+
+
+# the segment each mapped payload came from, by its mapping: (descriptor, offset)
+_SOURCES: weakref.WeakKeyDictionary[mmap.mmap, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def keep_source(payload: memoryview, fd: int, offset: int) -> None:
+    """Keep ``fd`` (now owned here) open for as long as ``payload``'s mapping lives, so
+    that the payload can be passed on to another process without a copy
+    (``source_of``); ``offset`` is where ``payload`` starts in it."""
+    mapping = payload.obj
+    assert isinstance(mapping, mmap.mmap)
+    _SOURCES[mapping] = (fd, offset)
+    weakref.finalize(mapping, os.close, fd)
+
+
+def source_of(payload: object) -> tuple[int, int] | None:
+    """(descriptor, offset) of the segment ``payload`` was mapped from by
+    ``map_segment`` and kept with ``keep_source``; valid while ``payload`` lives."""
+    if not isinstance(payload, memoryview) or not isinstance(payload.obj, mmap.mmap):
+        return None
+    return _SOURCES.get(payload.obj)
 
 
 def map_delivered(fd: int, offset: int, length: int) -> memoryview:

@@ -38,6 +38,7 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "critical": bool,
             "meta": bytes,
             "checksum": int,
+            "offset": int,  # of the stripe in the descriptor's file
             "length": int,
             "deadline_s": _NUMBER,  # negative: none
         },

@@ -119,7 +119,8 @@ class Coordinator(Gateway):
         self._closing = True
         await self._stop_workers()
         for stripe in self._stripes.values():
-            os.close(stripe.fd)
+            if stripe.fd is not None:
+                os.close(stripe.fd)
         self._stripes.clear()
         self._receiver.close()
         await super().close()
@@ -257,6 +258,8 @@ class Coordinator(Gateway):
             None if deadline_s is None else arrived_at + deadline_s,
             deadline_s,
             left=len(ranges),
+            segment=submission.segment,
+            payload=view if submission.segment is not None else None,
         )
         self._out[(peer, msg_id)] = message
         self._pending[peer] = self._pending.get(peer, 0) + total
@@ -304,6 +307,7 @@ class Coordinator(Gateway):
                     # names it), not less the coordinator's few microseconds
                     remaining_s = message.deadline_s
             stripe.sends += 1
+            fd, offset = stripe.source()
             handle.send(
                 "send",
                 {
@@ -314,10 +318,11 @@ class Coordinator(Gateway):
                     "critical": message.critical,
                     "meta": stripe.meta,
                     "checksum": stripe.checksum,
+                    "offset": offset,
                     "length": stripe.length,
                     "deadline_s": remaining_s,
                 },
-                [os.dup(stripe.fd)],
+                [os.dup(fd)],
             )
 
     def _connected(self, index: int, peer: str) -> bool:
@@ -377,13 +382,15 @@ class Coordinator(Gateway):
 
     def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:
-            os.close(stripe.fd)
+            if stripe.fd is not None:
+                os.close(stripe.fd)
             if not stripe.acked:
                 stripe.acked = True
                 self._pending[stripe.message.peer] -= stripe.length
 
     def _finish(self, message: OutMessage, failure: str | None) -> None:
         message.finished = True
+        message.payload = None  # the trainer's segment: its own again once unmapped
         peer = message.peer
         self._out.pop((peer, message.msg_id), None)
         outcomes = self._outcomes.setdefault(peer, OrderedDict())

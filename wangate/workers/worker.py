@@ -153,7 +153,7 @@ class Worker:
     def _send(self, fields: dict[str, Any], fd: int) -> None:
         sid = fields["sid"]
         try:
-            payload = map_segment(fd, 0, fields["length"])
+            payload = map_segment(fd, fields["offset"], fields["length"])
         except WangateError as exc:
             self._failed(sid, str(exc), "bad_segment")
             return
