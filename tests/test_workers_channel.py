@@ -41,11 +41,15 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (msgpack.packb({"k": "done", "sid": True}), 0, "done packet: sid is a bool"),
         (msgpack.packb({"k": "done", "sid": 1}), 1, "done packet came with 1 descriptors, not 0"),
         (
-            encode("recv", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
-                            "critical": False, "meta": b"", "checksum": 0, "offset": 0,
-                            "length": 1}),
+            encode("place", {"peer": "sh", "msg_id": 1, "offset": 0}),
             0,
-            "recv packet came with 0 descriptors, not 1",
+            "place packet came with 0 descriptors, not 1",
+        ),
+        (
+            encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
+                               "critical": False, "meta": b"", "checksum": 0, "length": 1}),
+            1,
+            "arrived packet came with 1 descriptors, not 0",
         ),
     ],
 )  # fmt: skip
@@ -75,7 +79,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         sender.send("done", {"sid": 3})
         sender.send("reset", {"peer": "sh", "path": "a"})
         fields = {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "length": 5, "deadline_s": -1}  # fmt: skip
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}  # fmt: skip
         sender.send("send", fields, [fd])  # the channel closes it once sent
         while len(got) < 3:
             arrived.clear()
@@ -92,7 +96,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         ("done", {"sid": 3}, []),
         ("reset", {"peer": "sh", "path": "a"}, []),
         ("send", {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "length": 5, "deadline_s": -1}, [b"hello"]),
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}, [b"hello"]),
     ]  # fmt: skip
     assert closed == ["bad packet: a packet of 2 bytes is not msgpack: 3 exceeds max_array_len(2)"]
 

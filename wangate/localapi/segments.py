@@ -212,6 +212,12 @@ class InboundSegments:
             seal(fd)
         return fd
 
+    def descriptor(self, body: bytearray | memoryview) -> int | None:
+        """The descriptor of ``body``'s segment (still this object's), if it has one."""
+        if not isinstance(body, memoryview):
+            return None
+        return self._open.get(id(body.obj))
+
     def holds(self, body: memoryview) -> bool:
         """``body`` is in a segment whose descriptor is here (not yet claimed)."""
         return id(body.obj) in self._open

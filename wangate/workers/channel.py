@@ -45,13 +45,15 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
         1,
     ),
     "taken": ({"peer": str, "msg_id": int, "body_bytes": int}, 0),
+    # where to write a stripe that arrived: the message's segment, at offset
+    "place": ({"peer": str, "msg_id": int, "offset": int}, 1),
     "reset": ({"peer": str, "path": str}, 0),
     # worker -> coordinator
     "ready": ({"pid": int}, 0),
     "acked": ({"sid": int}, 0),
     "done": ({"sid": int}, 0),
     "failed": ({"sid": int, "reason": str, "code": str}, 0),
-    "recv": (
+    "arrived": (
         {
             "peer": str,
             "msg_id": int,
@@ -61,11 +63,11 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "critical": bool,
             "meta": bytes,
             "checksum": int,
-            "offset": int,
             "length": int,
         },
-        1,
+        0,
     ),
+    "placed": ({"peer": str, "msg_id": int}, 0),
     "report": ({"rows": list, "status": dict, "cpu_s": _NUMBER, "queued": int}, 0),
 }
 

@@ -148,8 +148,10 @@ class Coordinator(Gateway):
                 self._acked(fields["sid"])
             elif kind == "failed":
                 self._stripe_failed(handle, fields["sid"], fields["reason"], fields["code"])
-            elif kind == "recv":
-                self._receiver.received(handle, fields, fds[0])
+            elif kind == "arrived":
+                self._receiver.arrived(handle, fields)
+            elif kind == "placed":
+                self._receiver.placed(handle, fields["peer"], fields["msg_id"])
             elif kind == "report":
                 self._reported(handle, fields)
             else:
@@ -172,6 +174,7 @@ class Coordinator(Gateway):
         handle.stripes.clear()
         handle.queued_bytes = 0
         handle.restarts += 1
+        self._receiver.worker_gone(handle)
         if time.monotonic() - handle.started_at < RESTART_BACKOFF_S:
             asyncio.get_running_loop().call_later(RESTART_BACKOFF_S, self._respawn, handle, held)
         else:

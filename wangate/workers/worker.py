@@ -27,7 +27,7 @@ from wangate.config import Config, load_config
 from wangate.daemon import Gateway
 from wangate.errors import WangateError
 from wangate.localapi.inbox import Inbox
-from wangate.localapi.segments import SIZE_SEALS, map_segment, new_segment, seal
+from wangate.localapi.segments import map_segment
 from wangate.service import Delivery, Submission
 from wangate.workers.channel import Channel
 
@@ -35,7 +35,6 @@ log = logging.getLogger("wangate.workers")
 
 REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be
 PR_SET_PDEATHSIG = 1
-STRIPE_NAME = "wangate-stripe"
 CRITICAL_WORKER = 0  # carries the critical messages (proto/workers.md)
 BULK_NICENESS = 5  # added to a bulk worker's nice value: about a third of the CPU weight
 
@@ -77,6 +76,7 @@ class ForwardingInbox(Inbox):
         return True
 
 
+PRIVATE_BODIES = 1 << 62  # inbound_segments.min_bytes: no body in a segment
 INSTANCE_LOW_BITS = 16  # of a worker's instance id: its own; the rest are the coordinator's
 
 
@@ -94,8 +94,10 @@ class Worker:
             self.gateway.instance_id = instance
             self.gateway.site = dataclasses.replace(self.gateway.site, instance_id=instance)
         self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
-        # every body in a segment of its own: it goes to the coordinator by descriptor
-        self.gateway.inbound_segments.min_bytes = 1
+        # bodies in private memory: each stripe is written once more, into the message's
+        # segment that the coordinator names (``place``); never a segment of our own
+        self.gateway.inbound_segments.min_bytes = PRIVATE_BODIES
+        self._arrived: dict[tuple[str, int], Delivery] = {}  # waiting for ``place``
         self.gateway.on_outcome = self._outcome
         self.gateway.on_acked = self._acked
         self._sock = sock
@@ -137,7 +139,10 @@ class Worker:
     def _on_message(self, kind: str, fields: dict[str, Any], fds: list[int]) -> None:
         if kind == "send":
             self._send(fields, fds[0])
+        elif kind == "place":
+            self._place(fields["peer"], fields["msg_id"], fields["offset"], fds[0])
         elif kind == "taken":
+            self._arrived.pop((fields["peer"], fields["msg_id"]), None)  # if not placed
             driver = self.gateway.peers.get(fields["peer"])
             if driver is not None:
                 driver.consumed(fields["body_bytes"], fields["msg_id"])
@@ -238,19 +243,11 @@ class Worker:
     # ------------------------------------------------------------- to the coordinator
 
     def _forward(self, delivery: Delivery) -> None:
-        payload = memoryview(delivery.payload).cast("B")
-        fd = self.gateway.inbound_segments.claim(payload)
-        if fd is None:  # a body in private memory (segments ran out): copy it out once
-            fd, mapping = new_segment(payload.nbytes, STRIPE_NAME)
-            mapping[: payload.nbytes] = payload
-            mapping.close()
-            seal(fd, SIZE_SEALS)
-            offset = 0
-        else:
-            offset = memoryview(payload.obj).nbytes - payload.nbytes  # the payload ends it
+        """A stripe arrived whole and verified: the coordinator says where it goes."""
+        self._arrived[(delivery.source, delivery.msg_id)] = delivery
         assert self._channel is not None
         self._channel.send(
-            "recv",
+            "arrived",
             {
                 "peer": delivery.source,
                 "msg_id": delivery.msg_id,
@@ -260,11 +257,30 @@ class Worker:
                 "critical": delivery.critical,
                 "meta": delivery.meta,
                 "checksum": delivery.checksum,
-                "offset": offset,
-                "length": payload.nbytes,
+                "length": memoryview(delivery.payload).nbytes,
             },
-            [fd],
         )
+
+    def _place(self, peer: str, msg_id: int, offset: int, fd: int) -> None:
+        """Write the stripe into the message's segment at ``offset``."""
+        delivery = self._arrived.pop((peer, msg_id), None)
+        try:
+            if delivery is None:
+                return  # not ours (any more): the coordinator learns nothing placed
+            data = memoryview(delivery.payload).cast("B")
+            while data.nbytes:
+                written = os.pwrite(fd, data, offset)
+                data, offset = data[written:], offset + written
+        except OSError as exc:
+            # a segment we cannot write is the coordinator's fault, not the peer's:
+            # stop; the coordinator starts us again and the peer resends what we held
+            log.error("worker %d: cannot place a stripe: %s", self.index, exc)
+            self._stopped.set()
+            return
+        finally:
+            os.close(fd)
+        assert self._channel is not None
+        self._channel.send("placed", {"peer": peer, "msg_id": msg_id})
 
     async def _report(self) -> None:
         assert self._channel is not None
