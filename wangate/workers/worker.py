@@ -33,7 +33,11 @@ from wangate.workers.channel import Channel
 
 log = logging.getLogger("wangate.workers")
 
-REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be
+REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be while busy
+# idle (no stripe held, no peer or path changing state) a report goes this often: the
+# reports were most of an idle worker's and all of an idle coordinator's CPU
+# (bench/RESULTS.md, "Worker processes")
+IDLE_REPORT_INTERVAL_S = 1.0
 PR_SET_PDEATHSIG = 1
 CRITICAL_WORKER = 0  # carries the critical messages (proto/workers.md)
 BULK_NICENESS = 5  # added to a bulk worker's nice value: about a third of the CPU weight
@@ -282,9 +286,22 @@ class Worker:
         assert self._channel is not None
         self._channel.send("placed", {"peer": peer, "msg_id": msg_id})
 
+    def _busy(self) -> bool:
+        return bool(self._sizes or self._arrived or self._tasks)
+
+    def _peer_states(self) -> tuple[tuple[str, bool, int | None, int], ...]:
+        """What a report must not wait for: peers' reachability and instances, links up."""
+        return tuple(
+            (name, driver.session.unreachable, driver.instance_id, len(driver.links))
+            for name, driver in self.gateway.peers.items()
+        )
+
     async def _report(self) -> None:
         assert self._channel is not None
+        loop = asyncio.get_running_loop()
         while True:
+            states = self._peer_states()
+            sent_at = loop.time()
             self._note_peers()
             rows = self.gateway.paths()
             status = self.gateway.status(rows)
@@ -299,6 +316,12 @@ class Worker:
                 },
             )
             await asyncio.sleep(REPORT_INTERVAL_S)
+            while (
+                not self._busy()
+                and loop.time() - sent_at < IDLE_REPORT_INTERVAL_S
+                and self._peer_states() == states
+            ):
+                await asyncio.sleep(REPORT_INTERVAL_S)
 
 
 def _die_with_parent() -> None:
