@@ -148,6 +148,7 @@ def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
     ]
     for workers, group in sorted(runs.items()):
         share = [r.coordinator_share for r in group] if workers > 1 else []
+        idle_workers = _spread([60 * r.idle_worker_rate for r in group], ".2f")
         lines.append(
             f"| {workers} | {group[0].total_bytes // MiB} "
             f"| {_spread([r.seconds for r in group], '.2f')} "
@@ -161,7 +162,7 @@ def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
             f"| {_spread([r.cpu_s_per_gib_beyond_idle for r in group], '.1f')} "
             f"| {_spread([r.cpu_s_per_gib_beyond_idle / base_beyond for r in group], '.2f')} "
             f"| {_spread([60 * r.idle_coordinator_rate for r in group], '.2f')} "
-            f"| {_spread([60 * r.idle_worker_rate for r in group], '.2f') if workers > 1 else '-'} |"
+            f"| {idle_workers if workers > 1 else '-'} |"
         )
     return "\n".join(lines)
 
