@@ -99,6 +99,8 @@ class StripeReceiver:
         # stripes being placed: by (worker, peer, its msg_id), and by (message, offset)
         self._placing: dict[tuple[int, str, int], _Placing] = {}
         self._placing_at: dict[tuple[Hashable, int], tuple[int, str, int]] = {}
+        # duplicates that came while another worker placed the stripe
+        self._standby: dict[tuple[Hashable, int], list[tuple[WorkerHandle, int, Any]]] = {}
 
     @property
     def held_count(self) -> int:
@@ -124,8 +126,13 @@ class StripeReceiver:
             log.warning("worker %d: dropped a stripe from %s: %s", handle.index, peer, exc)
             take(handle, handle.generation, peer, fields)
             return
-        if duplicate or (key, descriptor.offset) in self._placing_at:
-            take(handle, handle.generation, peer, fields)  # another worker places it
+        if duplicate:
+            take(handle, handle.generation, peer, fields)
+            return
+        if (key, descriptor.offset) in self._placing_at:
+            # another worker places it; this copy stands by in case that worker exits
+            standby = self._standby.setdefault((key, descriptor.offset), [])
+            standby.append((handle, handle.generation, fields))
             return
         if new_message:
             assembly = self._new_assembly(descriptor.total, fields, meta)
@@ -164,6 +171,8 @@ class StripeReceiver:
             return
         key, descriptor, length = placing.key, placing.descriptor, placing.length
         self._placing_at.pop((key, descriptor.offset), None)
+        for other, generation, other_fields in self._standby.pop((key, descriptor.offset), []):
+            take(other, generation, peer, other_fields)  # not needed any more
         fields = placing.fields
         if key not in self._reassembly:  # dropped meanwhile (idle)
             take(handle, handle.generation, peer, fields)
@@ -215,7 +224,11 @@ class StripeReceiver:
         peer sends it again)."""
         for placing in [p for p in self._placing if p[0] == handle.index]:
             entry = self._placing.pop(placing)
-            self._placing_at.pop((entry.key, entry.descriptor.offset), None)
+            at = (entry.key, entry.descriptor.offset)
+            self._placing_at.pop(at, None)
+            for other, generation, fields in self._standby.pop(at, []):
+                if other.generation == generation and other is not handle:
+                    self.arrived(other, fields)  # the first still there places it, or stands by
 
     def drop_idle(self, now: float, idle_s: float) -> None:
         """Drop partial messages that got no new stripe for ``idle_s``."""
