@@ -22,11 +22,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_packet_round_trips_with_exact_bytes() -> None:
-    packet = encode("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
+    packet = encode("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096, "seq": 3})
     assert packet == bytes.fromhex(
-        "84a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000"
+        "85a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000a373657103"
     )
-    assert decode(packet, 0) == ("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
+    assert decode(packet, 0) == (
+        "taken",
+        {"peer": "sh", "msg_id": 7, "body_bytes": 4096, "seq": 3},
+    )
 
 
 @pytest.mark.parametrize(
@@ -41,13 +44,14 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (msgpack.packb({"k": "done", "sid": True}), 0, "done packet: sid is a bool"),
         (msgpack.packb({"k": "done", "sid": 1}), 1, "done packet came with 1 descriptors, not 0"),
         (
-            encode("place", {"peer": "sh", "msg_id": 1, "offset": 0}),
+            encode("place", {"seq": 1, "offset": 0}),
             0,
             "place packet came with 0 descriptors, not 1",
         ),
         (
             encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
-                               "critical": False, "meta": b"", "checksum": 0, "length": 1}),
+                               "critical": False, "meta": b"", "checksum": 0, "length": 1,
+                               "seq": 1}),
             1,
             "arrived packet came with 1 descriptors, not 0",
         ),
@@ -114,7 +118,7 @@ def test_a_worker_given_a_bad_packet_says_so_and_stops(tmp_path: Path) -> None:
         parent.settimeout(60)
         kind, fields = decode(parent.recv(1 << 16), 0)
         assert (kind, fields) == ("ready", {"pid": process.pid})
-        parent.send(encode("taken", {"peer": "sh", "msg_id": "seven", "body_bytes": 1}))
+        parent.send(encode("taken", {"peer": "sh", "msg_id": "seven", "body_bytes": 1, "seq": 1}))
         assert process.wait(timeout=30) == 0
         assert process.stderr is not None
         err = process.stderr.read().decode()

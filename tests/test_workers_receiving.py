@@ -31,27 +31,30 @@ class Worker:
     def send(self, kind: str, fields: dict[str, Any], fds: list[int] | None = None) -> None:
         self.sent.append((kind, fields, fds or []))
 
-    def place(self, data: bytes) -> tuple[str, int]:
-        """Do the one ``place`` it was sent: write ``data`` there; (peer, msg_id)."""
+    def place(self, data: bytes) -> int:
+        """Do the one ``place`` it was sent: write ``data`` there; its seq."""
         places = [p for p in self.sent if p[0] == "place"]
         assert len(places) == 1, self.sent
         self.sent.remove(places[0])
         _, fields, (fd,) = places[0]
         assert os.pwrite(fd, data, fields["offset"]) == len(data)
         os.close(fd)
-        return fields["peer"], fields["msg_id"]
+        return int(fields["seq"])
 
     def kinds(self) -> list[str]:
         return [kind for kind, _, _ in self.sent]
 
 
-def stripe_fields(payload: bytes, offset: int, length: int, msg_id: int) -> dict[str, Any]:
+def stripe_fields(
+    payload: bytes, offset: int, length: int, msg_id: int, seq: int
+) -> dict[str, Any]:
     descriptor = StripeDescriptor(77, 5, offset, len(payload), zlib.crc32(META + payload))
     meta = descriptor.encode(META)
     part = payload[offset : offset + length]
     return {
         "peer": "bj", "msg_id": msg_id, "body_bytes": length + 100, "tag": "grad", "step": 3,
         "critical": False, "meta": meta, "checksum": zlib.crc32(meta + part), "length": length,
+        "seq": seq,
     }  # fmt: skip
 
 
@@ -64,14 +67,15 @@ def test_stripes_are_placed_once_each_and_a_standby_copy_takes_over_from_a_worke
     receiver = StripeReceiver(inbox, segments, 1 << 30, lambda peer: peer == "bj")
     a, b = Worker(1), Worker(2)
 
-    receiver.arrived(a, stripe_fields(payload, *first, msg_id=11))  # type: ignore[arg-type]
-    receiver.placed(a, *a.place(payload[: first[1]]))  # type: ignore[arg-type]
-    assert a.sent == [("taken", {"peer": "bj", "msg_id": 11, "body_bytes": first[1] + 100}, [])]
+    receiver.arrived(a, stripe_fields(payload, *first, msg_id=11, seq=1))  # type: ignore[arg-type]
+    receiver.placed(a, a.place(payload[: first[1]]))  # type: ignore[arg-type]
+    taken = {"peer": "bj", "msg_id": 11, "body_bytes": first[1] + 100, "seq": 1}
+    assert a.sent == [("taken", taken, [])]
     a.sent.clear()
 
     # b places the second stripe; a copy of it at a stands by meanwhile (no packet)
-    receiver.arrived(b, stripe_fields(payload, *second, msg_id=21))  # type: ignore[arg-type]
-    receiver.arrived(a, stripe_fields(payload, *second, msg_id=12))  # type: ignore[arg-type]
+    receiver.arrived(b, stripe_fields(payload, *second, msg_id=21, seq=1))  # type: ignore[arg-type]
+    receiver.arrived(a, stripe_fields(payload, *second, msg_id=12, seq=2))  # type: ignore[arg-type]
     assert b.kinds() == ["place"] and a.kinds() == []
     b.generation += 1  # b exited before it placed it: a places its copy
     receiver.worker_gone(b)  # type: ignore[arg-type]
@@ -79,7 +83,7 @@ def test_stripes_are_placed_once_each_and_a_standby_copy_takes_over_from_a_worke
         os.close(*fds)
     b.sent.clear()
     assert a.kinds() == ["place"]
-    receiver.placed(a, *a.place(payload[STRIPE_BYTES:]))  # type: ignore[arg-type]
+    receiver.placed(a, a.place(payload[STRIPE_BYTES:]))  # type: ignore[arg-type]
     assert a.sent == []  # the completing stripe is confirmed when a trainer takes it
 
     delivery = inbox.mailbox.take("grad", "bj", 3)
@@ -87,10 +91,12 @@ def test_stripes_are_placed_once_each_and_a_standby_copy_takes_over_from_a_worke
     assert bytes(delivery.payload) == payload  # written by the workers, never copied here
     assert segments.made == 1
     # a late copy of a stripe of a message already whole is not placed: confirmed at once
-    receiver.arrived(b, stripe_fields(payload, *first, msg_id=31))  # type: ignore[arg-type]
-    assert b.sent == [("taken", {"peer": "bj", "msg_id": 31, "body_bytes": first[1] + 100}, [])]
+    receiver.arrived(b, stripe_fields(payload, *first, msg_id=31, seq=2))  # type: ignore[arg-type]
+    taken = {"peer": "bj", "msg_id": 31, "body_bytes": first[1] + 100, "seq": 2}
+    assert b.sent == [("taken", taken, [])]
     receiver.taken(delivery)
-    assert a.sent == [("taken", {"peer": "bj", "msg_id": 12, "body_bytes": 2 * MiB + 100}, [])]
+    taken = {"peer": "bj", "msg_id": 12, "body_bytes": 2 * MiB + 100, "seq": 2}
+    assert a.sent == [("taken", taken, [])]
 
 
 def test_a_stripe_whose_bytes_do_not_make_the_declared_checksum_is_not_delivered() -> None:
@@ -98,9 +104,9 @@ def test_a_stripe_whose_bytes_do_not_make_the_declared_checksum_is_not_delivered
     inbox = Inbox(1 << 30)
     receiver = StripeReceiver(inbox, InboundSegments(), 1 << 30, lambda peer: peer == "bj")
     a = Worker(1)
-    fields = stripe_fields(payload, 0, len(payload), msg_id=1)
+    fields = stripe_fields(payload, 0, len(payload), msg_id=1, seq=1)
     fields["checksum"] ^= 1  # what the worker's session verified is not what was declared
     receiver.arrived(a, fields)  # type: ignore[arg-type]
-    receiver.placed(a, *a.place(payload))  # type: ignore[arg-type]
+    receiver.placed(a, a.place(payload))  # type: ignore[arg-type]
     assert a.kinds() == ["taken"]
     assert inbox.mailbox.take("grad", "bj", 3) is None

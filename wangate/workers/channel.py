@@ -44,9 +44,9 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
         },
         1,
     ),
-    "taken": ({"peer": str, "msg_id": int, "body_bytes": int}, 0),
-    # where to write a stripe that arrived: the message's segment, at offset
-    "place": ({"peer": str, "msg_id": int, "offset": int}, 1),
+    "taken": ({"peer": str, "msg_id": int, "body_bytes": int, "seq": int}, 0),
+    # where to write the stripe that arrived as seq: the message's segment, at offset
+    "place": ({"seq": int, "offset": int}, 1),
     "reset": ({"peer": str, "path": str}, 0),
     # worker -> coordinator
     "ready": ({"pid": int}, 0),
@@ -64,10 +64,11 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "meta": bytes,
             "checksum": int,
             "length": int,
+            "seq": int,  # the worker's number for this arrival
         },
         0,
     ),
-    "placed": ({"peer": str, "msg_id": int}, 0),
+    "placed": ({"seq": int}, 0),
     "report": ({"rows": list, "status": dict, "cpu_s": _NUMBER, "queued": int}, 0),
 }
 

@@ -151,7 +151,7 @@ class Coordinator(Gateway):
             elif kind == "arrived":
                 self._receiver.arrived(handle, fields)
             elif kind == "placed":
-                self._receiver.placed(handle, fields["peer"], fields["msg_id"])
+                self._receiver.placed(handle, fields["seq"])
             elif kind == "report":
                 self._reported(handle, fields)
             else:

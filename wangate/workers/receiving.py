@@ -36,9 +36,9 @@ log = logging.getLogger("wangate.workers")
 
 STRIPE_NAME = "wangate-stripe"
 
-# the worker and process generation that delivered a completing stripe, its id there
-# and its body's bytes: what to confirm once a trainer takes the message
-Held = tuple[WorkerHandle, int, int, int]
+# the worker and process generation that delivered a completing stripe, its id there,
+# its body's bytes and its arrival there: what to confirm once a trainer takes the message
+Held = tuple[WorkerHandle, int, int, int, int]
 
 
 @dataclass
@@ -72,12 +72,17 @@ def take(handle: WorkerHandle, generation: int, peer: str, fields: dict[str, Any
     if handle.generation == generation:  # a restarted worker's session never had it
         handle.send(
             "taken",
-            {"peer": peer, "msg_id": fields["msg_id"], "body_bytes": fields["body_bytes"]},
+            {
+                "peer": peer,
+                "msg_id": fields["msg_id"],
+                "body_bytes": fields["body_bytes"],
+                "seq": fields["seq"],
+            },
         )
 
 
 def _taken(held: Held) -> dict[str, Any]:
-    return {"msg_id": held[2], "body_bytes": held[3]}
+    return {"msg_id": held[2], "body_bytes": held[3], "seq": held[4]}
 
 
 class StripeReceiver:
@@ -96,9 +101,9 @@ class StripeReceiver:
         self._held: dict[tuple[str, int], Held] = {}  # delivered, not taken yet
         self._refused: dict[str, deque[Delivery]] = {}
         self._redelivery: dict[str, asyncio.Task[None]] = {}
-        # stripes being placed: by (worker, peer, its msg_id), and by (message, offset)
-        self._placing: dict[tuple[int, str, int], _Placing] = {}
-        self._placing_at: dict[tuple[Hashable, int], tuple[int, str, int]] = {}
+        # stripes being placed: by (worker, its arrival seq), and by (message, offset)
+        self._placing: dict[tuple[int, int], _Placing] = {}
+        self._placing_at: dict[tuple[Hashable, int], tuple[int, int]] = {}
         # duplicates that came while another worker placed the stripe
         self._standby: dict[tuple[Hashable, int], list[tuple[WorkerHandle, int, Any]]] = {}
 
@@ -140,16 +145,12 @@ class StripeReceiver:
         else:
             assembly = self._reassembly.context(key)
         crc = stripe_crc(fields["checksum"], zlib.crc32(fields["meta"]), length)
-        placing = (handle.index, peer, fields["msg_id"])
+        placing = (handle.index, fields["seq"])
         self._placing[placing] = _Placing(key, descriptor, length, crc, fields, handle.generation)
         self._placing_at[(key, descriptor.offset)] = placing
         handle.send(
             "place",
-            {
-                "peer": peer,
-                "msg_id": fields["msg_id"],
-                "offset": assembly.payload_offset + descriptor.offset,
-            },
+            {"seq": fields["seq"], "offset": assembly.payload_offset + descriptor.offset},
             [os.dup(assembly.fd)],
         )
 
@@ -164,12 +165,13 @@ class StripeReceiver:
             offset = memoryview(memoryview(buffer).obj).nbytes - len(buffer)  # payload ends it
         return _In(buffer, fields["tag"], fields["step"], fields["critical"], meta, fd, offset, own)
 
-    def placed(self, handle: WorkerHandle, peer: str, msg_id: int) -> None:
-        """The worker wrote the stripe into the message's segment."""
-        placing = self._placing.pop((handle.index, peer, msg_id), None)
+    def placed(self, handle: WorkerHandle, seq: int) -> None:
+        """The worker wrote the stripe it numbered ``seq`` into the message's segment."""
+        placing = self._placing.pop((handle.index, seq), None)
         if placing is None or placing.generation != handle.generation:
             return
         key, descriptor, length = placing.key, placing.descriptor, placing.length
+        peer = placing.fields["peer"]
         self._placing_at.pop((key, descriptor.offset), None)
         for other, generation, other_fields in self._standby.pop((key, descriptor.offset), []):
             take(other, generation, peer, other_fields)  # not needed any more
@@ -212,7 +214,7 @@ class StripeReceiver:
             checksum=descriptor.checksum,
             msg_id=descriptor.msg_id,
         )
-        held = (handle, handle.generation, fields["msg_id"], fields["body_bytes"])
+        held = (handle, handle.generation, fields["msg_id"], fields["body_bytes"], fields["seq"])
         previous = self._held.pop((peer, descriptor.msg_id), None)
         if previous is not None:  # the peer restarted: its ids began again
             take(previous[0], previous[1], peer, _taken(previous))

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -101,7 +102,8 @@ class Worker:
         # bodies in private memory: each stripe is written once more, into the message's
         # segment that the coordinator names (``place``); never a segment of our own
         self.gateway.inbound_segments.min_bytes = PRIVATE_BODIES
-        self._arrived: dict[tuple[str, int], Delivery] = {}  # waiting for ``place``
+        self._arrived: dict[int, Delivery] = {}  # by arrival seq, waiting for ``place``
+        self._arrivals = itertools.count(1)
         self.gateway.on_outcome = self._outcome
         self.gateway.on_acked = self._acked
         self._sock = sock
@@ -144,9 +146,9 @@ class Worker:
         if kind == "send":
             self._send(fields, fds[0])
         elif kind == "place":
-            self._place(fields["peer"], fields["msg_id"], fields["offset"], fds[0])
+            self._place(fields["seq"], fields["offset"], fds[0])
         elif kind == "taken":
-            self._arrived.pop((fields["peer"], fields["msg_id"]), None)  # if not placed
+            self._arrived.pop(fields["seq"], None)  # if it was not placed
             driver = self.gateway.peers.get(fields["peer"])
             if driver is not None:
                 driver.consumed(fields["body_bytes"], fields["msg_id"])
@@ -248,7 +250,8 @@ class Worker:
 
     def _forward(self, delivery: Delivery) -> None:
         """A stripe arrived whole and verified: the coordinator says where it goes."""
-        self._arrived[(delivery.source, delivery.msg_id)] = delivery
+        seq = next(self._arrivals)
+        self._arrived[seq] = delivery
         assert self._channel is not None
         self._channel.send(
             "arrived",
@@ -262,12 +265,14 @@ class Worker:
                 "meta": delivery.meta,
                 "checksum": delivery.checksum,
                 "length": memoryview(delivery.payload).nbytes,
+                "seq": seq,
             },
         )
 
-    def _place(self, peer: str, msg_id: int, offset: int, fd: int) -> None:
-        """Write the stripe into the message's segment at ``offset``."""
-        delivery = self._arrived.pop((peer, msg_id), None)
+    def _place(self, seq: int, offset: int, fd: int) -> None:
+        """Write the stripe that arrived as ``seq`` into the message's segment at
+        ``offset``."""
+        delivery = self._arrived.pop(seq, None)
         try:
             if delivery is None:
                 return  # not ours (any more): the coordinator learns nothing placed
@@ -284,7 +289,7 @@ class Worker:
         finally:
             os.close(fd)
         assert self._channel is not None
-        self._channel.send("placed", {"peer": peer, "msg_id": msg_id})
+        self._channel.send("placed", {"seq": seq})
 
     def _busy(self) -> bool:
         return bool(self._sizes or self._arrived or self._tasks)
