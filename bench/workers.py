@@ -2,6 +2,7 @@
 
     python -m bench workers [--mib 256] [--counts 1,2,4] [--datagram 1452] [--runs 3]
         [--gateway-src DIR]   # and the daemons of DIR's wangate, interleaved: before/after
+        [--idle-s 3]          # how long the idle cost is measured before each transfer
 
 For each count, side by side in one run (the counts interleaved run by run): two real
 daemons (``LoopbackSites``, one path, MTU = datagram + 28) with that many workers
@@ -83,7 +84,11 @@ class Run:
 
 
 def run_once(
-    workers: int, datagram_bytes: int, total_bytes: int, gateway_src: Path | None = None
+    workers: int,
+    datagram_bytes: int,
+    total_bytes: int,
+    gateway_src: Path | None = None,
+    idle_s: float = IDLE_S,
 ) -> Run:
 
     count = max(1, total_bytes // MESSAGE_BYTES)
@@ -106,12 +111,12 @@ def run_once(
         coordinators = [p[0] for p in pids.values()]
         worker_pids = [pid for p in pids.values() for pid in p[1:]]
         idle_from = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
-        time.sleep(IDLE_S)  # the processes' idle cost per second, measured as they are now
+        time.sleep(idle_s)  # the processes' idle cost per second, measured as they are now
         before = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
-        idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / IDLE_S
+        idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / idle_s
 
         def rate(group: list[int]) -> float:
-            return sum(before[p] - idle_from[p] for p in group) / IDLE_S / max(1, len(group))
+            return sum(before[p] - idle_from[p] for p in group) / idle_s / max(1, len(group))
 
         seconds, _ = transfer(lab, message, count)
         used = {pid: process_cpu_s(pid) - before[pid] for pid in before}
@@ -179,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the daemons from this folder's wangate (git archive REV wangate), "
         "interleaved with this tree's, and report both",
     )
+    parser.add_argument("--idle-s", type=float, default=IDLE_S)
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
     trees: list[Path | None] = [None] if args.gateway_src is None else [args.gateway_src, None]
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for index in range(args.runs):
         for workers in counts:
             for tree in trees:
-                run = run_once(workers, args.datagram, args.mib * MiB, tree)
+                run = run_once(workers, args.datagram, args.mib * MiB, tree, args.idle_s)
                 runs[tree][workers].append(run)
                 print(
                     f"run {index} {tree or 'this tree'} workers {workers}: {run.seconds:.2f} s, "
