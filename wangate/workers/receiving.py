@@ -140,7 +140,13 @@ class StripeReceiver:
             standby.append((handle, handle.generation, fields))
             return
         if new_message:
-            assembly = self._new_assembly(descriptor.total, fields, meta)
+            try:
+                assembly = self._new_assembly(descriptor.total, fields, meta)
+            except OSError as exc:  # out of descriptors or memory: this message is lost
+                log.error("no segment for a message from %s: %s; dropped", peer, exc)
+                self._reassembly.drop(key)
+                take(handle, handle.generation, peer, fields)
+                return
             self._reassembly.open(key, descriptor.total, assembly, time.monotonic())
         else:
             assembly = self._reassembly.context(key)
