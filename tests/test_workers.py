@@ -189,3 +189,14 @@ def test_a_segment_payload_reaches_the_workers_uncopied_and_a_change_fails_it() 
         send_then_change_bytes(lab)
         poll(lambda: segment_count(sh_pid, RECV_NAME) == 0, 30)  # the partial was dropped
         assert segment_count(bj_pid, SEND_NAME) == 0
+
+
+def test_a_streaming_recv_of_a_message_waiting_whole_confirms_it_to_the_sender() -> None:
+    arr = np.arange(2 * MiB, dtype=np.uint32)  # 8 MiB: two stripes
+    with LoopbackSites(2, 1, workers=2) as lab, lab["bj"].client() as bj:
+        msg_id = bj.send("sh", "whole", arr, step=0)
+        with lab["sh"].client() as sh:
+            poll(lambda: sh.status()["inbox"]["queued"] == 1)  # complete, waiting for a recv
+            incoming = sh.recv("whole", source="bj", step=0, stream=True, timeout=60)
+            assert incoming.done and np.array_equal(incoming.result(timeout=0), arr)
+        bj.wait("sh", msg_id, timeout=30)  # the completing stripe was confirmed

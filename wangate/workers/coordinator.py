@@ -470,10 +470,9 @@ class Coordinator(Gateway):
 
     # --------------------------------------------------------------- receiving
 
-    async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
-    ) -> Delivery:
-        delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
+    def _taken(self, delivery: Delivery) -> Delivery:
+        """A trainer took ``delivery`` (``recv``, streaming or not): its completing
+        stripe is confirmed to the worker that placed it."""
         self._receiver.taken(delivery)
         return self._with_segment(delivery)
 
