@@ -23,7 +23,11 @@ from wangate.core.outbound import Piece
 from wangate.core.placement import bulk_view, earliest_finish_s
 from wangate.core.selector import CriticalPathSelector, PathView, RouteChanged, critical_view
 
-SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered
+SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered while it is used
+# ... and while no critical data flows (a bulk worker never has any): the route then only
+# shows in ``paths``; a critical message reconsiders it before it is routed, and a path
+# whose state changes at once.
+IDLE_SELECT_INTERVAL_S = 1.0
 # While critical traffic flows, bulk stays off the critical route whenever its RTT shows
 # a queue of more than this (or a quarter of its min RTT): critical data must not wait
 # behind our own bulk in the network, where we cannot reorder it.
@@ -39,14 +43,20 @@ class PathScheduler:
         self.duplicates: deque[Piece] = deque()
         self.last_change: RouteChanged | None = None
         self.next_select_at = 0.0
+        self.selected_at = -math.inf
 
     # ------------------------------------------------------------- critical
 
     def update(
-        self, now: float, estimators: Mapping[str, PathEstimator], open_paths: set[str]
+        self,
+        now: float,
+        estimators: Mapping[str, PathEstimator],
+        open_paths: set[str],
+        interval_s: float = SELECT_INTERVAL_S,
     ) -> RouteChanged | None:
-        """Reconsider the critical route; returns the change, if any."""
-        self.next_select_at = now + SELECT_INTERVAL_S
+        """Reconsider the critical route (next in ``interval_s``); returns the change."""
+        self.selected_at = now
+        self.next_select_at = now + interval_s
         views: dict[str, PathView] = {}
         for name, estimator in estimators.items():
             view = critical_view(estimator, now, size_bytes=CRITICAL_PROBE_BYTES)

@@ -78,10 +78,19 @@ from wangate.core.paths import (
     SentDatagram,
     repair_horizon_bytes,
 )
-from wangate.core.scheduler import CRITICAL_ACTIVE_S, PathScheduler
+from wangate.core.scheduler import (
+    CRITICAL_ACTIVE_S,
+    IDLE_SELECT_INTERVAL_S,
+    SELECT_INTERVAL_S,
+    PathScheduler,
+)
 from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
+# An idle path needs one probe per interval between the two sites, not one each way:
+# a site that heard the peer's probe answered it at once, so each side heard the other
+# within the interval. It then probes only this often, for its own RTT samples.
+ANSWERED_PROBE_INTERVAL_S = 1.0
 CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
@@ -104,6 +113,7 @@ class PathRecord:
     usable: bool = True
     state: str = "up"  # up, degraded or down
     why: str = "connected"
+    probe_heard_at: float = -math.inf  # the peer's last keep-alive probe on this path
 
     @property
     def open(self) -> bool:
@@ -366,6 +376,15 @@ class PeerSession:
             self._dry_since = None
         for message in started:
             self._queue.add(message)
+        if started:
+            # route and coding may have been chosen while idle, long ago: afresh now
+            # (before the first piece is placed), then as often as while sending
+            scheduler = self._scheduler
+            scheduler.next_select_at = min(
+                scheduler.next_select_at, scheduler.selected_at + SELECT_INTERVAL_S
+            )
+            if now >= scheduler.next_select_at:
+                self._reselect(now)
         self._events.extend(failed)
 
     def pending_bytes(self) -> int:
@@ -422,10 +441,24 @@ class PeerSession:
                 )
         # asked for a datagram and nothing to carry: the path is not the limit now
         sender.estimator.on_app_limited(now)
-        if now - sender.last_sent_at >= PROBE_INTERVAL_S:
+        if now >= self._probe_due_at(path, record):
             seq = sender.record(SentDatagram(0, 0, 0, now, 0))
             return encode_probe(seq, stamp(now))
         return None
+
+    def _probe_due_at(self, path: str, record: PathRecord) -> float:
+        """When ``path``'s keep-alive probe is due if nothing else is sent on it: an
+        interval after our last datagram, or, on a validated path, after the peer's
+        last probe (answered at once: it heard us), but at least every
+        ``ANSWERED_PROBE_INTERVAL_S`` for our own RTT samples."""
+        last_sent_at = record.sender.last_sent_at
+        due_at = last_sent_at + PROBE_INTERVAL_S
+        if record.probe_heard_at > last_sent_at and self._scheduler.selector.is_validated(path):
+            due_at = min(
+                record.probe_heard_at + PROBE_INTERVAL_S,
+                last_sent_at + ANSWERED_PROBE_INTERVAL_S,
+            )
+        return due_at
 
     def has_critical_for(self, path: str) -> bool:
         """Whether critical work (or a duplicate of it) waits that ``path`` would carry."""
@@ -480,10 +513,16 @@ class PeerSession:
             return piece
         return None
 
+    def _sending(self, now: float) -> bool:
+        """Messages in flight or critical traffic lately: the route and the coding
+        follow the paths closely; otherwise nothing uses them until a submit."""
+        return bool(self._queue.messages) or now - self._last_critical_at < CRITICAL_ACTIVE_S
+
     def _reselect(self, now: float) -> None:
         usable = self._usable()
         open_paths = {n for n, ok in usable.items() if ok}
-        change = self._scheduler.update(now, self._estimators(), open_paths)
+        interval_s = SELECT_INTERVAL_S if self._sending(now) else IDLE_SELECT_INTERVAL_S
+        change = self._scheduler.update(now, self._estimators(), open_paths, interval_s)
         if change is not None:
             self._events.append(change)
             self._route_dirty = True
@@ -585,6 +624,7 @@ class PeerSession:
         datagram = decode_datagram(data, receiver.newest_seq, self._largest_msg_id_in)
         sender.estimator.on_transit_sample(now - receiver.sender_clock_s(datagram.sent_stamp), now)
         if isinstance(datagram, ProbeDatagram):
+            record.probe_heard_at = now
             receiver.on_datagram(datagram.path_seq, datagram.sent_stamp, now, ack_within_s=0.0)
             return
         if datagram.msg_id > self._largest_msg_id_in:
@@ -752,14 +792,14 @@ class PeerSession:
             bulk_at = self._governor.next_allowed_at()
             if bulk_at is not None and self._queue.has_bulk_work:
                 deadlines.append(bulk_at)
-        for record in self._paths.values():
+        for name, record in self._paths.items():
             if not record.connected:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
             sender = record.sender
             loss = sender.loss_deadline()
             if loss is not None:
                 deadlines.append(loss)
-            deadlines.append(sender.last_sent_at + PROBE_INTERVAL_S)
+            deadlines.append(self._probe_due_at(name, record))
             heard_at = sender.estimator.last_heard_at
             if record.usable and heard_at is not None:
                 deadlines.append(heard_at + sender.estimator.silence_timeout_s())
@@ -790,6 +830,7 @@ class PeerSession:
         if now >= self._credit_refresh_at:
             self._credit_refresh_at = now + CREDIT_REFRESH_S
             self._credit_dirty.update(self._paths)
+        changed = False
         for name, record in self._paths.items():
             sender = record.sender
             self._requeue(record, sender.detect_lost(now))
@@ -800,8 +841,9 @@ class PeerSession:
                 record.usable = False
                 self._requeue(record, sender.take_all_inflight(), outage=True)
                 sender.estimator.forget_losses()
+            changed |= state.kind != record.state
             self._set_state(name, record, state.kind, state.reason)
-        if now >= self._scheduler.next_select_at:
+        if changed or now >= self._scheduler.next_select_at:
             self._reselect(now)
         if now >= self._done_check_at:
             self._done_check_at = now + DONE_CHECK_S
