@@ -56,6 +56,9 @@ MAX_OUTCOMES = 65536  # finished messages whose outcome Client.wait can still te
 RECENT_FAILURES = 10
 PENDING_LOW_WATER = 4  # datagrams queued inside aioquic before we stop adding
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
+# uvloop counts timer delays in whole milliseconds: a shorter one fires at once, before
+# its deadline, and re-armed it would spin the loop until the deadline passes
+MIN_TIMER_DELAY_S = 0.001
 
 Clock = Callable[[], float]
 
@@ -274,6 +277,8 @@ class PeerDriver:
         self._timer_at = deadline
         if deadline is not None:
             delay_s = max(0.0, deadline - self._clock())
+            if 0.0 < delay_s < MIN_TIMER_DELAY_S:
+                delay_s = MIN_TIMER_DELAY_S
             self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def drain_events(self) -> None:
