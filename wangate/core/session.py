@@ -94,7 +94,10 @@ PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 # this often for its own RTT samples.
 ANSWERED_PROBE_WAIT_S = 2 * PROBE_INTERVAL_S
 ANSWERED_PROBE_INTERVAL_S = 1.0
-CREDIT_REFRESH_S = 1.0  # re-advertise credit on every path this often
+# Re-advertise credit on a path at most this often, along with other control frames
+# that go on it anyway (never a packet of its own: the stream is reliable, and a path
+# that comes up, or consumption, sends credit at once)
+CREDIT_REFRESH_S = 1.0
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
@@ -117,6 +120,7 @@ class PathRecord:
     state: str = "up"  # up, degraded or down
     why: str = "connected"
     probe_heard_at: float = -math.inf  # the peer's last keep-alive probe on this path
+    credit_sent_at: float = -math.inf
 
     @property
     def open(self) -> bool:
@@ -171,7 +175,6 @@ class PeerSession:
         self._credit_dirty: set[str] = set()
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
-        self._credit_refresh_at = now + CREDIT_REFRESH_S
         self._done_check_at = now + DONE_CHECK_S
 
         self.messages_sent = 0
@@ -738,6 +741,8 @@ class PeerSession:
         if path in self._credit_dirty:
             self._credit_dirty.discard(path)
             out.append(encode_control(Credit(self.granted_bytes)))
+            if record is not None:
+                record.credit_sent_at = now
         current = self._scheduler.selector.current
         inbound = self._inbound
         pending = (
@@ -761,6 +766,9 @@ class PeerSession:
         if self._route_dirty and current is not None and path == current:
             self._route_dirty = False
             out.append(encode_control(RouteChosen(current)))
+        if out and record is not None and now - record.credit_sent_at >= CREDIT_REFRESH_S:
+            record.credit_sent_at = now
+            out.append(encode_control(Credit(self.granted_bytes)))
         return b"".join(out)
 
     def _end_to_end_path(self) -> str | None:
@@ -778,7 +786,6 @@ class PeerSession:
 
     def get_timer(self) -> float | None:
         deadlines: list[float] = [
-            self._credit_refresh_at,
             self._scheduler.next_select_at,
             self._liveness.next_change_at(),
         ]
@@ -829,9 +836,6 @@ class PeerSession:
         self._update_liveness(now)
         self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
         self._expire_inbound(now)
-        if now >= self._credit_refresh_at:
-            self._credit_refresh_at = now + CREDIT_REFRESH_S
-            self._credit_dirty.update(self._paths)
         changed = False
         for name, record in self._paths.items():
             sender = record.sender
