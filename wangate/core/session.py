@@ -88,10 +88,10 @@ from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolEr
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 # An idle path needs one probe per interval between the two sites, not one each way:
-# a site that heard the peer's probe answered it at once, so each side heard the other
-# within the interval. It probes again only if the peer's next probe is this late (two
-# intervals: a late timer on a busy host does not make both sides probe), and at least
-# this often for its own RTT samples.
+# the site whose name sorts first probes; the other answers each probe at once, so each
+# side hears the other within the interval. The answering site probes only if the
+# prober's next probe is this late (two intervals: a late timer on a busy host does not
+# make both sides probe), and at least this often for its own RTT samples.
 ANSWERED_PROBE_WAIT_S = 2 * PROBE_INTERVAL_S
 ANSWERED_PROBE_INTERVAL_S = 1.0
 # Re-advertise credit on a path at most this often, along with other control frames
@@ -454,11 +454,16 @@ class PeerSession:
 
     def _probe_due_at(self, path: str, record: PathRecord) -> float:
         """When ``path``'s keep-alive probe is due if nothing else is sent on it: an
-        interval after our last datagram; on a validated path where the peer probed
-        since (answered at once: it heard us), when its next probe is overdue, but at
-        least every ``ANSWERED_PROBE_INTERVAL_S`` for our own RTT samples."""
+        interval after our last datagram; at the answering site (the later name), on a
+        validated path where the peer probed since (answered at once: it heard us), when
+        its next probe is overdue, but at least every ``ANSWERED_PROBE_INTERVAL_S`` for
+        our own RTT samples."""
         last_sent_at = record.sender.last_sent_at
-        if record.probe_heard_at > last_sent_at and self._scheduler.selector.is_validated(path):
+        if (
+            self.local_site > self.peer
+            and record.probe_heard_at > last_sent_at
+            and self._scheduler.selector.is_validated(path)
+        ):
             return min(
                 record.probe_heard_at + ANSWERED_PROBE_WAIT_S,
                 last_sent_at + ANSWERED_PROBE_INTERVAL_S,
