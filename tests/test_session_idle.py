@@ -3,6 +3,7 @@ credit packets of their own; and a dead path or peer still found in the stated t
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
 
@@ -70,10 +71,10 @@ def test_an_idle_path_is_probed_from_one_side_at_a_time() -> None:
     # bj (the name that sorts first) probes every interval, exactly; sh answers, and
     # probes once per ANSWERED_PROBE_INTERVAL_S for its own RTT samples
     bj, sh = pair.probes["bj"], pair.probes["sh"]
-    gaps = [b - a for a, b in zip(bj, bj[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(bj)]
     assert gaps == [pytest.approx(PROBE_INTERVAL_S, abs=1e-9)] * len(gaps)
     assert len(bj) == pytest.approx(10.0 / PROBE_INTERVAL_S, abs=1)
-    gaps = [b - a for a, b in zip(sh, sh[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(sh)]
     assert gaps == [pytest.approx(ANSWERED_PROBE_INTERVAL_S, abs=1e-9)] * len(gaps)
     assert len(sh) == pytest.approx(10.0 / ANSWERED_PROBE_INTERVAL_S, abs=1)
 
@@ -83,7 +84,7 @@ def test_each_side_of_an_idle_path_hears_the_other_within_the_answered_wait() ->
     pair.run_for(10.0)
     for site in ("bj", "sh"):
         heard = sorted(pair.heard[site])
-        gaps = [b - a for a, b in zip(heard, heard[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(heard)]
         # the prober's interval, or the answering side's wait if a probe is late
         assert max(gaps) <= ANSWERED_PROBE_WAIT_S + 2 * DELAY_S + 1e-9
         assert heard[-1] >= pair.now - ANSWERED_PROBE_WAIT_S - 2 * DELAY_S
@@ -179,7 +180,7 @@ def test_idle_credit_rides_on_other_control_frames_at_most_once_a_second() -> No
     pair.run_for(10.0)
     for site in ("bj", "sh"):
         credits = pair.credits[site]
-        gaps = [b - a for a, b in zip(credits, credits[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(credits)]
         assert all(g >= CREDIT_REFRESH_S for g in gaps)
     # every control write of the answering side carries a probe's ack; credit never
     # makes a write of its own, so there are no more writes than probes answered
