@@ -12,6 +12,7 @@ more than a packet holds never leaves (it would block the queue).
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from aioquic.buffer import Buffer
@@ -21,6 +22,9 @@ from aioquic.quic.events import DatagramFrameReceived, HandshakeCompleted
 from aioquic.quic.packet import pull_quic_header
 
 from wangate.certs import create_ca, issue_site_certificate
+from wangate.config import load_config
+from wangate.daemon import Gateway
+from wangate.loopback import write_site_configs
 from wangate.net import aioquic_compat as compat
 from wangate.net.link import (
     ACK_ROOM_BYTES,
@@ -173,3 +177,41 @@ def test_a_links_full_datagram_rides_with_the_ack_it_owes(tmp_path: Path) -> Non
     pair.client.send_datagram_frame(b"e" * size)
     assert [len(p) for p in pair.client_sends(now=2.0)] == [MAX_DATAGRAM_SIZE - 8]
     assert _received(pair.server) == [b"e" * size]
+
+
+async def _gateway_links(directory: Path) -> None:
+    bj_site, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
+    bj = Gateway(load_config(bj_site.config_path))
+    sh = Gateway(load_config(sh_site.config_path))  # not started: it only dials
+    await bj.start()
+    try:
+        path = sh.config.peer("bj").paths[0]
+        dialed = await sh._open_link("bj", path)
+        await dialed.wait_handshake(10.0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while path.name not in bj.peers["sh"].links or path.name not in sh.peers["bj"].links:
+            assert loop.time() < deadline, "the path never came up"
+            await asyncio.sleep(0.01)
+        accepted = bj.peers["sh"].links[path.name]
+        assert path.max_datagram_size == MAX_DATAGRAM_SIZE
+        # the dialer sends to the listener's 4-byte ID, the listener to the dialer's none
+        assert len(dialed._quic.host_cid) == 0 and len(accepted._quic.host_cid) == 4
+        assert compat.peer_cid_bytes(dialed._quic) == 4
+        assert compat.peer_cid_bytes(accepted._quic) == 0
+        assert dialed.datagram_bytes == MAX_DATAGRAM_SIZE - 34 == 1438
+        assert accepted.datagram_bytes == MAX_DATAGRAM_SIZE - 30 == 1442
+        senders = (
+            sh.peers["bj"].session._paths[path.name].sender,
+            bj.peers["sh"].session._paths[path.name].sender,
+        )
+        assert [s.datagram_bytes for s in senders] == [1438, 1442]
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_gateway_pairs_links_size_datagrams_by_the_peers_connection_id(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(_gateway_links(tmp_path))
