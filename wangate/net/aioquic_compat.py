@@ -100,6 +100,9 @@ def check_aioquic() -> None:
     for attribute, why in _TLS_ATTRIBUTES:
         if not hasattr(connection.tls, attribute):
             raise _missing("tls.Context", attribute, why)
+    client = client_connection(QuicConfiguration(is_client=True), 0)
+    if client.host_cid != b"" or len(client.original_destination_connection_id) < 8:
+        raise _missing("QuicConnection", "_peer_cid", "a client's first Initial connection ID")
 
 
 _BUILDER_ATTRIBUTES = ("remaining_buffer_space", "remaining_flight_space", "start_frame")
