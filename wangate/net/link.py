@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("wangate.link")
 
 CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1)
-# Connection IDs (RFC 9000 §5.1): a server's demultiplex its listener's connections, 4
-# random bytes for a few hundred of them; a client has a socket of its own for each
-# connection and issues zero-length IDs. Packets to a client carry no ID at all.
+# Connection IDs (RFC 9000 §5.1): a server's tell apart the connections sharing its
+# listener's port, and 4 random bytes do for a few hundred of them; a client has a
+# socket of its own for each connection and issues zero-length IDs, so packets to a
+# client carry no ID at all.
 SERVER_CID_BYTES = 4
 CLIENT_CID_BYTES = 0
 # What QUIC adds to a full DATAGRAM frame's data in a 1-RTT packet: the short header (1
