@@ -142,3 +142,8 @@ def replace_pacer(connection: QuicConnection, make: Callable[[QuicPacketPacer], 
     pacer = make(recovery._pacer)
     recovery._pacer = pacer
     return pacer
+
+
+def congestion_control(connection: QuicConnection) -> Any:
+    """The connection's congestion controller (the pacer takes its rate from ours)."""
+    return getattr(connection._loss, "_cc", None)

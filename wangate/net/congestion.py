@@ -9,19 +9,22 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
 * Model: bottleneck bandwidth = windowed max of delivery-rate samples over
   ``BW_WINDOW_ROUNDS`` round trips; propagation delay = min RTT over ``MIN_RTT_WINDOW_S``.
   BDP = bandwidth x min RTT.
-* Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
-  separate pacing hook, so the window *is* the pacing control:
-  ``cwnd = gain x bandwidth / (1 - random loss) x rtt_w`` (the delivery rate counts
-  what arrived; the wire carries the lost packets too; random loss: that of rounds
-  without a queue) with ``rtt_w`` the smoothed RTT clamped to
-  ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
-  pacing rate is ``gain x bandwidth``; once a queue grows past it, the window stops
-  following the RTT, so the rate falls as ``bandwidth x (min_rtt + allowance) / srtt``
-  and the queue drains. After Startup the window never exceeds ``CWND_CAP_GAIN x BDP``.
+* Pacing and window apart, as BBR has them: the pacer (``net/pacing.py``) takes its
+  rate from ``pacing_rate_bytes``: ``gain x bandwidth / (1 - random loss)`` (the
+  delivery rate counts what arrived; the wire carries the lost packets too; random
+  loss: that of rounds without a queue), times ``(min_rtt + allowance) / srtt`` once
+  the smoothed RTT is past the allowance (jitter, ack delay): a queue past it slows the
+  rate and drains. The window only caps what is in flight: ``2 x bandwidth / (1 -
+  random loss) x rtt_w`` in ProbeBW (BBR's cwnd gain), with ``rtt_w`` the smoothed RTT
+  clamped to ``[min_rtt, min_rtt + allowance]``, so it does not follow a queue either.
+  (aioquic alone paces at ``cwnd / srtt``; with the rate tied to the window, ProbeBW's
+  0.75 phase capped the flight below the BDP and left the path idle for part of every
+  cycle, and the 64-datagram floor of the window paced slow paths past their queues.)
 * States (BBR §4.3): Startup (gain 2/ln 2, grows by the bytes acked: about 1.5-2x
   per round) until the bandwidth grew < 25 % for 3 rounds; Drain (window = BDP) until
   in flight <= BDP; ProbeBW cycling gains 1.25, 0.75, 1 x 6, one min RTT each (probe
-  for more, then drain the probe's queue: this cycling is what leaves room for a
+  for more, then drain the probe's queue, the 0.75 phase ending early once the flight
+  is down to the path's BDP on the wire: this cycling is what leaves room for a
   competing TCP flow); ProbeRTT (window = BDP / 2 for 200 ms and a round) when the
   min RTT was not refreshed for ``MIN_RTT_WINDOW_S``.
 * Loss (RFC 9002 §7 leaves the response to the controller): a round's loss counts as
@@ -67,7 +70,7 @@ PROBE_RTT_DURATION_S = 0.2
 PROBE_RTT_CWND_GAIN = 0.5  # BBR v2: half a BDP, not 4 packets
 FULL_BW_GROWTH = 1.25
 FULL_BW_ROUNDS = 3
-CWND_CAP_GAIN = 2.0
+CWND_GAIN = 2.0  # BBR's: ProbeBW's window is an in-flight cap, the pacer sets the rate
 MIN_CWND_PACKETS = 4  # after persistent congestion (RFC 9002 §7.6.2 uses 2)
 # The model's window never goes below this: aioquic paces in bursts of cwnd/4 (at most
 # 16 datagrams), and with a small window each pacer wake-up sends a datagram or two. On
@@ -83,6 +86,7 @@ QUEUE_LOSS_RATE = 0.02
 QUEUE_RTT_FACTOR = 1.25
 LOSS_MIN_PACKETS = 3
 STARTUP_LOSS_MIN_PACKETS = 8  # 2 % random loss needs a 400-packet round to reach this
+STARTUP_LOSS_MIN_ROUNDS = 2  # rounds paced from a measured bandwidth before loss ends Startup
 LOSS_BETA = 0.7
 LOSS_BASELINE_WEIGHT = 0.125  # per round not judged congestion
 LOSS_NOISE_SIGMAS = 3.0
@@ -95,7 +99,9 @@ STARTUP, DRAIN, PROBE_BW, PROBE_RTT = "startup", "drain", "probe_bw", "probe_rtt
 class _Sent:
     """Delivery-rate state remembered for one packet until it is acked or lost."""
 
-    __slots__ = ("app_limited", "delivered", "delivered_at", "first_sent_at", "sent_at")
+    __slots__ = (
+        "app_limited", "cruising", "delivered", "delivered_at", "first_sent_at", "sent_at"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -104,7 +110,9 @@ class _Sent:
         first_sent_at: float,
         sent_at: float,
         app_limited: bool,
+        cruising: bool,
     ) -> None:
+        self.cruising = cruising  # sent in ProbeBW at a gain <= 1: no probe's excess
         self.delivered = delivered
         self.delivered_at = delivered_at
         self.first_sent_at = first_sent_at
@@ -147,9 +155,14 @@ class WangateCongestionControl(QuicCongestionControl):
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
         self.loss_baseline = 0.0  # the path's usual loss rate (bytes), congestion aside
-        # the loss of rounds without a queue: what the path loses whatever we send (a
-        # queue's own drops must not make us send faster into it)
+        # the loss of packets sent cruising (ProbeBW, gain <= 1: no probe's or Startup's
+        # excess) in rounds without a queue: what the path loses whatever we send. Our
+        # own queue's drops must not make us send faster into it: in a buffer too
+        # shallow to show in the RTT they come with the probes, and they fed the
+        # 1 / (1 - loss) compensation, which overfilled the buffer further
         self.random_loss = 0.0
         self.congestion_events = 0
         self._recovery_start = -math.inf
@@ -187,14 +200,18 @@ class WangateCongestionControl(QuicCongestionControl):
         arrived, so with the path's usual random loss ``p`` the sender must put
         ``1 / (1 - p)`` times as much on the wire (a lost packet took its share of the
         link before it was lost) or leave ``p`` of the link unused. ``p`` is the loss of
-        rounds that showed no queue, so that a queue's drops do not feed the queue."""
+        packets sent cruising in rounds that showed no queue, so that a queue's drops do
+        not feed the queue."""
         return self.btl_bw_bps / (1.0 - min(self.random_loss, HIGH_LOSS_RATE))
+
+    def _rtt_allowance_s(self) -> float:
+        assert self.min_rtt_s is not None
+        return max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
 
     def _window_rtt_s(self) -> float:
         assert self.min_rtt_s is not None
-        allowance = max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
         srtt = self.srtt_s if self.srtt_s is not None else self.min_rtt_s
-        return min(max(srtt, self.min_rtt_s), self.min_rtt_s + allowance)
+        return min(max(srtt, self.min_rtt_s), self.min_rtt_s + self._rtt_allowance_s())
 
     def target_window(self) -> int:
         """The window the current state aims at (see the module notes)."""
@@ -205,11 +222,36 @@ class WangateCongestionControl(QuicCongestionControl):
             target = PROBE_RTT_CWND_GAIN * bdp
         elif self.state == DRAIN:
             target = bdp
+        elif self.state == PROBE_BW:
+            target = CWND_GAIN * self.sending_rate_bps * self._window_rtt_s()
         else:
             target = self.pacing_gain * self.sending_rate_bps * self._window_rtt_s()
-            if self.state == PROBE_BW:
-                target = min(target, CWND_CAP_GAIN * bdp)
         return max(int(target), self.min_target_window)
+
+    @property
+    def wire_bdp_bytes(self) -> float:
+        """What the path holds in flight at the sending rate: the BDP, lost bytes included."""
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return float(self.initial_window)
+        return self.sending_rate_bps * self.min_rtt_s
+
+    def pacing_rate_bytes(self, smoothed_rtt_s: float) -> float | None:
+        """The pacer's rate in bytes per second (``net/pacing.py``), or None before the
+        model has a bandwidth (then aioquic's ``cwnd / srtt``). ``smoothed_rtt_s`` is
+        aioquic's smoothed RTT (RFC 9002 §5.3, ack delay taken off)."""
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return None
+        rate = self.pacing_gain * self.sending_rate_bps
+        ceiling_s = self.min_rtt_s + self._rtt_allowance_s()
+        if smoothed_rtt_s > ceiling_s:
+            # a queue past the allowance slows us down and drains, but not below the
+            # window floor per RTT (what aioquic's cwnd / srtt gave): a queue that a
+            # loss-based flow keeps full would otherwise take our rate, and with it the
+            # delivery rate that is our model, down round after round. Never above the
+            # model's rate: on a slow path the floor exceeds its BDP and buffer.
+            floor = min(rate, self.min_target_window / smoothed_rtt_s)
+            rate = max(rate * ceiling_s / smoothed_rtt_s, floor)
+        return rate
 
     def _update_bw(self, sample_bps: float) -> None:
         samples = self._bw_samples
@@ -228,7 +270,11 @@ class WangateCongestionControl(QuicCongestionControl):
             # restart the send/ack intervals after idle (delivery-rate draft §3.2)
             self._first_sent_at = sent_at
             self._delivered_at = sent_at
-        if self.bytes_in_flight < APP_LIMITED_FRACTION * self.congestion_window:
+        # against the flight the rate needs, not ProbeBW's 2-BDP window
+        limit = self.congestion_window
+        if self.min_rtt_s is not None and self.btl_bw_bps > 0.0:
+            limit = min(limit, int(self.sending_rate_bps * self._window_rtt_s()))
+        if self.bytes_in_flight < APP_LIMITED_FRACTION * limit:
             self._app_limited_until = max(
                 self.delivered_bytes + self.bytes_in_flight + packet.sent_bytes, 1
             )
@@ -238,6 +284,7 @@ class WangateCongestionControl(QuicCongestionControl):
             self._first_sent_at,
             sent_at,
             self._app_limited_until > 0,
+            self.state == PROBE_BW and self.pacing_gain <= 1.0,
         )
         self.bytes_in_flight += packet.sent_bytes
 
@@ -254,6 +301,8 @@ class WangateCongestionControl(QuicCongestionControl):
         if sent.sent_at > self._recovery_start:
             self._round_acked_bytes += acked
             self._round_acked_packets += 1
+            if sent.cruising:
+                self._round_cruise_bytes += acked
         if sent.delivered >= self._next_round_delivered:
             self._start_round(now)
         self._first_sent_at = sent.sent_at
@@ -279,6 +328,9 @@ class WangateCongestionControl(QuicCongestionControl):
             if sent is not None and sent.sent_at > self._recovery_start:
                 self._round_lost_packets += 1
                 self._round_lost_bytes += packet.sent_bytes
+                if sent.cruising:
+                    self._round_cruise_bytes += packet.sent_bytes
+                    self._round_cruise_lost_bytes += packet.sent_bytes
         # judged when the round ends (_start_round): early in a round a few random
         # losses against few acks would look like a high loss rate. Startup is the
         # exception once the losses are many and a queue shows: it doubles its window
@@ -288,6 +340,7 @@ class WangateCongestionControl(QuicCongestionControl):
         if (
             self.state == STARTUP
             and self._round_lost_packets >= STARTUP_LOSS_MIN_PACKETS
+            and self._model_measured()
             and self._is_congestion(queue_required=True)
         ):
             self._on_congestion(now)
@@ -322,15 +375,21 @@ class WangateCongestionControl(QuicCongestionControl):
     # ----------------------------------------------------------- the machine
 
     def _start_round(self, now: float) -> None:
-        if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
+        if (
+            self._round_lost_packets >= LOSS_MIN_PACKETS
+            and self._model_measured()
+            and self._is_congestion()
+        ):
             self._on_congestion(now)
         else:
             total = self._round_lost_bytes + self._round_acked_bytes
             if total:
                 rate = self._round_lost_bytes / total
                 self.loss_baseline += LOSS_BASELINE_WEIGHT * (rate - self.loss_baseline)
-                if not self._round_queued():
-                    self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
+            cruise = self._round_cruise_bytes
+            if cruise and not self._round_queued():
+                rate = self._round_cruise_lost_bytes / cruise
+                self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
         self.round_count += 1
         self._next_round_delivered = self.delivered_bytes
         self._round_min_rtt_s = math.inf
@@ -338,6 +397,15 @@ class WangateCongestionControl(QuicCongestionControl):
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
+
+    def _model_measured(self) -> bool:
+        """Whether losses may end Startup: not in the first rounds, whose flight left at
+        the initial window's rate, not the model's (an initial window larger than a slow
+        path's BDP and buffer would end Startup with a bandwidth of a tenth of the path's,
+        which ProbeBW's +25 % per cycle takes seconds to undo)."""
+        return self.state != STARTUP or self.round_count >= STARTUP_LOSS_MIN_ROUNDS
 
     def _is_congestion(self, *, queue_required: bool = False) -> bool:
         total = self._round_lost_bytes + self._round_acked_bytes
@@ -363,12 +431,18 @@ class WangateCongestionControl(QuicCongestionControl):
     def _on_congestion(self, now: float) -> None:
         self.congestion_events += 1
         self._recovery_start = now
-        self._bw_samples = [(r, bw * LOSS_BETA) for r, bw in self._bw_samples]
-        self.btl_bw_bps *= LOSS_BETA
+        if self.state != STARTUP:
+            # Startup's excess is in flight, not in the model (a delivery rate never
+            # overstates the bottleneck): Drain takes it out; cutting the model too left
+            # a shallow-buffered path at a fraction of its rate for many ProbeBW cycles
+            self._bw_samples = [(r, bw * LOSS_BETA) for r, bw in self._bw_samples]
+            self.btl_bw_bps *= LOSS_BETA
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
         if self.state == STARTUP:
             self.filled_pipe = True
             self.state = DRAIN
@@ -395,7 +469,7 @@ class WangateCongestionControl(QuicCongestionControl):
         elif self.state == PROBE_BW:
             elapsed = now - self._phase_start > min_rtt
             gain = PROBE_BW_GAINS[self._phase]
-            if elapsed or (gain < 1.0 and self.bytes_in_flight <= self.bdp_bytes):
+            if elapsed or (gain < 1.0 and self.bytes_in_flight <= self.wire_bdp_bytes):
                 self._phase = (self._phase + 1) % len(PROBE_BW_GAINS)
                 self._phase_start = now
         elif self.state == PROBE_RTT:
