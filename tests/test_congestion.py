@@ -252,6 +252,52 @@ def test_random_loss_leaves_no_part_of_the_link_unused(
     assert cc.random_loss == pytest.approx(loss, abs=0.01)
 
 
+def test_probe_bw_cycle_leaves_the_link_busy() -> None:
+    """ProbeBW's 0.75 phase drains the probe's queue without idling the link: with the
+    rate tied to the window (aioquic's cwnd / srtt) it capped the flight below the BDP
+    for part of every cycle (0.982 of the link delivered on this path before)."""
+    cc = _wangate()
+    flow = Flow(cc)
+    sim = Simulation(Link(buffer_bytes=BDP), [flow])
+    sim.run(2.0)
+    delivered = flow.delivered_bytes
+    sim.run(10.0)
+    assert flow.delivered_bytes - delivered >= 0.99 * RATE_BPS * 8.0
+
+
+def test_a_slow_path_with_a_shallow_queue_is_not_overfilled() -> None:
+    """5 Mbit/s, 40 ms, a 50 ms drop-tail queue (the collectives lab's slowest links):
+    the window's 64-datagram floor is more than its BDP and queue together, and paced
+    at cwnd / srtt it kept the queue overflowing (2241 of 3400 datagrams dropped over
+    these 8 s before). Paced at the model's rate, only the path's 0.2 % is lost."""
+    rate = 625_000.0
+    cc = _wangate()
+    flow = Flow(cc)
+    link = Link(rate_bps=rate, base_rtt_s=0.040, buffer_bytes=0.050 * rate, loss=0.002, seed=1)
+    sim = Simulation(link, [flow])
+    sim.run(2.0)
+    lost, delivered = flow.lost, flow.delivered_bytes
+    sim.run(10.0)
+    assert flow.lost - lost <= 20  # random loss: 0.2 % of ~4100 datagrams
+    assert flow.delivered_bytes - delivered >= 0.99 * rate * 8.0
+    assert cc.congestion_window == cc.min_target_window  # the floor caps flight only
+
+
+def test_drops_of_a_queue_too_shallow_to_show_are_not_random_loss() -> None:
+    """A 0.1-BDP buffer drops the probes' excess without a rise in RTT. Counted as random
+    loss, those drops raised the 1 / (1 - loss) compensation, which overfilled the
+    buffer further (random loss 0.017 and 0.954 of the link delivered before)."""
+    cc = _wangate()
+    flow = Flow(cc)
+    sim = Simulation(Link(buffer_bytes=0.1 * BDP), [flow])
+    sim.run(2.0)
+    delivered = flow.delivered_bytes
+    sim.run(10.0)
+    assert flow.lost > 0  # the buffer did overflow
+    assert cc.random_loss < 0.001
+    assert flow.delivered_bytes - delivered >= 0.98 * RATE_BPS * 8.0
+
+
 def test_rising_rtt_slows_sending_and_window_does_not_follow_it() -> None:
     # after 2 s a queue we do not cause adds delay: +100 ms per second, up to 200 ms
     def extra(t: float) -> float:
@@ -518,3 +564,27 @@ def test_losses_of_the_initial_window_do_not_end_startup() -> None:
     # slower than 64 datagrams per RTT its losses would end Startup at a tenth of the rate
     cc = _startup_round_with_losses(rtt_s=0.120, rounds_before=0)
     assert (cc.state, cc.congestion_events) == (STARTUP, 0)
+
+
+def _cruising(bw_bytes: float, min_rtt_s: float, random_loss: float) -> WangateCongestionControl:
+    cc = _wangate()
+    cc.state, cc._phase = PROBE_BW, 2  # gain 1
+    cc.btl_bw_bps, cc.min_rtt_s, cc.random_loss = bw_bytes, min_rtt_s, random_loss
+    return cc
+
+
+def test_pacing_rate_fills_the_loss_and_slows_past_the_rtt_allowance() -> None:
+    cc = _cruising(2_500_000.0, 0.040, 0.05)
+    assert cc.pacing_rate_bytes(0.040) == pytest.approx(2_500_000.0 / 0.95)
+    assert cc.pacing_rate_bytes(0.045) == pytest.approx(2_500_000.0 / 0.95)  # the allowance
+    # a 50 ms queue: the rate falls as (min RTT + allowance) / srtt
+    assert cc.pacing_rate_bytes(0.090) == pytest.approx(2_500_000.0 / 0.95 * 0.045 / 0.090)
+    # ... but not below the window floor per srtt: 64 x 1200 B / 0.3 s
+    assert cc.pacing_rate_bytes(0.300) == pytest.approx(64 * MSS / 0.300)
+    assert _wangate().pacing_rate_bytes(0.040) is None  # no model yet: aioquic's cwnd / srtt
+
+
+def test_pacing_rate_never_exceeds_the_model_on_a_slow_path() -> None:
+    # 5 Mbit/s: the floor (64 x 1200 B / 90 ms = 6.8 Mbit/s) is above the path's rate
+    cc = _cruising(625_000.0, 0.040, 0.0)
+    assert cc.pacing_rate_bytes(0.090) == 625_000.0

@@ -275,6 +275,7 @@ def run_collectives(
     warmup_elements: int | None = None,
     measured_baseline: Path | None = None,
     idle_s: float = 0.0,
+    before: Path | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
     size_bytes = 4 * elements
@@ -291,6 +292,7 @@ def run_collectives(
         "warmup_elements": warmup_elements or elements,
         "measured_baseline": str(measured_baseline) if measured_baseline else None,
         "idle_s": idle_s,
+        "before": str(before) if before else None,
         "methods": {},
     }
     logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
@@ -349,6 +351,12 @@ def run_collectives(
                 chosen_variants.append(
                     Variant("allreduce-measured-baseline", gateway_src=measured_baseline)
                 )
+            if before is not None:
+                # each variant again over gateways of another tree: "<name>-before"
+                chosen_variants += [
+                    Variant(f"{v.name}-before", v.gateway_config, v.options, gateway_src=before)
+                    for v in chosen_variants
+                ]
             runs_on_wangate += [("allreduce", v) for v in chosen_variants]
         configs = {
             site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
