@@ -573,18 +573,33 @@ def _cruising(bw_bytes: float, min_rtt_s: float, random_loss: float) -> WangateC
     return cc
 
 
-def test_pacing_rate_fills_the_loss_and_slows_past_the_rtt_allowance() -> None:
+def test_pacing_rate_fills_the_loss_and_slows_for_a_standing_queue() -> None:
     cc = _cruising(2_500_000.0, 0.040, 0.05)
     assert cc.pacing_rate_bytes(0.040) == pytest.approx(2_500_000.0 / 0.95)
-    assert cc.pacing_rate_bytes(0.045) == pytest.approx(2_500_000.0 / 0.95)  # the allowance
-    # a 50 ms queue: the rate falls as (min RTT + allowance) / srtt
-    assert cc.pacing_rate_bytes(0.090) == pytest.approx(2_500_000.0 / 0.95 * 0.045 / 0.090)
-    # ... but not below the window floor per srtt: 64 x 1200 B / 0.3 s
-    assert cc.pacing_rate_bytes(0.300) == pytest.approx(64 * MSS / 0.300)
+    cc.on_rtt_measurement(now=1.0, rtt=0.045)  # within the allowance
+    assert cc.pacing_rate_bytes(0.045) == pytest.approx(2_500_000.0 / 0.95)
+    # a 50 ms queue under every sample of the round: the rate falls as
+    # (min RTT + allowance) / the round's lowest RTT
+    cc = _cruising(2_500_000.0, 0.040, 0.05)
+    cc.on_rtt_measurement(now=1.0, rtt=0.090)
+    cc.on_rtt_measurement(now=1.0, rtt=0.095)
+    assert cc.pacing_rate_bytes(0.094) == pytest.approx(2_500_000.0 / 0.95 * 0.045 / 0.090)
+    # a probe's queue that drains within the round leaves the rate alone, however the
+    # smoothed RTT lags
+    cc = _cruising(2_500_000.0, 0.040, 0.05)
+    cc.on_rtt_measurement(now=1.0, rtt=0.060)
+    cc.on_rtt_measurement(now=1.0, rtt=0.041)
+    assert cc.pacing_rate_bytes(0.058) == pytest.approx(2_500_000.0 / 0.95)
+    # ... but not below the window floor per RTT: 8 Mbit/s and a 160 ms queue,
+    # 64 x 1200 B / 200 ms (the delay alone would give 1e6 x 45 / 200 = 225 kB/s)
+    slow = _cruising(1_000_000.0, 0.040, 0.0)
+    slow.on_rtt_measurement(now=1.0, rtt=0.200)
+    assert slow.pacing_rate_bytes(0.200) == pytest.approx(64 * MSS / 0.200)
     assert _wangate().pacing_rate_bytes(0.040) is None  # no model yet: aioquic's cwnd / srtt
 
 
 def test_pacing_rate_never_exceeds_the_model_on_a_slow_path() -> None:
     # 5 Mbit/s: the floor (64 x 1200 B / 90 ms = 6.8 Mbit/s) is above the path's rate
     cc = _cruising(625_000.0, 0.040, 0.0)
+    cc.on_rtt_measurement(now=1.0, rtt=0.090)
     assert cc.pacing_rate_bytes(0.090) == 625_000.0

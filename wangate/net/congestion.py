@@ -151,6 +151,7 @@ class WangateCongestionControl(QuicCongestionControl):
         self.round_count = 0
         self._next_round_delivered = 0
         self._round_min_rtt_s = math.inf
+        self._last_round_min_rtt_s = math.inf
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
@@ -204,6 +205,17 @@ class WangateCongestionControl(QuicCongestionControl):
         not feed the queue."""
         return self.btl_bw_bps / (1.0 - min(self.random_loss, HIGH_LOSS_RATE))
 
+    def _recent_min_rtt_s(self) -> float:
+        """The lowest RTT of this round and the one before: a queue that stands (not
+        ours, or ours past the allowance) raises it; ProbeBW's own probe does not, as
+        its 0.75 phase drains it within the round. The smoothed RTT lags a round behind
+        the probe and, followed, slowed the cruise after each probe a second time."""
+        recent = min(self._round_min_rtt_s, self._last_round_min_rtt_s)
+        if recent == math.inf:
+            assert self.min_rtt_s is not None
+            return self.srtt_s if self.srtt_s is not None else self.min_rtt_s
+        return recent
+
     def _rtt_allowance_s(self) -> float:
         assert self.min_rtt_s is not None
         return max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
@@ -242,15 +254,21 @@ class WangateCongestionControl(QuicCongestionControl):
         if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
             return None
         rate = self.pacing_gain * self.sending_rate_bps
+        if self.state == STARTUP:
+            # never below what the window alone gave (aioquic's cwnd / srtt; BBR too
+            # starts from the initial window's rate): a model taken from the probes and
+            # keep-alives of an idle connection would start a transfer at a crawl
+            rate = max(rate, self.congestion_window / max(smoothed_rtt_s, MIN_RTT_FLOOR_S))
         ceiling_s = self.min_rtt_s + self._rtt_allowance_s()
-        if smoothed_rtt_s > ceiling_s:
+        queued_rtt_s = self._recent_min_rtt_s()
+        if queued_rtt_s > ceiling_s:
             # a queue past the allowance slows us down and drains, but not below the
             # window floor per RTT (what aioquic's cwnd / srtt gave): a queue that a
             # loss-based flow keeps full would otherwise take our rate, and with it the
             # delivery rate that is our model, down round after round. Never above the
             # model's rate: on a slow path the floor exceeds its BDP and buffer.
-            floor = min(rate, self.min_target_window / smoothed_rtt_s)
-            rate = max(rate * ceiling_s / smoothed_rtt_s, floor)
+            floor = min(rate, self.min_target_window / max(smoothed_rtt_s, queued_rtt_s))
+            rate = max(rate * ceiling_s / queued_rtt_s, floor)
         return rate
 
     def _update_bw(self, sample_bps: float) -> None:
@@ -392,6 +410,7 @@ class WangateCongestionControl(QuicCongestionControl):
                 self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
         self.round_count += 1
         self._next_round_delivered = self.delivered_bytes
+        self._last_round_min_rtt_s = self._round_min_rtt_s
         self._round_min_rtt_s = math.inf
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
