@@ -51,6 +51,10 @@ class Flow:
     lost: int = 0
     sent: int = 0
     send_scheduled: bool = False
+    app_interval_s: float = 0.0  # > 0: the application has a few packets this often
+    app_burst: int = 1  # packets each time
+    next_app_s: float = 0.0
+    app_left: int = 0
 
 
 @dataclass
@@ -115,6 +119,13 @@ class Simulation:
     def try_send(self, index: int) -> None:
         flow, link, now = self.flows[index], self.link, self.now
         while flow.cc.congestion_window - flow.cc.bytes_in_flight >= MSS:
+            if flow.app_interval_s > 0.0:
+                if flow.app_left == 0:
+                    if now < flow.next_app_s:
+                        self.push(flow.next_app_s, "send", index, None)
+                        return
+                    flow.next_app_s, flow.app_left = now + flow.app_interval_s, flow.app_burst
+                flow.app_left -= 1
             if now < flow.next_send_s:
                 if not flow.send_scheduled:
                     flow.send_scheduled = True
@@ -250,6 +261,21 @@ def test_random_loss_leaves_no_part_of_the_link_unused(
     assert flow.delivered_bytes - delivered >= goodput * RATE_BPS * 8.0
     assert cc.congestion_events == events  # without a queue: no loss read as congestion
     assert cc.random_loss == pytest.approx(loss, abs=0.01)
+
+
+def test_keep_alives_of_an_idle_connection_do_not_end_startup() -> None:
+    """3 datagrams every 50 ms for 2 s (probes, keep-alives), then a bulk transfer: the
+    model's bandwidth is the keep-alives' and must not make them look like a full pipe
+    (Startup ended at 0.05 Mbit/s on a 50 Mbit/s lab path, then climbed for a second)."""
+    cc = _wangate()
+    flow = Flow(cc, app_interval_s=0.050, app_burst=3)
+    sim = Simulation(Link(), [flow])
+    sim.run(2.0)
+    assert cc.state == STARTUP and cc.btl_bw_bps < 0.05 * RATE_BPS
+    flow.app_interval_s = 0.0
+    sim.push(2.0, "send", 0, None)
+    sim.run(2.5)  # about 10 round trips
+    assert cc.filled_pipe and cc.btl_bw_bps >= 0.9 * RATE_BPS
 
 
 def test_probe_bw_cycle_leaves_the_link_busy() -> None:

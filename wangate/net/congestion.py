@@ -288,9 +288,11 @@ class WangateCongestionControl(QuicCongestionControl):
             # restart the send/ack intervals after idle (delivery-rate draft §3.2)
             self._first_sent_at = sent_at
             self._delivered_at = sent_at
-        # against the flight the rate needs, not ProbeBW's 2-BDP window
+        # against the flight the rate needs, not ProbeBW's 2-BDP window; in Startup
+        # against the window, as a model taken from an idle connection's keep-alives
+        # would call them a full pipe
         limit = self.congestion_window
-        if self.min_rtt_s is not None and self.btl_bw_bps > 0.0:
+        if self.filled_pipe and self.min_rtt_s is not None and self.btl_bw_bps > 0.0:
             limit = min(limit, int(self.sending_rate_bps * self._window_rtt_s()))
         if self.bytes_in_flight < APP_LIMITED_FRACTION * limit:
             self._app_limited_until = max(
