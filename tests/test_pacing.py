@@ -96,4 +96,5 @@ def test_install_paces_by_a_wangate_controller() -> None:
     pacer = install_burstable_pacer(quic)
     assert isinstance(pacer.rate_source, WangateCongestionControl)
     assert pacer.rate_source is quic._loss._cc
-    assert install_burstable_pacer(QuicConnection(configuration=QuicConfiguration(is_client=True))).rate_source is None
+    reno = QuicConnection(configuration=QuicConfiguration(is_client=True))
+    assert install_burstable_pacer(reno).rate_source is None

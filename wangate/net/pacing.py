@@ -60,7 +60,8 @@ class BurstablePacer(QuicPacketPacer):
             super().update_after_send(now)
 
     def update_rate(self, congestion_window: int, smoothed_rtt: float) -> None:
-        rate = None if self.rate_source is None else self.rate_source.pacing_rate_bytes(smoothed_rtt)
+        source = self.rate_source
+        rate = None if source is None else source.pacing_rate_bytes(smoothed_rtt)
         if rate is None:
             super().update_rate(congestion_window, smoothed_rtt)
             self.pacing_rate_bytes = congestion_window / max(smoothed_rtt, K_MICRO_SECOND)
@@ -69,9 +70,7 @@ class BurstablePacer(QuicPacketPacer):
         rate = max(rate, size / K_SECOND)
         self.pacing_rate_bytes = rate
         self.packet_time = max(K_MICRO_SECOND, min(size / rate, K_SECOND))
-        bucket_bytes = min(
-            BUCKET_MAX_DATAGRAMS * size, congestion_window // 4, BUCKET_MAX_S * rate
-        )
+        bucket_bytes = min(BUCKET_MAX_DATAGRAMS * size, congestion_window // 4, BUCKET_MAX_S * rate)
         self.bucket_max = max(BUCKET_MIN_DATAGRAMS * size, bucket_bytes) / rate
         if self.bucket_time > self.bucket_max:
             self.bucket_time = self.bucket_max
