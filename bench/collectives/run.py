@@ -498,15 +498,28 @@ def table(records: list[dict[str, Any]]) -> str:
         cells.append(" / ".join(speedups))
         rows.append("| " + " | ".join(cells) + " |")
     extra = [
-        (r["scenario"], name, _cell(result, r["bounds"]["site_bound_s"]))
+        (r["scenario"], name, _cell(result, r["bounds"]["site_bound_s"]), _drops(result))
         for r in records
         for name, result in r["methods"].items()
-        if name not in dict((key, 0) for _, key in COLUMNS)
+        if name not in dict((key, 0) for _, key in COLUMNS) or name == "allreduce"
     ]
     if extra:
-        rows += ["", "| scenario | variant | time |", "|---|---|---|"]
-        rows += [f"| {scenario} | {name} | {cell} |" for scenario, name, cell in extra]
+        rows += ["", "| scenario | variant | time | queue drops per run: all links (worst) |"]
+        rows += ["|---|---|---|---|"]
+        rows += [f"| {sc} | {name} | {cell} | {drops} |" for sc, name, cell, drops in extra]
     return "\n".join(rows)
+
+
+def _drops(result: dict[str, Any]) -> str:
+    """Packets the emulated links' queues dropped per run (warm-ups and set-up included),
+    over all link directions and on the worst one."""
+    links = result.get("link_bytes") or {}
+    if not links:
+        return "-"
+    runs = max(1, len(result["times_s"]))
+    total = sum(c.get("dropped_queue", 0) for c in links.values()) / runs
+    worst, counts = max(links.items(), key=lambda kv: kv[1].get("dropped_queue", 0))
+    return f"{total:.0f} ({worst} {counts.get('dropped_queue', 0) / runs:.0f})"
 
 
 def version() -> str:
