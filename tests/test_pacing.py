@@ -67,17 +67,26 @@ def test_paced_at_the_controllers_rate_not_the_windows() -> None:
     assert source.asked == [0.04]
     assert pacer.pacing_rate_bytes == 625_000.0
     assert pacer.packet_time == pytest.approx(1452 / 625_000.0)
-    # the bucket: 4 ms at this rate is under 2 datagrams, so 2 datagrams
-    assert pacer.bucket_max == pytest.approx(2 * 1452 / 625_000.0)
+    # the bucket: a quarter of the RTT, 10 ms (6250 B, 4.3 datagrams), not 16 datagrams
+    assert pacer.bucket_max == pytest.approx(0.010)
 
 
-def test_bucket_is_16_datagrams_at_most_and_4_ms_of_the_rate() -> None:
+def test_bucket_catches_up_a_quarter_rtt_at_most_20_ms() -> None:
     pacer = BurstablePacer(max_datagram_size=1452, rate_source=FixedRate(6_250_000.0))
-    pacer.update_rate(congestion_window=64 * 1452, smoothed_rtt=0.08)  # 50 Mbit/s
-    assert pacer.bucket_max == pytest.approx(16 * 1452 / 6_250_000.0)  # 3.7 ms < 4 ms
-    pacer = BurstablePacer(max_datagram_size=1452, rate_source=FixedRate(1_562_500.0))
-    pacer.update_rate(congestion_window=64 * 1452, smoothed_rtt=0.08)  # 12.5 Mbit/s
-    assert pacer.bucket_max == pytest.approx(0.004)  # 6250 bytes: 4.3 datagrams
+    pacer.update_rate(congestion_window=1_000_000, smoothed_rtt=0.08)  # 50 Mbit/s, 80 ms
+    assert pacer.bucket_max == pytest.approx(0.020)
+    pacer.update_rate(congestion_window=1_000_000, smoothed_rtt=0.04)
+    assert pacer.bucket_max == pytest.approx(0.010)
+    pacer.update_rate(congestion_window=200_000, smoothed_rtt=0.08)  # a quarter of the window
+    assert pacer.bucket_max == pytest.approx(50_000 / 6_250_000.0)
+    # a fast short path: aioquic's 16 datagrams (1.2 ms at 150 Mbit/s, not 0.25 ms)
+    pacer = BurstablePacer(max_datagram_size=1452, rate_source=FixedRate(18_750_000.0))
+    pacer.update_rate(congestion_window=64 * 1452, smoothed_rtt=0.001)
+    assert pacer.bucket_max == pytest.approx(16 * 1452 / 18_750_000.0)
+    # slow and short: 2 datagrams
+    pacer = BurstablePacer(max_datagram_size=1452, rate_source=FixedRate(125_000.0))
+    pacer.update_rate(congestion_window=64 * 1452, smoothed_rtt=0.004)
+    assert pacer.bucket_max == pytest.approx(2 * 1452 / 125_000.0)
 
 
 def test_paced_like_aioquic_before_the_controller_has_a_rate() -> None:

@@ -9,10 +9,13 @@ bursts per wake-up) paced a 5 Mbit/s path at 8 Mbit/s into its 50 ms queue. So w
 connection's controller offers a rate (``WangateCongestionControl.pacing_rate_bytes``),
 the pacer uses it; otherwise it paces as aioquic does.
 
-The bucket (what may leave back to back after a pause) is at most 16 datagrams as in
-aioquic, but also at most ``BUCKET_MAX_S`` of the pacing rate (never under 2
-datagrams): 16 datagrams are 4 ms at 50 Mbit/s but 38 ms at 5 Mbit/s, most of a
-shallow queue.
+The bucket (what may leave back to back after a pause) makes up for wake-ups that come
+late: paced exactly at the path's rate, a timer late by more than the bucket is sending
+time lost for good (a loaded host's event loop is often late by several ms). So it
+holds a quarter of the RTT of sending, at most ``BUCKET_MAX_S``; on short paths at least
+aioquic's 16 datagrams (CPU), but on slow ones no more than ``BUCKET_SHORT_S`` of the
+rate (16 datagrams are 38 ms at 5 Mbit/s, most of a shallow queue); never more than a
+quarter of the window, never under 2 datagrams.
 
 Critical data: a 64 KiB critical message on a path that only carries critical traffic
 would be spread over a whole smoothed RTT although the bottleneck takes it in a few ms.
@@ -33,9 +36,11 @@ from aioquic.quic.recovery import K_MICRO_SECOND, K_SECOND, QuicPacketPacer
 
 from wangate.net.aioquic_compat import congestion_control, replace_pacer
 
-BUCKET_MAX_DATAGRAMS = 16  # aioquic's cap
-BUCKET_MIN_DATAGRAMS = 2  # also aioquic's floor; covers a late timer at low rates
-BUCKET_MAX_S = 0.004
+BUCKET_DATAGRAMS = 16  # aioquic's bucket (CPU: datagrams per wake-up on fast short paths)
+BUCKET_SHORT_S = 0.004  # ... but no more than this much of a slow path's rate
+BUCKET_MIN_DATAGRAMS = 2  # aioquic's floor
+BUCKET_RTT_FRACTION = 0.25  # catch-up after a late wake-up: up to a quarter of the RTT...
+BUCKET_MAX_S = 0.020  # ...and at most this
 
 
 class RateSource(Protocol):
@@ -70,7 +75,9 @@ class BurstablePacer(QuicPacketPacer):
         rate = max(rate, size / K_SECOND)
         self.pacing_rate_bytes = rate
         self.packet_time = max(K_MICRO_SECOND, min(size / rate, K_SECOND))
-        bucket_bytes = min(BUCKET_MAX_DATAGRAMS * size, congestion_window // 4, BUCKET_MAX_S * rate)
+        catch_up_s = min(BUCKET_RTT_FRACTION * smoothed_rtt, BUCKET_MAX_S)
+        short = min(BUCKET_DATAGRAMS * size, BUCKET_SHORT_S * rate)
+        bucket_bytes = min(congestion_window // 4, max(catch_up_s * rate, short))
         self.bucket_max = max(BUCKET_MIN_DATAGRAMS * size, bucket_bytes) / rate
         if self.bucket_time > self.bucket_max:
             self.bucket_time = self.bucket_max
