@@ -14,8 +14,8 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   delivery rate counts what arrived; the wire carries the lost packets too; random
   loss: that of rounds without a queue), times ``(min_rtt + allowance) / srtt`` once
   the smoothed RTT is past the allowance (jitter, ack delay): a queue past it slows the
-  rate and drains. The window only caps what is in flight: ``2 x bandwidth / (1 -
-  random loss) x rtt_w`` in ProbeBW (BBR's cwnd gain), with ``rtt_w`` the smoothed RTT
+  rate and drains. The window only caps what is in flight: ``1.25 x max(gain, 1) x
+  bandwidth / (1 - random loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT
   clamped to ``[min_rtt, min_rtt + allowance]``, so it does not follow a queue either.
   (aioquic alone paces at ``cwnd / srtt``; with the rate tied to the window, ProbeBW's
   0.75 phase capped the flight below the BDP and left the path idle for part of every
@@ -70,7 +70,11 @@ PROBE_RTT_DURATION_S = 0.2
 PROBE_RTT_CWND_GAIN = 0.5  # BBR v2: half a BDP, not 4 packets
 FULL_BW_GROWTH = 1.25
 FULL_BW_ROUNDS = 3
-CWND_GAIN = 2.0  # BBR's: ProbeBW's window is an in-flight cap, the pacer sets the rate
+# ProbeBW's window is an in-flight cap over what the pacer sends (BBR's is 2 BDP): room
+# for acks that come late or in clumps, and for the 1.25 probe. Not more: while critical
+# data waits, the link sends unpaced up to the window, and what exceeds the BDP then
+# queues in front of the critical message.
+CWND_GAIN = 1.25
 MIN_CWND_PACKETS = 4  # after persistent congestion (RFC 9002 §7.6.2 uses 2)
 # The model's window never goes below this: aioquic paces in bursts of cwnd/4 (at most
 # 16 datagrams), and with a small window each pacer wake-up sends a datagram or two. On
@@ -235,7 +239,8 @@ class WangateCongestionControl(QuicCongestionControl):
         elif self.state == DRAIN:
             target = bdp
         elif self.state == PROBE_BW:
-            target = CWND_GAIN * self.sending_rate_bps * self._window_rtt_s()
+            gain = max(self.pacing_gain, 1.0) * CWND_GAIN
+            target = gain * self.sending_rate_bps * self._window_rtt_s()
         else:
             target = self.pacing_gain * self.sending_rate_bps * self._window_rtt_s()
         return max(int(target), self.min_target_window)

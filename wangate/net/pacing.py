@@ -40,7 +40,7 @@ BUCKET_DATAGRAMS = 16  # aioquic's bucket (CPU: datagrams per wake-up on fast sh
 BUCKET_SHORT_S = 0.004  # ... but no more than this much of a slow path's rate
 BUCKET_MIN_DATAGRAMS = 2  # aioquic's floor
 BUCKET_RTT_FRACTION = 0.25  # catch-up after a late wake-up: up to a quarter of the RTT...
-BUCKET_MAX_S = 0.020  # ...and at most this
+BUCKET_MAX_S = 0.010  # ...and at most this
 
 
 class RateSource(Protocol):
