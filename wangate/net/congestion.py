@@ -12,11 +12,12 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
 * Pacing and window apart, as BBR has them: the pacer (``net/pacing.py``) takes its
   rate from ``pacing_rate_bytes``: ``gain x bandwidth / (1 - random loss)`` (the
   delivery rate counts what arrived; the wire carries the lost packets too; random
-  loss: that of rounds without a queue), times ``(min_rtt + allowance) / srtt`` once
-  the smoothed RTT is past the allowance (jitter, ack delay): a queue past it slows the
-  rate and drains. The window only caps what is in flight: ``1.25 x max(gain, 1) x
-  bandwidth / (1 - random loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT
-  clamped to ``[min_rtt, min_rtt + allowance]``, so it does not follow a queue either.
+  loss: that of packets sent cruising, in rounds without a queue), times ``(min_rtt +
+  allowance) / rtt`` once ``rtt``, the lowest RTT of this round and the last, is past
+  the allowance (jitter, ack delay): a standing queue slows the rate and drains. The
+  window only caps what is in flight: ``1.25 x max(gain, 1) x bandwidth / (1 - random
+  loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT clamped to ``[min_rtt,
+  min_rtt + allowance]``, so it does not follow a queue either.
   (aioquic alone paces at ``cwnd / srtt``; with the rate tied to the window, ProbeBW's
   0.75 phase capped the flight below the BDP and left the path idle for part of every
   cycle, and the 64-datagram floor of the window paced slow paths past their queues.)
@@ -38,7 +39,9 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
   few percent leaves the model alone. In Startup, 8 lost packets at a congestion rate
-  with a queue showing end it at once rather than at the round's end. Persistent
+  with a queue showing end it at once rather than at the round's end, keeping the
+  model (Drain takes the excess out); the losses of its first two rounds (the initial
+  window's, sent before the model was measured) do not end it. Persistent
   congestion (RFC 9002 §7.6) drops the window to the minimum; it regrows by the bytes
   acked, the model is kept.
 
@@ -293,7 +296,7 @@ class WangateCongestionControl(QuicCongestionControl):
             # restart the send/ack intervals after idle (delivery-rate draft §3.2)
             self._first_sent_at = sent_at
             self._delivered_at = sent_at
-        # against the flight the rate needs, not ProbeBW's 2-BDP window; in Startup
+        # against the flight the rate needs, not ProbeBW's window; in Startup
         # against the window, as a model taken from an idle connection's keep-alives
         # would call them a full pipe
         limit = self.congestion_window
