@@ -228,8 +228,12 @@ def _start_gateways(
     """Gateways on the lab's configs (certificates made once) plus ``extra_config``; with
     ``gateway_src``, running that folder's ``wangate`` package (a baseline tree)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    where: dict[str, Any] = {}
     if gateway_src is not None:
         env["PYTHONPATH"] = str(gateway_src)
+        # and run from there: `python -m` puts the working folder first on sys.path, and
+        # the lab's default one is this repository, whose wangate would shadow it
+        where["cwd"] = str(gateway_src)
     gateways: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
     for site, (config, text) in configs.items():
@@ -242,6 +246,7 @@ def _start_gateways(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
+                **where,
             )
     _wait_paths_up(lab, gateways, logs)
     return gateways
