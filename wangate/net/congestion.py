@@ -13,8 +13,9 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   rate from ``pacing_rate_bytes``: ``gain x bandwidth / (1 - random loss)`` (the
   delivery rate counts what arrived; the wire carries the lost packets too; random
   loss: that of packets sent cruising, in rounds without a queue), times ``(min_rtt +
-  allowance) / rtt`` once ``rtt``, the lowest RTT of this round and the last, is past
-  the allowance (jitter, ack delay): a standing queue slows the rate and drains. The
+  allowance) / rtt`` once ``rtt`` is past the allowance (jitter, ack delay): a standing
+  queue slows the rate and drains. ``rtt`` is the smoothed RTT, but around ProbeBW's
+  probe the lowest RTT of this round and the last (the probe's own queue drains). The
   window only caps what is in flight: ``1.25 x max(gain, 1) x bandwidth / (1 - random
   loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT clamped to ``[min_rtt,
   min_rtt + allowance]``, so it does not follow a queue either.
@@ -216,7 +217,7 @@ class WangateCongestionControl(QuicCongestionControl):
         """The lowest RTT of this round and the one before: a queue that stands (not
         ours, or ours past the allowance) raises it; ProbeBW's own probe does not, as
         its 0.75 phase drains it within the round. The smoothed RTT lags a round behind
-        the probe and, followed, slowed the cruise after each probe a second time."""
+        the probe and, followed then, slowed the cruise after each probe a second time."""
         recent = min(self._round_min_rtt_s, self._last_round_min_rtt_s)
         if recent == math.inf:
             assert self.min_rtt_s is not None
@@ -268,7 +269,15 @@ class WangateCongestionControl(QuicCongestionControl):
             # keep-alives of an idle connection would start a transfer at a crawl
             rate = max(rate, self.congestion_window / max(smoothed_rtt_s, MIN_RTT_FLOOR_S))
         ceiling_s = self.min_rtt_s + self._rtt_allowance_s()
-        queued_rtt_s = self._recent_min_rtt_s()
+        if self.state == PROBE_BW and self._phase <= PROBE_BW_START_PHASE:
+            # the probe, its drain and the phase after: the smoothed RTT still shows
+            # the probe's queue (its samples lag a round), which the 0.75 phase drains
+            queued_rtt_s = self._recent_min_rtt_s()
+        else:
+            # a queue still there a round later stands: the smoothed RTT shows it, also
+            # one that only empties now and then (acks queued behind the other
+            # direction's data in a shallow buffer overstate the bandwidth)
+            queued_rtt_s = max(smoothed_rtt_s, self._recent_min_rtt_s())
         if queued_rtt_s > ceiling_s:
             # a queue past the allowance slows us down and drains, but not below the
             # window floor per RTT (what aioquic's cwnd / srtt gave): a queue that a
