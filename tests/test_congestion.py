@@ -629,3 +629,23 @@ def test_pacing_rate_never_exceeds_the_model_on_a_slow_path() -> None:
     cc = _cruising(625_000.0, 0.040, 0.0)
     cc.on_rtt_measurement(now=1.0, rtt=0.090)
     assert cc.pacing_rate_bytes(0.090) == 625_000.0
+
+
+def test_an_app_limited_sender_is_paced_at_least_at_the_window_floor() -> None:
+    # critical messages alone: the model is their average rate (10 Mbit/s here); paced
+    # at it, each 64 KiB message would take 52 ms, as long as the gap to the next
+    cc = _cruising(1_250_000.0, 0.020, 0.0)
+    cc.on_rtt_measurement(now=1.0, rtt=0.020)
+    assert cc.pacing_rate_bytes(0.020) == 1_250_000.0
+    packet = QuicSentPacket(
+        epoch=Epoch.ONE_RTT,
+        in_flight=True,
+        is_ack_eliciting=True,
+        is_crypto_packet=False,
+        packet_number=0,
+        packet_type=QuicPacketType.ONE_RTT,
+        sent_time=1.0,
+        sent_bytes=MSS,
+    )
+    cc.on_packet_sent(packet=packet)  # nothing else in flight: application-limited
+    assert cc.pacing_rate_bytes(0.020) == pytest.approx(64 * MSS / 0.020)

@@ -286,6 +286,12 @@ class WangateCongestionControl(QuicCongestionControl):
             # model's rate: on a slow path the floor exceeds its BDP and buffer.
             floor = min(rate, self.min_target_window / max(smoothed_rtt_s, queued_rtt_s))
             rate = max(rate * ceiling_s / queued_rtt_s, floor)
+        if self._app_limited_until:
+            # the sender has less than the path carries (critical messages alone): the
+            # model is the traffic's rate, not the path's, and paced at it a 64 KiB
+            # message would take as long as the gap to the next; at least the window
+            # floor per RTT, as aioquic's cwnd / srtt did
+            rate = max(rate, self.min_target_window / max(smoothed_rtt_s, MIN_RTT_FLOOR_S))
         return rate
 
     def _update_bw(self, sample_bps: float) -> None:
