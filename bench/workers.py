@@ -1,6 +1,8 @@
 """CPU per GiB with worker processes ([workers] count), on loopback, one path.
 
     python -m bench workers [--mib 256] [--counts 1,2,4] [--datagram 1452] [--runs 3]
+        [--gateway-src DIR]   # and the daemons of DIR's wangate, interleaved: before/after
+        [--idle-s 3]          # how long the idle cost is measured before each transfer
 
 For each count, side by side in one run (the counts interleaved run by run): two real
 daemons (``LoopbackSites``, one path, MTU = datagram + 28) with that many workers
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -52,6 +55,8 @@ class Run:
     coordinator_cpu_s: float  # both sites' daemon processes (all of it with count 1)
     worker_cpu_s: float  # both sites' worker processes
     idle_cpu_s: float  # what all of them would have used idle for as long
+    idle_coordinator_rate: float  # CPU-s per idle second, per daemon process (coordinator)
+    idle_worker_rate: float  # CPU-s per idle second, per worker process (0: none)
 
     @property
     def cpu_s_per_gib_beyond_idle(self) -> float:
@@ -78,7 +83,13 @@ class Run:
         return self.total_bytes * 8 / self.cpu_s / 1e6
 
 
-def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
+def run_once(
+    workers: int,
+    datagram_bytes: int,
+    total_bytes: int,
+    gateway_src: Path | None = None,
+    idle_s: float = IDLE_S,
+) -> Run:
 
     count = max(1, total_bytes // MESSAGE_BYTES)
     message = np.frombuffer(os.urandom(MESSAGE_BYTES), dtype=np.uint8)
@@ -87,7 +98,9 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
     )
     with contextlib.ExitStack() as stack:
         stack.callback(lab.stop)
-        lab.start(timeout_s=START_TIMEOUT_S)  # a busy machine starts N processes slowly
+        # ``python -m wangate`` (and its workers) import from the current folder first
+        with contextlib.chdir(gateway_src) if gateway_src else contextlib.nullcontext():
+            lab.start(timeout_s=START_TIMEOUT_S)  # a busy machine starts N processes slowly
         time.sleep(SETTLE_S)  # paths validated, routes chosen: then idle is idle
         pids: dict[str, list[int]] = {}
         for site in lab.sites:
@@ -98,9 +111,13 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
         coordinators = [p[0] for p in pids.values()]
         worker_pids = [pid for p in pids.values() for pid in p[1:]]
         idle_from = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
-        time.sleep(IDLE_S)  # the processes' idle cost per second, measured as they are now
+        time.sleep(idle_s)  # the processes' idle cost per second, measured as they are now
         before = {pid: process_cpu_s(pid) for pid in coordinators + worker_pids}
-        idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / IDLE_S
+        idle_rate = sum(before[pid] - idle_from[pid] for pid in before) / idle_s
+
+        def rate(group: list[int]) -> float:
+            return sum(before[p] - idle_from[p] for p in group) / idle_s / max(1, len(group))
+
         seconds, _ = transfer(lab, message, count)
         used = {pid: process_cpu_s(pid) - before[pid] for pid in before}
     return Run(
@@ -110,6 +127,8 @@ def run_once(workers: int, datagram_bytes: int, total_bytes: int) -> Run:
         sum(used[pid] for pid in coordinators),
         sum(used[pid] for pid in worker_pids),
         idle_rate * seconds,
+        rate(coordinators),
+        rate(worker_pids),
     )
 
 
@@ -128,11 +147,13 @@ def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
         "",
         "| workers | MiB | seconds | goodput Mbit/s | CPU s coordinators | CPU s workers "
         "| CPU s per GiB | coordinator share | CPU/GiB vs 1 worker | Mbit per CPU-second "
-        "| CPU s per GiB beyond idle | beyond idle vs 1 worker |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU s per GiB beyond idle | beyond idle vs 1 worker "
+        "| idle CPU s/min per daemon or coordinator | idle CPU s/min per worker |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workers, group in sorted(runs.items()):
         share = [r.coordinator_share for r in group] if workers > 1 else []
+        idle_workers = _spread([60 * r.idle_worker_rate for r in group], ".2f")
         lines.append(
             f"| {workers} | {group[0].total_bytes // MiB} "
             f"| {_spread([r.seconds for r in group], '.2f')} "
@@ -144,7 +165,9 @@ def table(runs: dict[int, list[Run]], datagram_bytes: int) -> str:
             f"| {_spread([r.cpu_s_per_gib / base for r in group], '.2f')} "
             f"| {_spread([r.mbit_per_cpu_s for r in group], '.0f')} "
             f"| {_spread([r.cpu_s_per_gib_beyond_idle for r in group], '.1f')} "
-            f"| {_spread([r.cpu_s_per_gib_beyond_idle / base_beyond for r in group], '.2f')} |"
+            f"| {_spread([r.cpu_s_per_gib_beyond_idle / base_beyond for r in group], '.2f')} "
+            f"| {_spread([60 * r.idle_coordinator_rate for r in group], '.2f')} "
+            f"| {idle_workers if workers > 1 else '-'} |"
         )
     return "\n".join(lines)
 
@@ -155,25 +178,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--counts", default="1,2,4")
     parser.add_argument("--datagram", type=int, default=1452)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--gateway-src",
+        type=Path,
+        help="also run the daemons from this folder's wangate (git archive REV wangate), "
+        "interleaved with this tree's, and report both",
+    )
+    parser.add_argument("--idle-s", type=float, default=IDLE_S)
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.counts.split(",")]
+    trees: list[Path | None] = [None] if args.gateway_src is None else [args.gateway_src, None]
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
     print(f"commit {commit}, {platform.python_version()}, load {os.getloadavg()}", flush=True)
-    runs: dict[int, list[Run]] = {c: [] for c in counts}
+    runs: dict[Path | None, dict[int, list[Run]]] = {t: {c: [] for c in counts} for t in trees}
     for index in range(args.runs):
         for workers in counts:
-            run = run_once(workers, args.datagram, args.mib * MiB)
-            runs[workers].append(run)
-            print(
-                f"run {index} workers {workers}: {run.seconds:.2f} s, {run.cpu_s:.2f} CPU s "
-                f"(coordinators {run.coordinator_cpu_s:.2f}, idle {run.idle_cpu_s:.2f}), "
-                f"{run.cpu_s_per_gib:.1f} CPU s/GiB, load {os.getloadavg()[0]:.1f}",
-                flush=True,
-            )
+            for tree in trees:
+                run = run_once(workers, args.datagram, args.mib * MiB, tree, args.idle_s)
+                runs[tree][workers].append(run)
+                print(
+                    f"run {index} {tree or 'this tree'} workers {workers}: {run.seconds:.2f} s, "
+                    f"{run.cpu_s:.2f} CPU s "
+                    f"(coordinators {run.coordinator_cpu_s:.2f}, idle {run.idle_cpu_s:.2f}), "
+                    f"{run.cpu_s_per_gib:.1f} CPU s/GiB, load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
     print(f"load after {os.getloadavg()}")
-    print(table(runs, args.datagram))
+    for tree in trees:
+        print(f"\n{tree or 'this tree'}:\n{table(runs[tree], args.datagram)}")
     return 0
 
 

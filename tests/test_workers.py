@@ -16,9 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.test_localapi_segments import segment_count, send_then_change_bytes
 from wangate.errors import RecvTimeout
+from wangate.localapi.segments import RECV_NAME, SEND_NAME
 from wangate.loopback import LoopbackSites, SiteProcess, process_cpu_s, write_site_configs
 from wangate.rows import PathRow
+from wangate.workers.sending import STRIPE_NAME
 from wangate.workers.worker import BULK_NICENESS
 
 pytestmark = pytest.mark.timeout(300)
@@ -165,3 +168,35 @@ def test_wait_through_workers_times_out_while_untaken_then_returns() -> None:
         with lab["sh"].client() as sh:
             assert np.array_equal(sh.recv("w", source="bj", step=0, timeout=60), arr)
         bj.wait("sh", msg_id, timeout=60)
+
+
+def test_a_segment_payload_reaches_the_workers_uncopied_and_a_change_fails_it() -> None:
+    # partial messages go soon: the one whose last stripe fails is dropped within 2 s
+    idle = "[limits]\npartial_message_idle_s = 2\n"
+    with LoopbackSites(2, 1, workers=2, extra_toml=idle) as lab:
+        bj_pid, sh_pid = (lab[name].process.pid for name in ("bj", "sh"))  # type: ignore[union-attr]
+        array = np.random.default_rng(5).integers(0, 1 << 32, 16 * MiB, dtype=np.uint32)
+        with lab["bj"].client() as bj, lab["sh"].client() as sh:
+            msg_id = bj.send("sh", "whole", array, step=1)  # 64 MiB, from a segment
+            # in flight (no trainer took it): the coordinator staged no copy of a stripe,
+            # the workers send from the trainer's segment
+            assert segment_count(bj_pid, STRIPE_NAME) == 0
+            got = sh.recv("whole", source="bj", step=1, timeout=120)
+            assert np.array_equal(got, array)
+            bj.wait("sh", msg_id, timeout=60)
+            del got
+        # the trainer's bytes changed after hand-over: the stripe's checksum catches it
+        send_then_change_bytes(lab)
+        poll(lambda: segment_count(sh_pid, RECV_NAME) == 0, 30)  # the partial was dropped
+        assert segment_count(bj_pid, SEND_NAME) == 0
+
+
+def test_a_streaming_recv_of_a_message_waiting_whole_confirms_it_to_the_sender() -> None:
+    arr = np.arange(2 * MiB, dtype=np.uint32)  # 8 MiB: two stripes
+    with LoopbackSites(2, 1, workers=2) as lab, lab["bj"].client() as bj:
+        msg_id = bj.send("sh", "whole", arr, step=0)
+        with lab["sh"].client() as sh:
+            poll(lambda: sh.status()["inbox"]["queued"] == 1)  # complete, waiting for a recv
+            incoming = sh.recv("whole", source="bj", step=0, stream=True, timeout=60)
+            assert incoming.done and np.array_equal(incoming.result(timeout=0), arr)
+        bj.wait("sh", msg_id, timeout=30)  # the completing stripe was confirmed

@@ -22,11 +22,14 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def test_a_packet_round_trips_with_exact_bytes() -> None:
-    packet = encode("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
+    packet = encode("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096, "seq": 3})
     assert packet == bytes.fromhex(
-        "84a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000"
+        "85a16ba574616b656ea470656572a27368a66d73675f696407aa626f64795f6279746573cd1000a373657103"
     )
-    assert decode(packet, 0) == ("taken", {"peer": "sh", "msg_id": 7, "body_bytes": 4096})
+    assert decode(packet, 0) == (
+        "taken",
+        {"peer": "sh", "msg_id": 7, "body_bytes": 4096, "seq": 3},
+    )
 
 
 @pytest.mark.parametrize(
@@ -41,11 +44,16 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (msgpack.packb({"k": "done", "sid": True}), 0, "done packet: sid is a bool"),
         (msgpack.packb({"k": "done", "sid": 1}), 1, "done packet came with 1 descriptors, not 0"),
         (
-            encode("recv", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
-                            "critical": False, "meta": b"", "checksum": 0, "offset": 0,
-                            "length": 1}),
+            encode("place", {"seq": 1, "offset": 0}),
             0,
-            "recv packet came with 0 descriptors, not 1",
+            "place packet came with 0 descriptors, not 1",
+        ),
+        (
+            encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
+                               "critical": False, "meta": b"", "checksum": 0, "length": 1,
+                               "seq": 1}),
+            1,
+            "arrived packet came with 1 descriptors, not 0",
         ),
     ],
 )  # fmt: skip
@@ -75,7 +83,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         sender.send("done", {"sid": 3})
         sender.send("reset", {"peer": "sh", "path": "a"})
         fields = {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "length": 5, "deadline_s": -1}  # fmt: skip
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}  # fmt: skip
         sender.send("send", fields, [fd])  # the channel closes it once sent
         while len(got) < 3:
             arrived.clear()
@@ -92,7 +100,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         ("done", {"sid": 3}, []),
         ("reset", {"peer": "sh", "path": "a"}, []),
         ("send", {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "length": 5, "deadline_s": -1}, [b"hello"]),
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}, [b"hello"]),
     ]  # fmt: skip
     assert closed == ["bad packet: a packet of 2 bytes is not msgpack: 3 exceeds max_array_len(2)"]
 
@@ -110,7 +118,7 @@ def test_a_worker_given_a_bad_packet_says_so_and_stops(tmp_path: Path) -> None:
         parent.settimeout(60)
         kind, fields = decode(parent.recv(1 << 16), 0)
         assert (kind, fields) == ("ready", {"pid": process.pid})
-        parent.send(encode("taken", {"peer": "sh", "msg_id": "seven", "body_bytes": 1}))
+        parent.send(encode("taken", {"peer": "sh", "msg_id": "seven", "body_bytes": 1, "seq": 1}))
         assert process.wait(timeout=30) == 0
         assert process.stderr is not None
         err = process.stderr.read().decode()

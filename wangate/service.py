@@ -33,6 +33,9 @@ class Submission:
     payload: Buffer  # the tensor bytes as encoded by the client
     checksum: int  # CRC-32 of meta followed by payload, computed by the sending client
     deadline_s: float | None = None  # give the message up if not confirmed by then
+    # (descriptor, offset of the payload in it) when the payload is a trainer's
+    # shared-memory segment: open while the payload lives; dup it, never close it
+    segment: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

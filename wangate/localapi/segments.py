@@ -96,11 +96,36 @@ def map_segment(fd: int, offset: int, length: int) -> memoryview:
         )
     if length == 0:
         return memoryview(b"")
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY  # mmap(2): a page-aligned offset
     try:
-        mapping = mmap.mmap(fd, offset + length, mmap.MAP_SHARED, mmap.PROT_READ)
+        mapping = mmap.mmap(
+            fd, offset + length - start, mmap.MAP_SHARED, mmap.PROT_READ, offset=start
+        )
     except (OSError, ValueError) as exc:
         raise SegmentError(f"cannot map the segment: {exc}") from None
-    return memoryview(mapping)[offset:]
+    return memoryview(mapping)[offset - start :]
+
+
+# the segment each mapped payload came from, by its mapping: (descriptor, offset)
+_SOURCES: weakref.WeakKeyDictionary[mmap.mmap, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+
+def keep_source(payload: memoryview, fd: int, offset: int) -> None:
+    """Keep ``fd`` (now owned here) open for as long as ``payload``'s mapping lives, so
+    that the payload can be passed on to another process without a copy
+    (``source_of``); ``offset`` is where ``payload`` starts in it."""
+    mapping = payload.obj
+    assert isinstance(mapping, mmap.mmap)
+    _SOURCES[mapping] = (fd, offset)
+    weakref.finalize(mapping, os.close, fd)
+
+
+def source_of(payload: object) -> tuple[int, int] | None:
+    """(descriptor, offset) of the segment ``payload`` was mapped from by
+    ``map_segment`` and kept with ``keep_source``; valid while ``payload`` lives."""
+    if not isinstance(payload, memoryview) or not isinstance(payload.obj, mmap.mmap):
+        return None
+    return _SOURCES.get(payload.obj)
 
 
 def map_delivered(fd: int, offset: int, length: int) -> memoryview:
@@ -186,6 +211,12 @@ class InboundSegments:
         if fd is not None and not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SEAL:
             seal(fd)
         return fd
+
+    def descriptor(self, body: bytearray | memoryview) -> int | None:
+        """The descriptor of ``body``'s segment (still this object's), if it has one."""
+        if not isinstance(body, memoryview):
+            return None
+        return self._open.get(id(body.obj))
 
     def holds(self, body: memoryview) -> bool:
         """``body`` is in a segment whose descriptor is here (not yet claimed)."""

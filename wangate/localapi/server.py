@@ -68,8 +68,10 @@ from wangate.localapi.protocol import (
 from wangate.localapi.segments import (
     FrameDescriptors,
     SegmentError,
+    keep_source,
     map_segment,
     recv_with_fds,
+    source_of,
 )
 from wangate.localapi.streams import IncomingStream
 from wangate.service import Delivery, GatewayService, Submission
@@ -386,10 +388,13 @@ class _Connection:
                 weakref.finalize(payload.obj, self._segment_released, request.segment_id)
         except GatewayError as exc:
             self._spawn(self._reply(error_reply(request.request_id, exc.code, str(exc))))
-            return
-        finally:
             if fd is not None:
                 os.close(fd)
+            return
+        if length:  # workers send from it: the descriptor lives as long as the mapping
+            keep_source(payload, fd, offset)
+        else:
+            os.close(fd)
         self._start(request, payload, 0)
 
     def _admit(self, request: Request, payload_bytes: int) -> None:
@@ -657,6 +662,7 @@ def _submission(request: SendRequest, payload: Buffer) -> Submission:
         payload=payload,
         checksum=request.checksum,
         deadline_s=request.deadline_s,
+        segment=source_of(payload),
     )
 
 

@@ -38,19 +38,22 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "critical": bool,
             "meta": bytes,
             "checksum": int,
+            "offset": int,  # of the stripe in the descriptor's file
             "length": int,
             "deadline_s": _NUMBER,  # negative: none
         },
         1,
     ),
-    "taken": ({"peer": str, "msg_id": int, "body_bytes": int}, 0),
+    "taken": ({"peer": str, "msg_id": int, "body_bytes": int, "seq": int}, 0),
+    # where to write the stripe that arrived as seq: the message's segment, at offset
+    "place": ({"seq": int, "offset": int}, 1),
     "reset": ({"peer": str, "path": str}, 0),
     # worker -> coordinator
     "ready": ({"pid": int}, 0),
     "acked": ({"sid": int}, 0),
     "done": ({"sid": int}, 0),
     "failed": ({"sid": int, "reason": str, "code": str}, 0),
-    "recv": (
+    "arrived": (
         {
             "peer": str,
             "msg_id": int,
@@ -60,11 +63,12 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "critical": bool,
             "meta": bytes,
             "checksum": int,
-            "offset": int,
             "length": int,
+            "seq": int,  # the worker's number for this arrival
         },
-        1,
+        0,
     ),
+    "placed": ({"seq": int}, 0),
     "report": ({"rows": list, "status": dict, "cpu_s": _NUMBER, "queued": int}, 0),
 }
 

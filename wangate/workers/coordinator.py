@@ -119,7 +119,8 @@ class Coordinator(Gateway):
         self._closing = True
         await self._stop_workers()
         for stripe in self._stripes.values():
-            os.close(stripe.fd)
+            if stripe.fd is not None:
+                os.close(stripe.fd)
         self._stripes.clear()
         self._receiver.close()
         await super().close()
@@ -147,8 +148,10 @@ class Coordinator(Gateway):
                 self._acked(fields["sid"])
             elif kind == "failed":
                 self._stripe_failed(handle, fields["sid"], fields["reason"], fields["code"])
-            elif kind == "recv":
-                self._receiver.received(handle, fields, fds[0])
+            elif kind == "arrived":
+                self._receiver.arrived(handle, fields)
+            elif kind == "placed":
+                self._receiver.placed(handle, fields["seq"])
             elif kind == "report":
                 self._reported(handle, fields)
             else:
@@ -171,6 +174,7 @@ class Coordinator(Gateway):
         handle.stripes.clear()
         handle.queued_bytes = 0
         handle.restarts += 1
+        self._receiver.worker_gone(handle)
         if time.monotonic() - handle.started_at < RESTART_BACKOFF_S:
             asyncio.get_running_loop().call_later(RESTART_BACKOFF_S, self._respawn, handle, held)
         else:
@@ -257,6 +261,8 @@ class Coordinator(Gateway):
             None if deadline_s is None else arrived_at + deadline_s,
             deadline_s,
             left=len(ranges),
+            segment=submission.segment,
+            payload=view if submission.segment is not None else None,
         )
         self._out[(peer, msg_id)] = message
         self._pending[peer] = self._pending.get(peer, 0) + total
@@ -304,6 +310,7 @@ class Coordinator(Gateway):
                     # names it), not less the coordinator's few microseconds
                     remaining_s = message.deadline_s
             stripe.sends += 1
+            fd, offset = stripe.source()
             handle.send(
                 "send",
                 {
@@ -314,10 +321,11 @@ class Coordinator(Gateway):
                     "critical": message.critical,
                     "meta": stripe.meta,
                     "checksum": stripe.checksum,
+                    "offset": offset,
                     "length": stripe.length,
                     "deadline_s": remaining_s,
                 },
-                [os.dup(stripe.fd)],
+                [os.dup(fd)],
             )
 
     def _connected(self, index: int, peer: str) -> bool:
@@ -377,13 +385,15 @@ class Coordinator(Gateway):
 
     def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:
-            os.close(stripe.fd)
+            if stripe.fd is not None:
+                os.close(stripe.fd)
             if not stripe.acked:
                 stripe.acked = True
                 self._pending[stripe.message.peer] -= stripe.length
 
     def _finish(self, message: OutMessage, failure: str | None) -> None:
         message.finished = True
+        message.payload = None  # the trainer's segment: its own again once unmapped
         peer = message.peer
         self._out.pop((peer, message.msg_id), None)
         outcomes = self._outcomes.setdefault(peer, OrderedDict())
@@ -460,10 +470,9 @@ class Coordinator(Gateway):
 
     # --------------------------------------------------------------- receiving
 
-    async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
-    ) -> Delivery:
-        delivery = await self.inbox.receive(tag, source, step, timeout_s, self._hopeless_recv)
+    def _taken(self, delivery: Delivery) -> Delivery:
+        """A trainer took ``delivery`` (``recv``, streaming or not): its completing
+        stripe is confirmed to the worker that placed it."""
         self._receiver.taken(delivery)
         return self._with_segment(delivery)
 

@@ -1,9 +1,12 @@
-"""The sending coordinator's stripes: a message staged in shared memory, cut into
-stripes, each tracked until its worker confirms it (proto/workers.md, "Stripes").
+"""The sending coordinator's stripes: a message in shared memory, cut into stripes,
+each tracked until its worker confirms it (proto/workers.md, "Stripes").
 
-Staging is the one copy on the way out and the one checksum pass on the way in: each
-stripe is copied from the trainer's payload into a sealed memfd and its CRC-32 taken
-over the copy; combined, they must give the checksum the trainer declared.
+A payload that came in the trainer's own segment is not copied: the workers map
+their stripes of that segment, which stays open until the message is finished. The
+coordinator reads it once for the stripes' CRC-32s (the one checksum pass on the way
+in; combined, they must give the checksum the trainer declared). A payload that came
+in-band (small) is staged: each stripe copied into a sealed memfd, its CRC-32 taken
+over the copy.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ class OutMessage:
     deadline_s: float | None  # as the trainer gave it
     left: int  # stripes not confirmed yet
     finished: bool = False
+    # the trainer's segment the stripes are sent from (descriptor, payload offset), and
+    # the payload's mapping, which keeps that descriptor open until the message is done
+    segment: tuple[int, int] | None = None
+    payload: memoryview | None = None
 
 
 @dataclass
@@ -46,7 +53,9 @@ class Stripe:
     message: OutMessage
     offset: int
     length: int
-    fd: int  # the staged copy, kept until confirmed (a worker that exits needs it again)
+    # the staged copy, kept until confirmed (a worker that exits needs it again); None:
+    # the stripe is sent from the message's segment
+    fd: int | None
     meta: bytes
     checksum: int
     worker: int = -1
@@ -55,11 +64,22 @@ class Stripe:
     first_failure: str | None = None  # why its first send failed: what the message says
     acked: bool = False  # the peer had it whole once: no longer counts as waiting
 
+    def source(self) -> tuple[int, int]:
+        """The descriptor a worker maps this stripe from (not its own: dup it) and the
+        stripe's offset in it."""
+        if self.fd is not None:
+            return self.fd, 0
+        assert self.message.segment is not None
+        fd, offset = self.message.segment
+        return fd, offset + self.offset
+
 
 def stage_payload(
     submission: Submission, meta: bytes, view: memoryview
-) -> list[tuple[int, int, int, int]]:
-    """(offset, length, sealed segment, CRC-32) of each stripe of ``view``.
+) -> list[tuple[int, int, int | None, int]]:
+    """(offset, length, sealed segment, CRC-32) of each stripe of ``view``; the segment
+    is None where ``submission`` names the trainer's segment (its stripes are sent
+    from it).
 
     Raises ``GatewayError``: ``bad_request`` for what a worker's session would refuse
     (a bad tag, a meta too long for the stripe descriptor beside it), ``checksum`` when
@@ -75,11 +95,16 @@ def stage_payload(
             "(with [workers], a stripe descriptor shares the limit)",
             code="bad_request",
         )
-    staged: list[tuple[int, int, int, int]] = []
+    staged: list[tuple[int, int, int | None, int]] = []
     crc = zlib.crc32(meta)
+    in_segment = submission.segment is not None
     try:
         for offset, length in stripe_ranges(view.nbytes):
-            fd, part_crc = _stage(view[offset : offset + length])
+            part = view[offset : offset + length]
+            if in_segment:
+                fd, part_crc = None, crc32(part)
+            else:
+                fd, part_crc = _stage(part)
             staged.append((offset, length, fd, part_crc))
             crc = crc32_combine(crc, part_crc, length)
     except OSError as exc:
@@ -116,6 +141,7 @@ def _stage(part: memoryview) -> tuple[int, int]:
     return fd, crc
 
 
-def _close_fds(fds: Iterable[int]) -> None:
+def _close_fds(fds: Iterable[int | None]) -> None:
     for fd in fds:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)

@@ -134,6 +134,10 @@ class StripeReassembly(Generic[T]):
     def __len__(self) -> int:
         return len(self._open)
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether the message is being assembled (some stripe came, it is not done)."""
+        return key in self._open
+
     def is_new(self, key: Hashable) -> bool:
         """Whether no stripe of this message came yet (the shell then makes its buffer)."""
         return key not in self._open and key not in self._done
@@ -153,12 +157,28 @@ class StripeReassembly(Generic[T]):
         ``RemoteProtocolError`` for a stripe that contradicts earlier ones (another
         total, or overlapping another stripe without being it).
         """
-        if key in self._done:
+        if self.check(key, descriptor, length):
             return Added.DUPLICATE
+        assembly = self.open(key, descriptor.total, context, now)
+        offset = descriptor.offset
+        assembly.stripes[offset] = (length, crc)
+        assembly.received += length
+        assembly.last_at = now
+        if assembly.received < assembly.total:
+            return Added.PARTIAL
+        return Added.COMPLETE
+
+    def check(self, key: Hashable, descriptor: StripeDescriptor, length: int) -> bool:
+        """Whether the stripe is a duplicate (its message done, or its offset known),
+        without accounting it. Raises ``RemoteProtocolError`` for a stripe that
+        contradicts earlier ones (another total, or overlapping another stripe without
+        being it)."""
+        if key in self._done:
+            return True
         assembly = self._open.get(key)
         if assembly is None:
-            assembly = self._open[key] = _Assembly(descriptor.total, context)
-        elif assembly.total != descriptor.total:
+            return False
+        if assembly.total != descriptor.total:
             raise RemoteProtocolError(
                 f"stripe of message {descriptor.msg_id} says {descriptor.total} bytes, an "
                 f"earlier one said {assembly.total}"
@@ -171,7 +191,7 @@ class StripeReassembly(Generic[T]):
                     f"two stripes of message {descriptor.msg_id} at offset {offset} differ in "
                     f"length ({known[0]} and {length} bytes)"
                 )
-            return Added.DUPLICATE
+            return True
         end = offset + length
         for other, (other_length, _) in assembly.stripes.items():
             if other < end and offset < other + other_length:
@@ -179,12 +199,14 @@ class StripeReassembly(Generic[T]):
                     f"stripe [{offset}, {end}) of message {descriptor.msg_id} overlaps "
                     f"[{other}, {other + other_length})"
                 )
-        assembly.stripes[offset] = (length, crc)
-        assembly.received += length
-        assembly.last_at = now
-        if assembly.received < assembly.total:
-            return Added.PARTIAL
-        return Added.COMPLETE
+        return False
+
+    def open(self, key: Hashable, total: int, context: T, now: float = 0.0) -> _Assembly[T]:
+        """The message's assembly, made with ``context`` if it has none yet."""
+        assembly = self._open.get(key)
+        if assembly is None:
+            assembly = self._open[key] = _Assembly(total, context, last_at=now)
+        return assembly
 
     def context(self, key: Hashable) -> T:
         return self._open[key].context

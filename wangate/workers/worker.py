@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import itertools
 import logging
 import os
 import random
@@ -27,15 +28,18 @@ from wangate.config import Config, load_config
 from wangate.daemon import Gateway
 from wangate.errors import WangateError
 from wangate.localapi.inbox import Inbox
-from wangate.localapi.segments import SIZE_SEALS, map_segment, new_segment, seal
+from wangate.localapi.segments import map_segment
 from wangate.service import Delivery, Submission
 from wangate.workers.channel import Channel
 
 log = logging.getLogger("wangate.workers")
 
-REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be
+REPORT_INTERVAL_S = 0.1  # how stale the coordinator's paths/status may be while busy
+# idle (no stripe held, no peer or path changing state) a report goes this often: the
+# reports were most of an idle worker's and all of an idle coordinator's CPU
+# (bench/RESULTS.md, "Worker processes")
+IDLE_REPORT_INTERVAL_S = 1.0
 PR_SET_PDEATHSIG = 1
-STRIPE_NAME = "wangate-stripe"
 CRITICAL_WORKER = 0  # carries the critical messages (proto/workers.md)
 BULK_NICENESS = 5  # added to a bulk worker's nice value: about a third of the CPU weight
 
@@ -77,6 +81,7 @@ class ForwardingInbox(Inbox):
         return True
 
 
+PRIVATE_BODIES = 1 << 62  # inbound_segments.min_bytes: no body in a segment
 INSTANCE_LOW_BITS = 16  # of a worker's instance id: its own; the rest are the coordinator's
 
 
@@ -94,8 +99,11 @@ class Worker:
             self.gateway.instance_id = instance
             self.gateway.site = dataclasses.replace(self.gateway.site, instance_id=instance)
         self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
-        # every body in a segment of its own: it goes to the coordinator by descriptor
-        self.gateway.inbound_segments.min_bytes = 1
+        # bodies in private memory: each stripe is written once more, into the message's
+        # segment that the coordinator names (``place``); never a segment of our own
+        self.gateway.inbound_segments.min_bytes = PRIVATE_BODIES
+        self._arrived: dict[int, Delivery] = {}  # by arrival seq, waiting for ``place``
+        self._arrivals = itertools.count(1)
         self.gateway.on_outcome = self._outcome
         self.gateway.on_acked = self._acked
         self._sock = sock
@@ -137,7 +145,10 @@ class Worker:
     def _on_message(self, kind: str, fields: dict[str, Any], fds: list[int]) -> None:
         if kind == "send":
             self._send(fields, fds[0])
+        elif kind == "place":
+            self._place(fields["seq"], fields["offset"], fds[0])
         elif kind == "taken":
+            self._arrived.pop(fields["seq"], None)  # if it was not placed
             driver = self.gateway.peers.get(fields["peer"])
             if driver is not None:
                 driver.consumed(fields["body_bytes"], fields["msg_id"])
@@ -153,7 +164,7 @@ class Worker:
     def _send(self, fields: dict[str, Any], fd: int) -> None:
         sid = fields["sid"]
         try:
-            payload = map_segment(fd, 0, fields["length"])
+            payload = map_segment(fd, fields["offset"], fields["length"])
         except WangateError as exc:
             self._failed(sid, str(exc), "bad_segment")
             return
@@ -238,19 +249,12 @@ class Worker:
     # ------------------------------------------------------------- to the coordinator
 
     def _forward(self, delivery: Delivery) -> None:
-        payload = memoryview(delivery.payload).cast("B")
-        fd = self.gateway.inbound_segments.claim(payload)
-        if fd is None:  # a body in private memory (segments ran out): copy it out once
-            fd, mapping = new_segment(payload.nbytes, STRIPE_NAME)
-            mapping[: payload.nbytes] = payload
-            mapping.close()
-            seal(fd, SIZE_SEALS)
-            offset = 0
-        else:
-            offset = memoryview(payload.obj).nbytes - payload.nbytes  # the payload ends it
+        """A stripe arrived whole and verified: the coordinator says where it goes."""
+        seq = next(self._arrivals)
+        self._arrived[seq] = delivery
         assert self._channel is not None
         self._channel.send(
-            "recv",
+            "arrived",
             {
                 "peer": delivery.source,
                 "msg_id": delivery.msg_id,
@@ -260,15 +264,49 @@ class Worker:
                 "critical": delivery.critical,
                 "meta": delivery.meta,
                 "checksum": delivery.checksum,
-                "offset": offset,
-                "length": payload.nbytes,
+                "length": memoryview(delivery.payload).nbytes,
+                "seq": seq,
             },
-            [fd],
+        )
+
+    def _place(self, seq: int, offset: int, fd: int) -> None:
+        """Write the stripe that arrived as ``seq`` into the message's segment at
+        ``offset``."""
+        delivery = self._arrived.pop(seq, None)
+        try:
+            if delivery is None:
+                return  # not ours (any more): the coordinator learns nothing placed
+            data = memoryview(delivery.payload).cast("B")
+            while data.nbytes:
+                written = os.pwrite(fd, data, offset)
+                data, offset = data[written:], offset + written
+        except OSError as exc:
+            # a segment we cannot write is the coordinator's fault, not the peer's:
+            # stop; the coordinator starts us again and the peer resends what we held
+            log.error("worker %d: cannot place a stripe: %s", self.index, exc)
+            self._stopped.set()
+            return
+        finally:
+            os.close(fd)
+        assert self._channel is not None
+        self._channel.send("placed", {"seq": seq})
+
+    def _busy(self) -> bool:
+        return bool(self._sizes or self._arrived or self._tasks)
+
+    def _peer_states(self) -> tuple[tuple[str, bool, int | None, int], ...]:
+        """What a report must not wait for: peers' reachability and instances, links up."""
+        return tuple(
+            (name, driver.session.unreachable, driver.instance_id, len(driver.links))
+            for name, driver in self.gateway.peers.items()
         )
 
     async def _report(self) -> None:
         assert self._channel is not None
+        loop = asyncio.get_running_loop()
         while True:
+            states = self._peer_states()
+            sent_at = loop.time()
             self._note_peers()
             rows = self.gateway.paths()
             status = self.gateway.status(rows)
@@ -283,6 +321,12 @@ class Worker:
                 },
             )
             await asyncio.sleep(REPORT_INTERVAL_S)
+            while (
+                not self._busy()
+                and loop.time() - sent_at < IDLE_REPORT_INTERVAL_S
+                and self._peer_states() == states
+            ):
+                await asyncio.sleep(REPORT_INTERVAL_S)
 
 
 def _die_with_parent() -> None:
