@@ -19,6 +19,8 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   window only caps what is in flight: ``1.25 x max(gain, 1) x bandwidth / (1 - random
   loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT clamped to ``[min_rtt,
   min_rtt + allowance]``, so it does not follow a queue either.
+  An application-limited sender (critical messages alone, whose own rate is then the
+  model) paces at least at the window floor per RTT, as aioquic's ``cwnd / srtt`` did.
   (aioquic alone paces at ``cwnd / srtt``; with the rate tied to the window, ProbeBW's
   0.75 phase capped the flight below the BDP and left the path idle for part of every
   cycle, and the 64-datagram floor of the window paced slow paths past their queues.)
