@@ -9,6 +9,7 @@ from typing import Any
 import aioquic.tls
 import pytest
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketRecovery
 
 from wangate.config import load_config
@@ -39,6 +40,8 @@ def _drop_after_init(monkeypatch: pytest.MonkeyPatch, cls: type, attribute: str)
         (QuicConnection, "_datagrams_pending", "QuicConnection"),
         (QuicConnection, "_network_paths", "QuicConnection"),
         (QuicConnection, "_handshake_complete", "QuicConnection"),
+        (QuicConnection, "_peer_cid", "QuicConnection"),
+        (QuicConnection, "_original_destination_connection_id", "QuicConnection"),
         (QuicPacketRecovery, "_pacer", "QuicPacketRecovery"),
         (aioquic.tls.Context, "_request_client_certificate", "tls.Context"),
         (aioquic.tls.Context, "_peer_certificate", "tls.Context"),
@@ -53,6 +56,24 @@ def test_a_moved_attribute_is_named(
         check_aioquic()
     assert f"{owner} has no attribute {attribute!r}" in str(error.value)
     assert f"aioquic {aioquic.__version__}" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("cls", "attribute", "owner"),
+    [
+        (QuicConnection, "_replenish_connection_ids", "QuicConnection"),
+        (QuicConnection, "_write_datagram_frame", "QuicConnection"),
+        (QuicPacketBuilder, "remaining_flight_space", "QuicPacketBuilder"),
+        (QuicPacketBuilder, "start_frame", "QuicPacketBuilder"),
+    ],
+)
+def test_a_moved_method_is_named(
+    monkeypatch: pytest.MonkeyPatch, cls: type, attribute: str, owner: str
+) -> None:
+    monkeypatch.delattr(cls, attribute)
+    with pytest.raises(AioquicIncompatible) as error:
+        check_aioquic()
+    assert f"{owner} has no attribute {attribute!r}" in str(error.value)
 
 
 def test_an_initialize_hook_that_is_never_called_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,8 +47,8 @@ from wangate.metrics import GatewayCollector, GatewayMetrics
 from wangate.metrics import render as render_metrics
 from wangate.metrics_http import MetricsServer
 from wangate.net.address import host_port
-from wangate.net.aioquic_compat import AioquicIncompatible, check_aioquic
-from wangate.net.link import DATAGRAM_OVERHEAD_BYTES, LocalSite, PathLink
+from wangate.net.aioquic_compat import AioquicIncompatible, check_aioquic, client_connection
+from wangate.net.link import CLIENT_CID_BYTES, LocalSite, PathLink
 from wangate.net.listener import PeerListener, listen_for_peers
 from wangate.net.peer_driver import MAX_OUTCOMES, PeerDriver
 from wangate.net.sockbuf import enlarge_socket_buffers
@@ -362,7 +362,7 @@ class Gateway:
         )
         _, link = await loop.create_datagram_endpoint(
             lambda: self._new_link(
-                QuicConnection(configuration=configuration),
+                client_connection(configuration, CLIENT_CID_BYTES),
                 dialed=True,
                 peer=peer,
                 path=path.name,
@@ -423,8 +423,7 @@ class Gateway:
         if not driver.admit(link, hello):
             return None
         if not link.dialed:  # accepted with the listener's size: fit this path's MTU too
-            path_mtu_bytes = peer_cfg.path(hello.path).max_datagram_size
-            link.datagram_bytes = min(link.datagram_bytes, path_mtu_bytes - DATAGRAM_OVERHEAD_BYTES)
+            link.fit_datagrams(peer_cfg.path(hello.path).max_datagram_size)
         return driver
 
     # ------------------------------------------------------ GatewayService

@@ -103,12 +103,14 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
     source = float(peer["source_bytes"])
     repair_sent = float(peer["fec_bytes"]) + float(peer["repair_bytes"])
     mtu = min(p.mtu for p in specs)
-    from wangate.net.link import DATAGRAM_OVERHEAD_BYTES
+    from wangate.net.link import SERVER_CID_BYTES, datagram_overhead_bytes
 
     # the gateway measured may be of either wire version: 20 bytes of datagram header
-    # (wire version 2, messages of 16 KiB to 1 GiB; 42-46 in version 1) only sets this
-    # count, which is shown, not used in the parts
-    symbol = mtu - 28 - DATAGRAM_OVERHEAD_BYTES - 20  # IPv4 in the lab
+    # (wire version 2, messages of 16 KiB to 1 GiB; 42-46 in version 1) and the packet's
+    # overhead (34 toward the dialed side, 30 toward the dialer; 40 before) only set
+    # this count, which is shown, not used in the parts
+    overhead = datagram_overhead_bytes(SERVER_CID_BYTES)
+    symbol = mtu - 28 - overhead - 20  # IPv4 in the lab
     data_packets = (source + repair_sent) / symbol
     # losses strike data and control packets alike: the data's share of them lost payload
     lost_payload = lost / max(1.0, crossed) * (source + repair_sent)

@@ -2,7 +2,8 @@
 
 aioquic (1.7.2) has no public API for what a gateway needs here: asking a client for
 its certificate and reading it, swapping the pacer, looking at the DATAGRAM queue and
-the peer's address. Each access goes through a function below, and
+the peer's address, a client with zero-length connection IDs, and DATAGRAM frames
+without a length field. Each access goes through a function below, and
 :func:`check_aioquic` exercises all of them on a throw-away connection when the daemon
 starts: if an aioquic upgrade renamed or moved one, the daemon refuses to start with
 an error naming the attribute, instead of misbehaving on the first peer.
@@ -10,13 +11,18 @@ an error naming the attribute, instead of misbehaving on the first peer.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aioquic
+from aioquic.buffer import size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketPacer
 
 from wangate.errors import WangateError
@@ -32,7 +38,14 @@ _CONNECTION_ATTRIBUTES = (
     ("_loss", "the recovery state holding the pacer"),
     ("_state", "forgetting a refused half-open connection"),
     ("_close_pending", "forgetting a refused half-open connection"),
+    ("_peer_cid", "a client's first Initial connection ID, the short header's size"),
+    ("_original_destination_connection_id", "a client's first Initial connection ID"),
+    ("_replenish_connection_ids", "a client that issues no connection IDs"),
+    ("_write_datagram_frame", "DATAGRAM frames without a length field"),
 )
+# A client's first Initial carries a Destination Connection ID of at least 8 bytes
+# (RFC 9000 §7.2), whatever the length of the IDs it issues itself.
+MIN_INITIAL_DCID_BYTES = 8
 _OPEN_STATES = (QuicConnectionState.FIRSTFLIGHT, QuicConnectionState.CONNECTED)
 _PACER_ATTRIBUTES = (
     "_max_datagram_size",
@@ -69,6 +82,9 @@ def check_aioquic() -> None:
             raise _missing("QuicConnection", attribute, why)
     if not isinstance(connection._datagrams_pending, deque):
         raise _missing("QuicConnection", "_datagrams_pending", "a deque of datagrams")
+    if not isinstance(getattr(connection._peer_cid, "cid", None), bytes):
+        raise _missing("QuicConnectionId", "cid", "the peer's connection ID")
+    _check_builder()
     recovery = connection._loss
     pacer = getattr(recovery, "_pacer", None)
     if not isinstance(pacer, QuicPacketPacer):
@@ -84,6 +100,18 @@ def check_aioquic() -> None:
     for attribute, why in _TLS_ATTRIBUTES:
         if not hasattr(connection.tls, attribute):
             raise _missing("tls.Context", attribute, why)
+    client = client_connection(QuicConfiguration(is_client=True), 0)
+    if client.host_cid != b"" or len(client.original_destination_connection_id) < 8:
+        raise _missing("QuicConnection", "_peer_cid", "a client's first Initial connection ID")
+
+
+_BUILDER_ATTRIBUTES = ("remaining_buffer_space", "remaining_flight_space", "start_frame")
+
+
+def _check_builder() -> None:
+    for attribute in _BUILDER_ATTRIBUTES:
+        if not hasattr(QuicPacketBuilder, attribute):
+            raise _missing("QuicPacketBuilder", attribute, "DATAGRAM frames without a length")
 
 
 # ----------------------------------------------------------------- accessors
@@ -142,6 +170,60 @@ def replace_pacer(connection: QuicConnection, make: Callable[[QuicPacketPacer], 
     pacer = make(recovery._pacer)
     recovery._pacer = pacer
     return pacer
+
+
+def client_connection(configuration: QuicConfiguration, cid_bytes: int) -> QuicConnection:
+    """A client connection that issues connection IDs of ``cid_bytes`` (0: none) while
+    its first Initial's Destination Connection ID is 8 random bytes, as RFC 9000 §7.2
+    wants; aioquic draws both at ``connection_id_length``, which the connection's own
+    copy of ``configuration`` sets to ``cid_bytes``."""
+    configuration = dataclasses.replace(configuration, connection_id_length=cid_bytes)
+    connection = QuicConnection(configuration=configuration)
+    if len(connection._peer_cid.cid) < MIN_INITIAL_DCID_BYTES:
+        cid = os.urandom(MIN_INITIAL_DCID_BYTES)
+        connection._peer_cid.cid = cid
+        connection._original_destination_connection_id = cid
+    if cid_bytes == 0:
+        # An endpoint with a zero-length connection ID issues no others (RFC 9000
+        # §5.1.1); aioquic would send NEW_CONNECTION_ID frames its peer must refuse.
+        setattr(connection, "_replenish_connection_ids", _no_new_ids)  # noqa: B010
+    return connection
+
+
+def _no_new_ids() -> None:
+    return None
+
+
+def peer_cid_bytes(connection: QuicConnection) -> int:
+    """The length of the connection ID this connection's short headers carry."""
+    return len(connection._peer_cid.cid)
+
+
+def datagram_frames_without_length(connection: QuicConnection) -> None:
+    """Make ``connection`` write a DATAGRAM frame that fills the rest of its packet
+    without its length (type 0x30, RFC 9221 §4), saving the length's 2 bytes.
+
+    The length-less form runs to the end of the packet, so nothing may follow it: it is
+    used only where the length form does not fit and the datagram takes all but at most
+    a byte or two of the packet, which PADDING frames (RFC 9000 §19.1) ahead of it fill.
+    Anything else is written as aioquic writes it."""
+    write_with_length = connection._write_datagram_frame
+
+    def write(builder: QuicPacketBuilder, data: bytes, frame_type: QuicFrameType) -> bool:
+        length = len(data)
+        room = min(builder.remaining_buffer_space, builder.remaining_flight_space)
+        left = room - 1 - length  # what a length-less frame would leave unused
+        if left < 0 or left >= size_uint_var(length):  # too large, or the length fits
+            return write_with_length(builder=builder, data=data, frame_type=frame_type)
+        if left:
+            builder.start_frame(QuicFrameType.PADDING, capacity=left).push_bytes(
+                bytes(left - 1)  # start_frame wrote the first PADDING byte
+            )
+        buf = builder.start_frame(QuicFrameType.DATAGRAM, capacity=1 + length)
+        buf.push_bytes(data)
+        return True
+
+    setattr(connection, "_write_datagram_frame", write)  # noqa: B010 - instance override
 
 
 def congestion_control(connection: QuicConnection) -> Any:

@@ -37,16 +37,31 @@ if TYPE_CHECKING:
 log = logging.getLogger("wangate.link")
 
 CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1)
-# What QUIC adds to a DATAGRAM frame's data in a 1-RTT packet: the short header (1 byte,
-# the peer's 8-byte connection ID, aioquic's 2-byte packet number; RFC 9000 §17.3), the
-# AEAD tag (16, RFC 9001 §5.3) and the frame's type and 2-byte length (RFC 9221 §4).
+# Connection IDs (RFC 9000 §5.1): a server's tell apart the connections sharing its
+# listener's port, and 4 random bytes do for a few hundred of them; a client has a
+# socket of its own for each connection and issues zero-length IDs, so packets to a
+# client carry no ID at all.
+SERVER_CID_BYTES = 4
+CLIENT_CID_BYTES = 0
+# What QUIC adds to a full DATAGRAM frame's data in a 1-RTT packet: the short header (1
+# byte, the peer's connection ID, aioquic's 2-byte packet number; RFC 9000 §17.3), the
+# AEAD tag (16, RFC 9001 §5.3) and the frame's type (RFC 9221 §4: a frame that fills its
+# packet goes without its length, `aioquic_compat.datagram_frames_without_length`).
 # A datagram that does not fit an empty packet would block the queue for good.
-QUIC_PACKET_OVERHEAD_BYTES = 1 + 8 + 2 + 16 + 3
-# Room for an ACK frame of a few ranges beside a full datagram: without it (datagrams
-# filling the packet exactly) each ACK took a packet of its own, about 3400 more packets
-# per 128 MiB on a 1500-byte path, for 10 bytes of payload per packet (0.7 %).
+QUIC_PACKET_OVERHEAD_BYTES = 1 + 2 + 16 + 1  # plus the peer's connection ID
+# Room for an ACK frame of one range beside a full datagram (type 1, largest
+# acknowledged 4, delay 2, range count 1, first range 1; RFC 9000 §19.3): without it
+# (datagrams filling the packet exactly) each ACK took a packet of its own, about 3400
+# more packets per 128 MiB on a 1500-byte path, each taking a pacing slot. Without an
+# ACK the frame takes 2 of the 10 bytes for its length.
 ACK_ROOM_BYTES = 10
-DATAGRAM_OVERHEAD_BYTES = QUIC_PACKET_OVERHEAD_BYTES + ACK_ROOM_BYTES
+
+
+def datagram_overhead_bytes(peer_cid_bytes: int) -> int:
+    """What a packet adds to the largest datagram a link sends (its ACK room included)."""
+    return QUIC_PACKET_OVERHEAD_BYTES + peer_cid_bytes + ACK_ROOM_BYTES
+
+
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
 
 
@@ -99,7 +114,9 @@ class PathLink(QuicConnectionProtocol):
         self.dialed = dialed
         self.peer = peer  # known up front when we dial; from the certificate when we accept
         self.path = path
-        self.datagram_bytes = datagram_bytes - DATAGRAM_OVERHEAD_BYTES
+        self.max_datagram_size = datagram_bytes  # of the UDP payload; the packets' limit
+        # the largest datagram this link sends, once the peer's connection ID is known
+        self.datagram_bytes = datagram_bytes - datagram_overhead_bytes(compat.peer_cid_bytes(quic))
         self.state = LinkState.HANDSHAKING
         self.driver: PeerDriver | None = None  # set once up
         self.refused: str | None = None  # why we closed it, if we did
@@ -109,6 +126,7 @@ class PathLink(QuicConnectionProtocol):
         self.pacer = install_burstable_pacer(quic)
         self.pending = compat.datagrams_pending(quic)  # aioquic's DATAGRAM queue
         self.send_datagram = quic.send_datagram_frame  # per datagram: no wrapper call
+        compat.datagram_frames_without_length(quic)
         self._after_receive: asyncio.Handle | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
@@ -183,9 +201,17 @@ class PathLink(QuicConnectionProtocol):
                 self._handshake_done.exception()  # retrieved: nobody need be waiting
             self._mark_closed(f"connection closed: {reason}")
 
+    def fit_datagrams(self, max_datagram_size: int) -> None:
+        """Size datagrams for packets of at most ``max_datagram_size`` bytes (UDP payload)
+        to the peer, with the connection ID it gave us."""
+        self.max_datagram_size = min(self.max_datagram_size, max_datagram_size)
+        overhead = datagram_overhead_bytes(compat.peer_cid_bytes(self._quic))
+        self.datagram_bytes = self.max_datagram_size - overhead
+
     def _on_handshake(self) -> None:
         if self.state is not LinkState.HANDSHAKING:
             return
+        self.fit_datagrams(self.max_datagram_size)  # the peer's connection ID is known now
         try:
             self.peer = self._authenticate(self)
         except WangateError as exc:  # an AuthenticationError, or our own misconfiguration

@@ -34,6 +34,7 @@ from wangate.errors import (
 )
 from wangate.net import aioquic_compat as compat
 from wangate.net.congestion import CONGESTION_CONTROL_NAME
+from wangate.net.link import SERVER_CID_BYTES
 
 ALPN = "wangate/1"
 IDLE_TIMEOUT_S = 10.0
@@ -67,6 +68,8 @@ def _configuration(config: Config, *, is_client: bool, max_datagram_size: int) -
         max_datagram_frame_size=MAX_DATAGRAM_FRAME_SIZE,
         max_datagram_size=max_datagram_size,
         congestion_control_algorithm=CONGESTION_CONTROL_NAME,  # loss-tolerant, model-based
+        # the IDs a server issues; a client's: aioquic_compat.client_connection
+        connection_id_length=SERVER_CID_BYTES,
         session_ticket=None,  # no resumption, no 0-RTT: every connection shows its cert
     )
     try:
