@@ -3,6 +3,7 @@
     sudo .venv/bin/python -m bench.loss_long run --runs 3 [--before DIR] [--after DIR] [NAME ...]
     .venv/bin/python -m bench.loss_long report results/loss_long
     .venv/bin/python -m bench.loss_long trade        # sans-IO, fake link and clock, ~5 min
+    .venv/bin/python -m bench.loss_long sim          # the controller alone, fake bottleneck
 
 ``run`` plays each scenario (default: every ``loss_long_*`` and
 ``loss_long_3paths``) ``--runs`` times in the WAN lab: this tree's gateways with
@@ -244,6 +245,44 @@ def trade(seed: int = 1, messages: int = 24) -> str:
     return "\n".join([*lines, "", *bulk])
 
 
+def controller_sim() -> str:
+    """The congestion controller alone on the tests' fake bottleneck (``Simulation`` of
+    tests/test_congestion.py: 20 Mbit/s, 40 ms, a drop-tail buffer, then random loss;
+    seeds 1-3, t = 2-12 s): goodput / link rate and datagrams lost, per buffer and loss.
+    Measures the ``wangate`` package first on ``sys.path`` (run it with another tree
+    first on PYTHONPATH, from a folder without one, for a before/after)."""
+    import tests.test_congestion as sim
+
+    lines = [
+        "| buffer | random loss | goodput / link rate | sent / link rate | datagrams lost |",
+        "|---|---|---|---|---|",
+    ]
+    for buffer_bdp in (0.1, 0.5, 1.25):
+        for loss in (0.0, 0.01, 0.05):
+            runs = []
+            for seed in (1, 2, 3):
+                cc = sim._wangate()
+                flow = sim.Flow(cc)
+                link = sim.Link(buffer_bytes=buffer_bdp * sim.BDP, loss=loss, seed=seed)
+                simulation = sim.Simulation(link, [flow])
+                simulation.run(2.0)
+                delivered, sent, lost = flow.delivered_bytes, flow.sent, flow.lost
+                simulation.run(12.0)
+                runs.append(
+                    (
+                        (flow.delivered_bytes - delivered) / 10.0 / sim.RATE_BPS,
+                        (flow.sent - sent) * sim.MSS / 10.0 / sim.RATE_BPS,
+                        flow.lost - lost,
+                    )
+                )
+            good, busy, lost_n = zip(*runs, strict=True)
+            lines.append(
+                f"| {buffer_bdp:g} BDP | {loss:.0%} | {min(good):.3f}-{max(good):.3f} | "
+                f"{min(busy):.3f}-{max(busy):.3f} | {min(lost_n)}-{max(lost_n)} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.loss_long",
@@ -263,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report")
     rep.add_argument("results", nargs="?", default=str(DEFAULT_RESULTS))
     sub.add_parser("trade")
+    sub.add_parser("sim", help="the congestion controller on the tests' fake bottleneck")
     args = parser.parse_args(argv)
+    if args.command == "sim":
+        print(controller_sim())
+        return 0
     if args.command == "run":
         return _run(args)
     if args.command == "trade":

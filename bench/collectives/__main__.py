@@ -71,6 +71,12 @@ def main(argv: list[str]) -> int:
         help="also run allreduce-measured-baseline: the measured plan over gateways run "
         "from this folder's wangate package",
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="also run each allreduce variant as <variant>-before over gateways run from "
+        "this folder's wangate package (with --alternate: side by side, round by round)",
+    )
     args = parser.parse_args(argv)
     names = ["coll_3_half"] if args.half else [f"coll_{n}" for n in args.sites]
     if args.scenario:
@@ -97,6 +103,7 @@ def main(argv: list[str]) -> int:
                     warmup_elements=args.warmup_elements,
                     measured_baseline=args.measured_baseline,
                     idle_s=args.idle_s,
+                    before=args.before,
                 )
             )
     except WangateError as exc:

@@ -228,8 +228,12 @@ def _start_gateways(
     """Gateways on the lab's configs (certificates made once) plus ``extra_config``; with
     ``gateway_src``, running that folder's ``wangate`` package (a baseline tree)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    where: dict[str, Any] = {}
     if gateway_src is not None:
         env["PYTHONPATH"] = str(gateway_src)
+        # and run from there: `python -m` puts the working folder first on sys.path, and
+        # the lab's default one is this repository, whose wangate would shadow it
+        where["cwd"] = str(gateway_src)
     gateways: dict[str, subprocess.Popen[bytes]] = {}
     logs: dict[str, Path] = {}
     for site, (config, text) in configs.items():
@@ -242,6 +246,7 @@ def _start_gateways(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
+                **where,
             )
     _wait_paths_up(lab, gateways, logs)
     return gateways
@@ -275,6 +280,7 @@ def run_collectives(
     warmup_elements: int | None = None,
     measured_baseline: Path | None = None,
     idle_s: float = 0.0,
+    before: Path | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
     size_bytes = 4 * elements
@@ -291,6 +297,7 @@ def run_collectives(
         "warmup_elements": warmup_elements or elements,
         "measured_baseline": str(measured_baseline) if measured_baseline else None,
         "idle_s": idle_s,
+        "before": str(before) if before else None,
         "methods": {},
     }
     logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
@@ -349,6 +356,12 @@ def run_collectives(
                 chosen_variants.append(
                     Variant("allreduce-measured-baseline", gateway_src=measured_baseline)
                 )
+            if before is not None:
+                # each variant again over gateways of another tree: "<name>-before"
+                chosen_variants += [
+                    Variant(f"{v.name}-before", v.gateway_config, v.options, gateway_src=before)
+                    for v in chosen_variants
+                ]
             runs_on_wangate += [("allreduce", v) for v in chosen_variants]
         configs = {
             site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
@@ -490,15 +503,28 @@ def table(records: list[dict[str, Any]]) -> str:
         cells.append(" / ".join(speedups))
         rows.append("| " + " | ".join(cells) + " |")
     extra = [
-        (r["scenario"], name, _cell(result, r["bounds"]["site_bound_s"]))
+        (r["scenario"], name, _cell(result, r["bounds"]["site_bound_s"]), _drops(result))
         for r in records
         for name, result in r["methods"].items()
-        if name not in dict((key, 0) for _, key in COLUMNS)
+        if name not in dict((key, 0) for _, key in COLUMNS) or name == "allreduce"
     ]
     if extra:
-        rows += ["", "| scenario | variant | time |", "|---|---|---|"]
-        rows += [f"| {scenario} | {name} | {cell} |" for scenario, name, cell in extra]
+        rows += ["", "| scenario | variant | time | queue drops per run: all links (worst) |"]
+        rows += ["|---|---|---|---|"]
+        rows += [f"| {sc} | {name} | {cell} | {drops} |" for sc, name, cell, drops in extra]
     return "\n".join(rows)
+
+
+def _drops(result: dict[str, Any]) -> str:
+    """Packets the emulated links' queues dropped per run (warm-ups and set-up included),
+    over all link directions and on the worst one."""
+    links = result.get("link_bytes") or {}
+    if not links:
+        return "-"
+    runs = max(1, len(result["times_s"]))
+    total = sum(c.get("dropped_queue", 0) for c in links.values()) / runs
+    worst, counts = max(links.items(), key=lambda kv: kv[1].get("dropped_queue", 0))
+    return f"{total:.0f} ({worst} {counts.get('dropped_queue', 0) / runs:.0f})"
 
 
 def version() -> str:

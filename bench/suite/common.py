@@ -19,7 +19,9 @@ RESULTS = ROOT / "results"
 class Gateways:
     """The sites' gateways in a lab, started the way the runner starts them."""
 
-    def __init__(self, lab: Any, logs_dir: Path) -> None:
+    def __init__(self, lab: Any, logs_dir: Path, gateway_src: Path | None = None) -> None:
+        """``gateway_src``: a folder holding another ``wangate`` package to run (a
+        baseline tree, e.g. ``git archive main wangate | tar -x -C DIR``)."""
         import wangate
         from wangate.errors import WangateError
 
@@ -36,6 +38,7 @@ class Gateways:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                    **({} if gateway_src is None else {"cwd": str(gateway_src)}),
                 )
         deadline = time.monotonic() + 20.0
         for site in self.processes:

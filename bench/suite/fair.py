@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,7 +87,9 @@ def worker_main(kind: str, spec_json: str) -> int:
     return 0
 
 
-def run() -> dict[str, Any]:
+def run(gateway_src: Path | None = None) -> dict[str, Any]:
+    """One run; ``gateway_src``: the gateways from another tree (results go to
+    ``results/fair_tcp/run.json`` either way)."""
     import wangate
     from bench.lab.lab import Lab
     from bench.lab.scenario import load_scenario
@@ -99,7 +102,7 @@ def run() -> dict[str, Any]:
     wg_done: list[tuple[float, int]] = []
     errors: list[str] = []
     with Lab(scenario) as lab:
-        gateways = Gateways(lab, out / "logs")
+        gateways = Gateways(lab, out / "logs", gateway_src)
         sink = lab.run_in(
             "sh",
             [

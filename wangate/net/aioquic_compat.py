@@ -224,3 +224,8 @@ def datagram_frames_without_length(connection: QuicConnection) -> None:
         return True
 
     setattr(connection, "_write_datagram_frame", write)  # noqa: B010 - instance override
+
+
+def congestion_control(connection: QuicConnection) -> Any:
+    """The connection's congestion controller (the pacer takes its rate from ours)."""
+    return getattr(connection._loss, "_cc", None)

@@ -9,19 +9,26 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
 * Model: bottleneck bandwidth = windowed max of delivery-rate samples over
   ``BW_WINDOW_ROUNDS`` round trips; propagation delay = min RTT over ``MIN_RTT_WINDOW_S``.
   BDP = bandwidth x min RTT.
-* Window and pacing: aioquic paces at ``congestion_window / smoothed_rtt`` and gives no
-  separate pacing hook, so the window *is* the pacing control:
-  ``cwnd = gain x bandwidth / (1 - random loss) x rtt_w`` (the delivery rate counts
-  what arrived; the wire carries the lost packets too; random loss: that of rounds
-  without a queue) with ``rtt_w`` the smoothed RTT clamped to
-  ``[min_rtt, min_rtt + allowance]``. Within the allowance (jitter, ack delay) the
-  pacing rate is ``gain x bandwidth``; once a queue grows past it, the window stops
-  following the RTT, so the rate falls as ``bandwidth x (min_rtt + allowance) / srtt``
-  and the queue drains. After Startup the window never exceeds ``CWND_CAP_GAIN x BDP``.
+* Pacing and window apart, as BBR has them: the pacer (``net/pacing.py``) takes its
+  rate from ``pacing_rate_bytes``: ``gain x bandwidth / (1 - random loss)`` (the
+  delivery rate counts what arrived; the wire carries the lost packets too; random
+  loss: that of packets sent cruising, in rounds without a queue), times ``(min_rtt +
+  allowance) / rtt`` once ``rtt`` is past the allowance (jitter, ack delay): a standing
+  queue slows the rate and drains. ``rtt`` is the smoothed RTT, but around ProbeBW's
+  probe the lowest RTT of this round and the last (the probe's own queue drains). The
+  window only caps what is in flight: ``1.25 x max(gain, 1) x bandwidth / (1 - random
+  loss) x rtt_w`` in ProbeBW, with ``rtt_w`` the smoothed RTT clamped to ``[min_rtt,
+  min_rtt + allowance]``, so it does not follow a queue either.
+  An application-limited sender (critical messages alone, whose own rate is then the
+  model) paces at least at the window floor per RTT, as aioquic's ``cwnd / srtt`` did.
+  (aioquic alone paces at ``cwnd / srtt``; with the rate tied to the window, ProbeBW's
+  0.75 phase capped the flight below the BDP and left the path idle for part of every
+  cycle, and the 64-datagram floor of the window paced slow paths past their queues.)
 * States (BBR §4.3): Startup (gain 2/ln 2, grows by the bytes acked: about 1.5-2x
   per round) until the bandwidth grew < 25 % for 3 rounds; Drain (window = BDP) until
   in flight <= BDP; ProbeBW cycling gains 1.25, 0.75, 1 x 6, one min RTT each (probe
-  for more, then drain the probe's queue: this cycling is what leaves room for a
+  for more, then drain the probe's queue, the 0.75 phase ending early once the flight
+  is down to the path's BDP on the wire: this cycling is what leaves room for a
   competing TCP flow); ProbeRTT (window = BDP / 2 for 200 ms and a round) when the
   min RTT was not refreshed for ``MIN_RTT_WINDOW_S``.
 * Loss (RFC 9002 §7 leaves the response to the controller): a round's loss counts as
@@ -35,7 +42,9 @@ draft-cheng-iccrg-delivery-rate-estimation-00) and takes two ideas from BBR v2
   the bandwidth estimate by ``LOSS_BETA`` (BBR v2's beta) once per recovery epoch
   (packets sent before the cut do not count again, RFC 9002 §7.3.2). Random loss of a
   few percent leaves the model alone. In Startup, 8 lost packets at a congestion rate
-  with a queue showing end it at once rather than at the round's end. Persistent
+  with a queue showing end it at once rather than at the round's end, keeping the
+  model (Drain takes the excess out); the losses of its first two rounds (the initial
+  window's, sent before the model was measured) do not end it. Persistent
   congestion (RFC 9002 §7.6) drops the window to the minimum; it regrows by the bytes
   acked, the model is kept.
 
@@ -67,7 +76,11 @@ PROBE_RTT_DURATION_S = 0.2
 PROBE_RTT_CWND_GAIN = 0.5  # BBR v2: half a BDP, not 4 packets
 FULL_BW_GROWTH = 1.25
 FULL_BW_ROUNDS = 3
-CWND_CAP_GAIN = 2.0
+# ProbeBW's window is an in-flight cap over what the pacer sends (BBR's is 2 BDP): room
+# for acks that come late or in clumps, and for the 1.25 probe. Not more: while critical
+# data waits, the link sends unpaced up to the window, and what exceeds the BDP then
+# queues in front of the critical message.
+CWND_GAIN = 1.25
 MIN_CWND_PACKETS = 4  # after persistent congestion (RFC 9002 §7.6.2 uses 2)
 # The model's window never goes below this: aioquic paces in bursts of cwnd/4 (at most
 # 16 datagrams), and with a small window each pacer wake-up sends a datagram or two. On
@@ -83,6 +96,7 @@ QUEUE_LOSS_RATE = 0.02
 QUEUE_RTT_FACTOR = 1.25
 LOSS_MIN_PACKETS = 3
 STARTUP_LOSS_MIN_PACKETS = 8  # 2 % random loss needs a 400-packet round to reach this
+STARTUP_LOSS_MIN_ROUNDS = 2  # rounds paced from a measured bandwidth before loss ends Startup
 LOSS_BETA = 0.7
 LOSS_BASELINE_WEIGHT = 0.125  # per round not judged congestion
 LOSS_NOISE_SIGMAS = 3.0
@@ -95,7 +109,10 @@ STARTUP, DRAIN, PROBE_BW, PROBE_RTT = "startup", "drain", "probe_bw", "probe_rtt
 class _Sent:
     """Delivery-rate state remembered for one packet until it is acked or lost."""
 
-    __slots__ = ("app_limited", "delivered", "delivered_at", "first_sent_at", "sent_at")
+    __slots__ = (
+        "app_limited", "cruising", "delivered", "delivered_at", "first_sent_at", "probing",
+        "sent_at",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -104,7 +121,11 @@ class _Sent:
         first_sent_at: float,
         sent_at: float,
         app_limited: bool,
+        cruising: bool,
+        probing: bool,
     ) -> None:
+        self.cruising = cruising  # sent in ProbeBW at a gain <= 1: no probe's excess
+        self.probing = probing  # sent in ProbeBW at a gain > 1
         self.delivered = delivered
         self.delivered_at = delivered_at
         self.first_sent_at = first_sent_at
@@ -143,13 +164,19 @@ class WangateCongestionControl(QuicCongestionControl):
         self.round_count = 0
         self._next_round_delivered = 0
         self._round_min_rtt_s = math.inf
+        self._last_round_min_rtt_s = math.inf
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
         self.loss_baseline = 0.0  # the path's usual loss rate (bytes), congestion aside
-        # the loss of rounds without a queue: what the path loses whatever we send (a
-        # queue's own drops must not make us send faster into it)
+        # the loss of packets sent cruising (ProbeBW, gain <= 1: no probe's or Startup's
+        # excess) in rounds without a queue: what the path loses whatever we send. Our
+        # own queue's drops must not make us send faster into it: in a buffer too
+        # shallow to show in the RTT they come with the probes, and they fed the
+        # 1 / (1 - loss) compensation, which overfilled the buffer further
         self.random_loss = 0.0
         self.congestion_events = 0
         self._recovery_start = -math.inf
@@ -187,14 +214,29 @@ class WangateCongestionControl(QuicCongestionControl):
         arrived, so with the path's usual random loss ``p`` the sender must put
         ``1 / (1 - p)`` times as much on the wire (a lost packet took its share of the
         link before it was lost) or leave ``p`` of the link unused. ``p`` is the loss of
-        rounds that showed no queue, so that a queue's drops do not feed the queue."""
+        packets sent cruising in rounds that showed no queue, so that a queue's drops do
+        not feed the queue."""
         return self.btl_bw_bps / (1.0 - min(self.random_loss, HIGH_LOSS_RATE))
+
+    def _recent_min_rtt_s(self) -> float:
+        """The lowest RTT of this round and the one before: a queue that stands (not
+        ours, or ours past the allowance) raises it; ProbeBW's own probe does not, as
+        its 0.75 phase drains it within the round. The smoothed RTT lags a round behind
+        the probe and, followed then, slowed the cruise after each probe a second time."""
+        recent = min(self._round_min_rtt_s, self._last_round_min_rtt_s)
+        if recent == math.inf:
+            assert self.min_rtt_s is not None
+            return self.srtt_s if self.srtt_s is not None else self.min_rtt_s
+        return recent
+
+    def _rtt_allowance_s(self) -> float:
+        assert self.min_rtt_s is not None
+        return max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
 
     def _window_rtt_s(self) -> float:
         assert self.min_rtt_s is not None
-        allowance = max(RTT_ALLOWANCE_FRACTION * self.min_rtt_s, RTT_ALLOWANCE_MIN_S)
         srtt = self.srtt_s if self.srtt_s is not None else self.min_rtt_s
-        return min(max(srtt, self.min_rtt_s), self.min_rtt_s + allowance)
+        return min(max(srtt, self.min_rtt_s), self.min_rtt_s + self._rtt_allowance_s())
 
     def target_window(self) -> int:
         """The window the current state aims at (see the module notes)."""
@@ -205,11 +247,57 @@ class WangateCongestionControl(QuicCongestionControl):
             target = PROBE_RTT_CWND_GAIN * bdp
         elif self.state == DRAIN:
             target = bdp
+        elif self.state == PROBE_BW:
+            gain = max(self.pacing_gain, 1.0) * CWND_GAIN
+            target = gain * self.sending_rate_bps * self._window_rtt_s()
         else:
             target = self.pacing_gain * self.sending_rate_bps * self._window_rtt_s()
-            if self.state == PROBE_BW:
-                target = min(target, CWND_CAP_GAIN * bdp)
         return max(int(target), self.min_target_window)
+
+    @property
+    def wire_bdp_bytes(self) -> float:
+        """What the path holds in flight at the sending rate: the BDP, lost bytes included."""
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return float(self.initial_window)
+        return self.sending_rate_bps * self.min_rtt_s
+
+    def pacing_rate_bytes(self, smoothed_rtt_s: float) -> float | None:
+        """The pacer's rate in bytes per second (``net/pacing.py``), or None before the
+        model has a bandwidth (then aioquic's ``cwnd / srtt``). ``smoothed_rtt_s`` is
+        aioquic's smoothed RTT (RFC 9002 §5.3, ack delay taken off)."""
+        if self.min_rtt_s is None or self.btl_bw_bps <= 0.0:
+            return None
+        rate = self.pacing_gain * self.sending_rate_bps
+        if self.state == STARTUP:
+            # never below what the window alone gave (aioquic's cwnd / srtt; BBR too
+            # starts from the initial window's rate): a model taken from the probes and
+            # keep-alives of an idle connection would start a transfer at a crawl
+            rate = max(rate, self.congestion_window / max(smoothed_rtt_s, MIN_RTT_FLOOR_S))
+        ceiling_s = self.min_rtt_s + self._rtt_allowance_s()
+        if self.state == PROBE_BW and self._phase <= PROBE_BW_START_PHASE:
+            # the probe, its drain and the phase after: the smoothed RTT still shows
+            # the probe's queue (its samples lag a round), which the 0.75 phase drains
+            queued_rtt_s = self._recent_min_rtt_s()
+        else:
+            # a queue still there a round later stands: the smoothed RTT shows it, also
+            # one that only empties now and then (acks queued behind the other
+            # direction's data in a shallow buffer overstate the bandwidth)
+            queued_rtt_s = max(smoothed_rtt_s, self._recent_min_rtt_s())
+        if queued_rtt_s > ceiling_s:
+            # a queue past the allowance slows us down and drains, but not below the
+            # window floor per RTT (what aioquic's cwnd / srtt gave): a queue that a
+            # loss-based flow keeps full would otherwise take our rate, and with it the
+            # delivery rate that is our model, down round after round. Never above the
+            # model's rate: on a slow path the floor exceeds its BDP and buffer.
+            floor = min(rate, self.min_target_window / max(smoothed_rtt_s, queued_rtt_s))
+            rate = max(rate * ceiling_s / queued_rtt_s, floor)
+        if self._app_limited_until:
+            # the sender has less than the path carries (critical messages alone): the
+            # model is the traffic's rate, not the path's, and paced at it a 64 KiB
+            # message would take as long as the gap to the next; at least the window
+            # floor per RTT, as aioquic's cwnd / srtt did
+            rate = max(rate, self.min_target_window / max(smoothed_rtt_s, MIN_RTT_FLOOR_S))
+        return rate
 
     def _update_bw(self, sample_bps: float) -> None:
         samples = self._bw_samples
@@ -228,7 +316,13 @@ class WangateCongestionControl(QuicCongestionControl):
             # restart the send/ack intervals after idle (delivery-rate draft §3.2)
             self._first_sent_at = sent_at
             self._delivered_at = sent_at
-        if self.bytes_in_flight < APP_LIMITED_FRACTION * self.congestion_window:
+        # against the flight the rate needs, not ProbeBW's window; in Startup
+        # against the window, as a model taken from an idle connection's keep-alives
+        # would call them a full pipe
+        limit = self.congestion_window
+        if self.filled_pipe and self.min_rtt_s is not None and self.btl_bw_bps > 0.0:
+            limit = min(limit, int(self.sending_rate_bps * self._window_rtt_s()))
+        if self.bytes_in_flight < APP_LIMITED_FRACTION * limit:
             self._app_limited_until = max(
                 self.delivered_bytes + self.bytes_in_flight + packet.sent_bytes, 1
             )
@@ -238,6 +332,8 @@ class WangateCongestionControl(QuicCongestionControl):
             self._first_sent_at,
             sent_at,
             self._app_limited_until > 0,
+            self.state == PROBE_BW and self.pacing_gain <= 1.0,
+            self.state == PROBE_BW and self.pacing_gain > 1.0,
         )
         self.bytes_in_flight += packet.sent_bytes
 
@@ -254,13 +350,21 @@ class WangateCongestionControl(QuicCongestionControl):
         if sent.sent_at > self._recovery_start:
             self._round_acked_bytes += acked
             self._round_acked_packets += 1
+            if sent.cruising:
+                self._round_cruise_bytes += acked
         if sent.delivered >= self._next_round_delivered:
             self._start_round(now)
         self._first_sent_at = sent.sent_at
-        interval_s = max(sent.sent_at - sent.first_sent_at, now - sent.delivered_at)
+        send_s, ack_s = sent.sent_at - sent.first_sent_at, now - sent.delivered_at
+        interval_s = max(send_s, ack_s)
         if interval_s > 0.0 and (self.min_rtt_s is None or interval_s >= self.min_rtt_s):
             rate_bps = (self.delivered_bytes - sent.delivered) / interval_s
-            if not sent.app_limited or rate_bps >= self.btl_bw_bps:
+            # a probe's sample above the model whose acks came closer together than its
+            # data left shows our sending rate, not the path's: its acks queued behind
+            # the other direction's data and left together (up to +14 % a probe on the
+            # collectives lab's 5 Mbit/s links, then the queue overflowed)
+            compressed = sent.probing and ack_s < send_s and rate_bps > self.btl_bw_bps
+            if not compressed and (not sent.app_limited or rate_bps >= self.btl_bw_bps):
                 self._update_bw(rate_bps)
                 if not sent.app_limited and self.state == STARTUP:
                     self._check_full_pipe(rate_bps)
@@ -279,6 +383,9 @@ class WangateCongestionControl(QuicCongestionControl):
             if sent is not None and sent.sent_at > self._recovery_start:
                 self._round_lost_packets += 1
                 self._round_lost_bytes += packet.sent_bytes
+                if sent.cruising:
+                    self._round_cruise_bytes += packet.sent_bytes
+                    self._round_cruise_lost_bytes += packet.sent_bytes
         # judged when the round ends (_start_round): early in a round a few random
         # losses against few acks would look like a high loss rate. Startup is the
         # exception once the losses are many and a queue shows: it doubles its window
@@ -288,6 +395,7 @@ class WangateCongestionControl(QuicCongestionControl):
         if (
             self.state == STARTUP
             and self._round_lost_packets >= STARTUP_LOSS_MIN_PACKETS
+            and self._model_measured()
             and self._is_congestion(queue_required=True)
         ):
             self._on_congestion(now)
@@ -322,22 +430,38 @@ class WangateCongestionControl(QuicCongestionControl):
     # ----------------------------------------------------------- the machine
 
     def _start_round(self, now: float) -> None:
-        if self._round_lost_packets >= LOSS_MIN_PACKETS and self._is_congestion():
+        if (
+            self._round_lost_packets >= LOSS_MIN_PACKETS
+            and self._model_measured()
+            and self._is_congestion()
+        ):
             self._on_congestion(now)
         else:
             total = self._round_lost_bytes + self._round_acked_bytes
             if total:
                 rate = self._round_lost_bytes / total
                 self.loss_baseline += LOSS_BASELINE_WEIGHT * (rate - self.loss_baseline)
-                if not self._round_queued():
-                    self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
+            cruise = self._round_cruise_bytes
+            if cruise and not self._round_queued():
+                rate = self._round_cruise_lost_bytes / cruise
+                self.random_loss += LOSS_BASELINE_WEIGHT * (rate - self.random_loss)
         self.round_count += 1
         self._next_round_delivered = self.delivered_bytes
+        self._last_round_min_rtt_s = self._round_min_rtt_s
         self._round_min_rtt_s = math.inf
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
+
+    def _model_measured(self) -> bool:
+        """Whether losses may end Startup: not in the first rounds, whose flight left at
+        the initial window's rate, not the model's (an initial window larger than a slow
+        path's BDP and buffer would end Startup with a bandwidth of a tenth of the path's,
+        which ProbeBW's +25 % per cycle takes seconds to undo)."""
+        return self.state != STARTUP or self.round_count >= STARTUP_LOSS_MIN_ROUNDS
 
     def _is_congestion(self, *, queue_required: bool = False) -> bool:
         total = self._round_lost_bytes + self._round_acked_bytes
@@ -363,12 +487,18 @@ class WangateCongestionControl(QuicCongestionControl):
     def _on_congestion(self, now: float) -> None:
         self.congestion_events += 1
         self._recovery_start = now
-        self._bw_samples = [(r, bw * LOSS_BETA) for r, bw in self._bw_samples]
-        self.btl_bw_bps *= LOSS_BETA
+        if self.state != STARTUP:
+            # Startup's excess is in flight, not in the model (a delivery rate never
+            # overstates the bottleneck): Drain takes it out; cutting the model too left
+            # a shallow-buffered path at a fraction of its rate for many ProbeBW cycles
+            self._bw_samples = [(r, bw * LOSS_BETA) for r, bw in self._bw_samples]
+            self.btl_bw_bps *= LOSS_BETA
         self._round_lost_packets = 0
         self._round_lost_bytes = 0
         self._round_acked_bytes = 0
         self._round_acked_packets = 0
+        self._round_cruise_bytes = 0  # acked or lost, of packets sent cruising
+        self._round_cruise_lost_bytes = 0
         if self.state == STARTUP:
             self.filled_pipe = True
             self.state = DRAIN
@@ -395,7 +525,7 @@ class WangateCongestionControl(QuicCongestionControl):
         elif self.state == PROBE_BW:
             elapsed = now - self._phase_start > min_rtt
             gain = PROBE_BW_GAINS[self._phase]
-            if elapsed or (gain < 1.0 and self.bytes_in_flight <= self.bdp_bytes):
+            if elapsed or (gain < 1.0 and self.bytes_in_flight <= self.wire_bdp_bytes):
                 self._phase = (self._phase + 1) % len(PROBE_BW_GAINS)
                 self._phase_start = now
         elif self.state == PROBE_RTT:
