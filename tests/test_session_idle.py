@@ -100,12 +100,18 @@ def test_an_idle_lossy_jittery_path_does_not_flap() -> None:
         assert [e.state for e in pair.events_of(site, PeerStateChanged)] in ([], ["up"])
 
 
-def test_a_dead_idle_path_is_down_within_its_silence_timeout_on_both_sides() -> None:
+def blackholed(run_s: float) -> tuple[RecordingPair, float]:
+    """An idle pair whose path goes silent both ways; the time it did, after ``run_s``."""
     pair = idle_pair()
     pair.run_for(3.0)
     silent_at = pair.now
     pair.set_silent("a", True)
-    pair.run_for(2.0)
+    pair.run_for(run_s)
+    return pair, silent_at
+
+
+def test_a_dead_idle_path_is_down_within_its_silence_timeout_on_both_sides() -> None:
+    pair, silent_at = blackholed(2.0)
     for site in ("bj", "sh"):
         (down_at,) = [
             t
@@ -121,10 +127,7 @@ def test_a_dead_idle_path_is_down_within_its_silence_timeout_on_both_sides() -> 
 
 
 def test_an_idle_peer_is_unreachable_after_peer_dead_s() -> None:
-    pair = idle_pair()
-    silent_at = pair.now
-    pair.set_silent("a", True)
-    pair.run_for(6.0)
+    pair, silent_at = blackholed(6.0)
     for site in ("bj", "sh"):
         (gone_at,) = [
             t
