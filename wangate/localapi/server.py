@@ -519,12 +519,7 @@ class _Connection:
                 raise GatewayError("the message's segment is gone", code="internal")
             reply = ok_reply(
                 rid,
-                source=stream.source,
-                tag=stream.tag,
-                step=stream.step,
-                critical=stream.critical,
-                meta=stream.meta,
-                checksum=stream.checksum,
+                **_message_fields(stream),
                 segment=[stream.segment_offset, stream.payload_bytes],
                 ready=stream.ready_bytes,
                 done=stream.done,
@@ -628,18 +623,22 @@ class _Connection:
                 await self.loop.sock_sendall(self.sock, body)
 
 
+def _message_fields(message: Delivery | IncomingStream) -> dict[str, Any]:
+    """What a recv reply says of its message, whole or streamed (proto/localapi.md)."""
+    return {
+        "source": message.source,
+        "tag": message.tag,
+        "step": message.step,
+        "critical": message.critical,
+        "meta": message.meta,
+        "checksum": message.checksum,
+    }
+
+
 def _recv_reply(
     rid: int, delivery: Delivery, segments: bool
 ) -> tuple[dict[str, Any], Buffer | _Handed]:
-    reply = ok_reply(
-        rid,
-        source=delivery.source,
-        tag=delivery.tag,
-        step=delivery.step,
-        critical=delivery.critical,
-        meta=delivery.meta,
-        checksum=delivery.checksum,
-    )
+    reply = ok_reply(rid, **_message_fields(delivery))
     fd = delivery.segment_fd
     if fd is None:
         return reply, delivery.payload
