@@ -24,7 +24,7 @@ import pytest
 
 import wangate
 from tests.selfsite import default_client_settings
-from tests.test_localapi_segments import daemon_pid
+from tests.test_localapi_segments import daemon_pid, rss_anon_kib
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
 from wangate.localapi.protocol import SendRequest, encode_request
@@ -135,14 +135,6 @@ def test_a_message_within_the_site_streams_whole(sites: LoopbackSites) -> None:
         incoming = sh.recv("self", source="sh", step=2, stream=True, timeout=10)
         assert incoming.done and incoming.ready_bytes == array.nbytes
         np.testing.assert_array_equal(incoming.result(), array)
-
-
-def rss_anon_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no RssAnon for {pid}")
 
 
 def test_a_large_message_within_the_site_costs_the_daemon_no_private_copy(
