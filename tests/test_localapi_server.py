@@ -91,14 +91,17 @@ class GatewayThread:
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], timeout_s: float = 10.0) -> Any:
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout_s)
 
-    def wait_for_waiters(self, count: int, timeout_s: float = 10.0) -> None:
-        """Return once exactly ``count`` recvs wait in the inbox (polled on its loop)."""
+    def wait_until(self, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Return once ``condition`` holds, polled on the server's loop."""
 
         async def poll() -> None:
-            while self.service.inbox.mailbox.waiter_count() != count:
+            while not condition():
                 await asyncio.sleep(0.001)
 
         self.run(lambda: asyncio.wait_for(poll(), timeout_s), timeout_s + 1)
+
+    def wait_for_waiters(self, count: int) -> None:
+        self.wait_until(lambda: self.service.inbox.mailbox.waiter_count() == count)
 
     def __enter__(self) -> GatewayThread:
         self._thread.start()
@@ -262,7 +265,8 @@ def test_truncated_and_stalled_frames_do_not_block_others(sock_path: Path) -> No
         assert is_closed(truncated)  # closed mid-frame: nothing to reply to
         check_good = good_transfer(sock_path, "good-stalled")
         check_good()
-        assert gateway.server.connection_count == 2
+        # The two stalled clients stay; the good one's close reaches the server a little later.
+        gateway.wait_until(lambda: gateway.server.connection_count == 2)
         stalled.close()
         payload_stalled.close()
 
