@@ -22,7 +22,7 @@ from bench.lab import siteroutes
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
 from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
-from wangate.collective.plan import capacity_weights
+from wangate.collective.plan import capacity_weights, mesh_weights
 from wangate.errors import WangateError
 
 ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB
@@ -41,8 +41,9 @@ class Variant:
 
 
 def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
-    """The wangate allreduce with the weights its measured plan would pick at each site's
-    nominal link capacity (``[collective] weights``), with equal shares (all weights 1),
+    """The wangate allreduce with the weights its measured plan would pick at the nominal
+    link rates (``[collective] weights``), with those water-filling the sites' nominal
+    capacities (``allreduce-site``), with equal shares (all weights 1),
     and with the shares the gateways derive from measured capacity (no weights)."""
     capacities = bound.site_capacities_bps(links_bps(scenario))
 
@@ -51,9 +52,12 @@ def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
         return f"[collective]\nweights = {{ {table} }}"
 
     # the weights the measured plan picks when it measures the nominal rates exactly
-    nominal = capacity_weights({s: c / 1e6 for s, c in capacities.items()})
+    nominal = mesh_weights(scenario.sites, {k: r / 1e6 for k, r in links_bps(scenario).items()})
+    # what it picked before it saw the links: water-filling over the sites' capacities
+    by_site = capacity_weights({s: c / 1e6 for s, c in capacities.items()})
     return (
         Variant("allreduce", weights(nominal)),
+        Variant("allreduce-site", weights(by_site)),
         Variant("allreduce-equal", weights(dict.fromkeys(scenario.sites, 1.0))),
         Variant("allreduce-measured"),
         # run only when named: the best weights with a quarter of the default chunk
@@ -79,6 +83,8 @@ def bounds(scenario: Scenario, size_bytes: int) -> dict[str, Any]:
     weighted = bound.capacity_shares(capacities)
     equal = bound.equal_shares(list(scenario.sites))
     best = bound.best_site_shares(capacities)
+    mesh_w = mesh_weights(list(scenario.sites), {k: r / 1e6 for k, r in links.items()}, floor=0)
+    mesh = {site: w / sum(mesh_w.values()) for site, w in mesh_w.items()}
     sites = list(scenario.sites)
     ring = [links[(sites[k], sites[(k + 1) % len(sites)])] for k in range(len(sites))]
     return {
@@ -91,6 +97,9 @@ def bounds(scenario: Scenario, size_bytes: int) -> dict[str, Any]:
         "best_shares": best,
         "link_bound_s": bound.link_bound_s(size_bytes, links, weighted),
         "link_bound_equal_s": bound.link_bound_s(size_bytes, links, equal),
+        "link_bound_best_site_s": bound.link_bound_s(size_bytes, links, best),
+        "mesh_shares": mesh,
+        "link_bound_mesh_s": bound.link_bound_s(size_bytes, links, mesh),
         "gloo_ring_bound_s": bound.ring_bound_s(size_bytes, ring),
     }
 

@@ -176,14 +176,14 @@ class _Allreduce:
     def diagnostics(self) -> dict[str, Any]:
         """The rates the leader holds for the measured plan (empty elsewhere), and the
         weights it derives from them."""
-        from wangate.collective.capacity import Reports, capacities_mbps
+        from wangate.collective.capacity import Reports
         from wangate.collective.plan import Plan
 
         rates = self.client._session.collective.rates_mbps
         if not rates:
             return {"rates_mbps": rates}
         plan = Plan.equal(self.sites)
-        weights = Reports(self.site, plan, "bench").plan_from(capacities_mbps(rates, plan.sites))
+        weights = Reports(self.site, plan, "bench").plan_from_rates(rates)
         return {"rates_mbps": rates, "weights": dict(zip(plan.sites, weights.weights, strict=True))}
 
 

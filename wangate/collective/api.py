@@ -18,7 +18,7 @@ from wangate.errors import LocalProtocolError
 
 from .allreduce import AllreduceRun
 from .arith import check_reducible
-from .capacity import Reports, capacities_mbps, out_rates_mbps
+from .capacity import Reports, out_rates_mbps
 from .driver import Deadline, timeout_error
 from .exchange import CollectiveTimeout, Expected
 from .feedback import HopFeedback
@@ -224,7 +224,7 @@ def _measure(reports: Reports, state: CollectiveState, plan: Plan) -> Generator[
                 break
             state.rates_mbps[peer] = reports.read_report(peer, word)
     state.rates_mbps[reports.site] = out_rates_mbps((yield PathRows()), reports.peers)
-    return reports.plan_from(capacities_mbps(state.rates_mbps, plan.sites))
+    return reports.plan_from_rates(state.rates_mbps)
 
 
 def _no_plan(what: str, site: str, leader: str, timeout: float) -> CollectiveTimeout:

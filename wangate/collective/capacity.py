@@ -6,10 +6,12 @@ its paths (the delivery rate while the path was kept busy, remembered over idle 
 ``wangate.core.capacity``), that is the rate out of its site; every site but the
 lowest-named sends that leader its rate to each other site of the call with every call.
 The leader drains the reports that arrived (it never waits for one), adds its own, and
-from that matrix of rates takes each site's capacity as the lesser of what it sends out
-and what the others deliver into it (reduce-scatter/all-gather moves as many bytes into
-a site as out of it, so the slower direction bounds it), then announces the weights for
-this call. The others wait for the announcement before sending: one one-way delay per
+from that matrix of rates picks the shares that load the busiest link least (every
+message goes straight to its receiver, so each link carries its two ends' shares:
+``mesh_weights``); while some link has no rate yet, it takes each site's capacity as the
+lesser of what it sends out and what the others deliver into it (reduce-scatter/
+all-gather moves as many bytes into a site as out of it) and water-fills
+(``capacity_weights``). It then announces the weights for this call. The others wait for the announcement before sending: one one-way delay per
 call, paid only by tensors big enough for reduce-scatter/all-gather.
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 from wangate.rows import PathRow
 
 from .exchange import CollectiveMismatch, Outgoing
-from .plan import MAX_WEIGHT, Plan, capacity_weights
+from .plan import MAX_WEIGHT, Plan, capacity_weights, mesh_weights
 from .tags import wire_tag
 
 
@@ -39,6 +41,26 @@ def out_rates_mbps(rows: Sequence[PathRow], sites: Sequence[str]) -> dict[str, f
         if live and rate is not None and math.isfinite(rate) and rate > 0:
             totals[row.peer] += rate
     return totals
+
+
+def links_mbps(
+    rates: Mapping[str, Mapping[str, float]], sites: Sequence[str]
+) -> dict[tuple[str, str], float] | None:
+    """The rate of every link between ``sites`` (``rates[a][b]``: a's measured rate to b),
+    or None while some pair has no measured rate either way. A direction not measured
+    (not reported, or 0: its path was never kept busy) counts as the other's."""
+    result = {}
+    for a in sites:
+        for b in sites:
+            if a == b:
+                continue
+            ab = rates.get(a, {}).get(b, 0.0)
+            ba = rates.get(b, {}).get(a, 0.0)
+            rate = ab if ab > 0 else ba
+            if not rate > 0:
+                return None
+            result[(a, b)] = rate
+    return result
 
 
 def capacities_mbps(
@@ -99,6 +121,15 @@ class Reports:
         mean = sum(known) / len(known)
         rates = {s: capacity_mbps.get(s, 0.0) or mean for s in self.plan.sites}
         weights = capacity_weights(rates)
+        return replace(self.plan, weights=tuple(weights[s] for s in self.plan.sites))
+
+    def plan_from_rates(self, rates: Mapping[str, Mapping[str, float]]) -> Plan:
+        """Weights from the rates reported so far: over the links (``mesh_weights``) once
+        every link has a measured rate, before that from each site's capacity."""
+        links = links_mbps(rates, self.plan.sites)
+        if links is None:
+            return self.plan_from(capacities_mbps(rates, self.plan.sites))
+        weights = mesh_weights(self.plan.sites, links)
         return replace(self.plan, weights=tuple(weights[s] for s in self.plan.sites))
 
     def announce(self, plan: Plan) -> list[Outgoing]:

@@ -169,3 +169,44 @@ def capacity_weights(rates_mbps: Mapping[str, float], floor: float = 0.05) -> di
             break
     top = max(shares.values())
     return {site: round(max(shares.get(site, 0.0) / top, floor), 4) for site in clean}
+
+
+def mesh_weights(
+    sites: Sequence[str], links_mbps: Mapping[tuple[str, str], float], floor: float = 0.05
+) -> dict[str, float]:
+    """Weights that let reduce-scatter/all-gather finish soonest over the links between
+    the sites, none below ``floor`` of the largest.
+
+    Every message goes straight from its sender to its receiver, so the link between
+    ``i`` and ``j`` carries ``S (s_i + s_j)`` each way: ``s_j S`` of ``i``'s contribution
+    to ``j``'s share and ``s_i S`` of ``i``'s reduced share. The call takes at least
+    ``max 8 S (s_i + s_j) / c_ij`` over the links, which also bounds each site's total
+    (``capacity_weights``' model), so these shares are the ones of the linear program
+    ``max sum x`` over ``x_i + x_j <= c_ij``, ``x >= 0``, scaled to sum 1. On four sites
+    whose slowest link joins two sites of middling capacity this moves most of their
+    shares to other sites, which ``capacity_weights`` cannot see.
+    ``links_mbps[(a, b)]``: the rate from ``a`` to ``b``; the slower direction counts, a
+    pair missing both ways counts as 0 (no bytes between those two). Two sites (or
+    fewer) exchange directly: equal weights.
+    """
+    from .lp import maximise_sum
+
+    ordered = sorted(set(sites))
+    n = len(ordered)
+    if n <= 2:
+        return dict.fromkeys(ordered, 1.0)
+    rows: list[list[float]] = []
+    limits: list[float] = []
+    for a_index, a in enumerate(ordered):
+        for b in ordered[a_index + 1 :]:
+            known = [
+                r for r in (links_mbps.get((a, b)), links_mbps.get((b, a)))
+                if r is not None and math.isfinite(r)
+            ]  # fmt: skip
+            rows.append([1.0 if s in (a, b) else 0.0 for s in ordered])
+            limits.append(max(0.0, min(known)) if known else 0.0)
+    x = maximise_sum(rows, limits)
+    top = max(x)
+    if top <= 0:
+        return dict.fromkeys(ordered, 1.0)
+    return {site: round(max(v / top, floor), 4) for site, v in zip(ordered, x, strict=True)}
