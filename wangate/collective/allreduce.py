@@ -5,7 +5,11 @@ chunks. At start a site sends each other owner its slice of that owner's chunks.
 owner holds a chunk from every site it reduces it (sorted site order) and sends the
 result to everyone at once, so gathering starts with the first chunk, not after the last.
 The owner keeps the decoded form of what it sent, so with a lossy codec every site still
-holds the same bits.
+holds the same bits. A plan with routes (``Plan.routes``) gathers a part's chunks through
+a relay: the owner sends each reduced chunk to the sites its route names, and each of
+those passes it on to the sites that get it through them, so a slow link between two
+sites carries less of the all-gather (lossless calls only; with a lossy codec the owner
+sends to all).
 
 Direct exchange (two sites, or a tensor small enough that the second WAN crossing costs
 more than the extra bytes, ``Plan.direct``): every site sends its whole tensor to every
@@ -23,7 +27,7 @@ from wangate.errors import LocalProtocolError
 from .arith import check_reducible, reduce_in_order
 from .exchange import Arrivals, CollectiveMismatch, Expected, Outgoing
 from .feedback import HopFeedback
-from .plan import Plan, Share, chunks
+from .plan import Plan, Route, Share, chunks
 from .tags import check_collective_tag, wire_tag
 
 
@@ -59,12 +63,18 @@ class AllreduceRun:
         n = self._flat.size
         self.direct = plan.direct(self._flat.nbytes)
         itemsize = self.dtype.itemsize
+        # per chunk: the all-gather route (None: the owner sends to every peer)
+        self._routes: list[Route | None] = []
         if self.direct:
             self._chunks = chunks(Share(site, 0, n), itemsize, plan.chunk_bytes)
+            self._routes = [None] * len(self._chunks)
         else:
-            self._chunks = [
-                c for s in plan.shares(n) for c in chunks(s, itemsize, plan.chunk_bytes)
-            ]
+            self._chunks = []
+            for share, route in plan.parts(n):
+                cut = chunks(share, itemsize, plan.chunk_bytes)
+                self._chunks += cut
+                # a relay could not pass a lossy encoding on unchanged: owners send to all
+                self._routes += [None if self._lossy else route] * len(cut)
         self._result = np.empty(n, dtype=self.dtype)
         # chunk index -> contributions by site, until the chunk is reduced
         self._parts: dict[int, dict[str, np.ndarray]] = {}
@@ -113,7 +123,7 @@ class AllreduceRun:
             else:
                 encoded = self._encode(self._flat[chunk.start : chunk.stop], hop, chunk)
                 out.append(self._outgoing((chunk.owner,), "rs", index, encoded))
-                self._expect(chunk.owner, "ag", index)
+                self._expect(self._gathered_from(index), "ag", index)
         # contributions first: they depend on no one, so a driver waiting on them in
         # order never waits on a reduced chunk that itself waits on a missing site
         self._wanted = dict(sorted(self._wanted.items(), key=lambda kv: "/ag/" in kv[0]))
@@ -133,7 +143,13 @@ class AllreduceRun:
         values = array.reshape(-1)
         if tag.startswith("@c/ag/"):
             self._result[chunk.start : chunk.stop] = values
-            return []
+            route = self._routes[index]
+            children = route.children(self.site, self.plan.sites) if route else ()
+            if not children:
+                return []
+            # a relay passes on the values it received, losslessly: every site then
+            # holds the bits the owner's encoding decodes to
+            return [Outgoing.small(children, tag, values, self._critical)]
         parts = self._parts[index]
         parts[source] = values
         if len(parts) == len(self.plan.sites):
@@ -152,7 +168,16 @@ class AllreduceRun:
             return []
         encoded = self._encode(reduced, "ag", chunk)
         self._result[chunk.start : chunk.stop] = self._decoded_own(encoded, chunk, reduced)
-        return [self._outgoing(self._peers, "ag", index, encoded)]
+        route = self._routes[index]
+        targets = route.children(self.site, self.plan.sites) if route else self._peers
+        return [self._outgoing(targets, "ag", index, encoded)]
+
+    def _gathered_from(self, index: int) -> str:
+        """The site this one receives chunk ``index``'s reduced values from."""
+        route = self._routes[index]
+        if route is None:
+            return self._chunks[index].owner
+        return route.via[self.plan.sites.index(self.site)]
 
     def _encode(self, values: np.ndarray, hop: str, chunk: Share) -> EncodedTensor:
         return self._feedback.encode(

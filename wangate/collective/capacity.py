@@ -23,10 +23,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from wangate.errors import LocalProtocolError
 from wangate.rows import PathRow
 
 from .exchange import CollectiveMismatch, Outgoing
-from .plan import MAX_WEIGHT, Plan, capacity_weights, mesh_weights
+from .plan import MAX_WEIGHT, Plan, Route, capacity_weights, mesh_weights
+from .routes import gather_routes
 from .tags import wire_tag
 
 
@@ -130,22 +132,48 @@ class Reports:
         if links is None:
             return self.plan_from(capacities_mbps(rates, self.plan.sites))
         weights = mesh_weights(self.plan.sites, links)
-        return replace(self.plan, weights=tuple(weights[s] for s in self.plan.sites))
+        return replace(
+            self.plan,
+            weights=tuple(weights[s] for s in self.plan.sites),
+            routes=gather_routes(self.plan.sites, links),
+        )
 
     def announce(self, plan: Plan) -> list[Outgoing]:
         if not self.peers:
             return []
-        weights = np.array(plan.weights, dtype=np.float64)
+        values = list(plan.weights)
+        for route in plan.routes:  # owner, where each site gets it from, weight
+            values.append(plan.sites.index(route.owner))
+            values += [plan.sites.index(v) for v in route.via]
+            values.append(route.weight)
+        weights = np.array(values, dtype=np.float64)
         return [Outgoing.small(self.peers, self.plan_tag, weights, True)]
 
     def accept(self, leader: str, array: np.ndarray) -> Plan:
         values = array.reshape(-1)
-        if array.dtype != np.float64 or values.size != len(self.plan.sites):
+        n = len(self.plan.sites)
+        if array.dtype != np.float64 or values.size < n or (values.size - n) % (n + 2):
             raise CollectiveMismatch(
                 f"collective {self.tag!r}: {leader} announced shares for other sites "
                 "(do all sites pass the same sites=?)"
             )
-        weights = tuple(float(w) for w in values)
+        weights = tuple(float(w) for w in values[:n])
         if not all(math.isfinite(w) and 0 < w <= MAX_WEIGHT for w in weights):
             raise CollectiveMismatch(f"collective {self.tag!r}: malformed shares from {leader}")
-        return replace(self.plan, weights=weights)
+        try:
+            routes = tuple(
+                self._route(values[k : k + n + 2]) for k in range(n, values.size, n + 2)
+            )
+            return replace(self.plan, weights=weights, routes=routes)
+        except (LocalProtocolError, ValueError, OverflowError) as exc:
+            raise CollectiveMismatch(
+                f"collective {self.tag!r}: malformed routes from {leader}: {exc}"
+            ) from None
+
+    def _route(self, values: np.ndarray) -> Route:
+        sites = self.plan.sites
+        indices = [float(v) for v in values[:-1]]
+        if not all(v.is_integer() and 0 <= v < len(sites) for v in indices):
+            raise ValueError(f"site indices {indices}")
+        names = [sites[int(v)] for v in indices]
+        return Route(names[0], tuple(names[1:]), float(values[-1]))

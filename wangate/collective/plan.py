@@ -41,12 +41,30 @@ class Share:
 
 
 @dataclass(frozen=True)
+class Route:
+    """A part of the tensor (``weight`` of it, among the plan's routes) reduced by
+    ``owner``, whose reduced chunks reach the site ``sites[k]`` of the plan from
+    ``via[k]``: the owner itself, or a site that received them from the owner and
+    forwards them (one relay at most)."""
+
+    owner: str
+    via: tuple[str, ...]  # one per plan site, sorted order; the owner's entry is the owner
+    weight: float
+
+    def children(self, site: str, sites: Sequence[str]) -> tuple[str, ...]:
+        """The sites that get this route's chunks from ``site``."""
+        return tuple(s for s, v in zip(sites, self.via, strict=True) if v == site and s != site)
+
+
+@dataclass(frozen=True)
 class Plan:
     sites: tuple[str, ...]  # sorted, unique
     weights: tuple[float, ...]  # one per site, > 0
     rate_bps: float = DEFAULT_RATE_BPS  # per-site WAN rate the bound assumes
     latency_s: float = DEFAULT_LATENCY_S  # one-way delay the bound assumes
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # pipelining unit; part of the plan: all cut alike
+    # all-gather through relays: when set, these parts replace the weights' shares
+    routes: tuple[Route, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.sites) < 1 or list(self.sites) != sorted(set(self.sites)):
@@ -67,6 +85,27 @@ class Plan:
                 f"chunk_bytes {self.chunk_bytes} is out of range "
                 f"({MIN_CHUNK_BYTES}..{MAX_CHUNK_BYTES})"
             )
+
+        for route in self.routes:
+            self._check_route(route)
+
+    def _check_route(self, route: Route) -> None:
+        sites = self.sites
+        if route.owner not in sites or len(route.via) != len(sites):
+            raise LocalProtocolError(f"route {route} does not fit the sites {list(sites)}")
+        if not (math.isfinite(route.weight) and 0 < route.weight <= MAX_WEIGHT):
+            raise LocalProtocolError(f"route weight {route.weight} must be > 0")
+        via = dict(zip(sites, route.via, strict=True))
+        for site, parent in via.items():
+            if site == route.owner:
+                ok = parent == route.owner
+            else:
+                ok = parent != site and parent in via and via[parent] == route.owner
+            if not ok:
+                raise LocalProtocolError(
+                    f"route of {route.owner!r}: {site!r} cannot get its chunks from "
+                    f"{parent!r} (the owner, or a site the owner sends to)"
+                )
 
     @classmethod
     def equal(cls, sites: Sequence[str], **bound: Any) -> Plan:
@@ -89,30 +128,36 @@ class Plan:
         if unknown:
             raise LocalProtocolError(f"sites {sorted(unknown)} are not in the plan")
         pairs = [(s, w) for s, w in zip(self.sites, self.weights, strict=True) if s in keep]
-        return replace(self, sites=tuple(s for s, _ in pairs), weights=tuple(w for _, w in pairs))
+        return replace(
+            self,
+            sites=tuple(s for s, _ in pairs),
+            weights=tuple(w for _, w in pairs),
+            routes=(),
+        )
 
     @property
     def digest(self) -> str:
         """8 hex digits naming this plan in wire tags (sites, weights, bound inputs)."""
         text = ";".join(f"{s}={w!r}" for s, w in zip(self.sites, self.weights, strict=True))
         text += f";{self.rate_bps!r};{self.latency_s!r};{self.chunk_bytes}"
+        for r in self.routes:
+            text += f";{r.owner}<{','.join(r.via)}={r.weight!r}"
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def shares(self, n_elements: int) -> list[Share]:
         """Contiguous shares in sorted site order, sizes proportional to the weights
         (largest remainder; ties go to the earlier site). Every site gets the same."""
-        total = sum(self.weights)
-        exact = [n_elements * w / total for w in self.weights]
-        sizes = [math.floor(x) for x in exact]
-        left = n_elements - sum(sizes)
-        order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))
-        for i in order[:left]:
-            sizes[i] += 1
-        result, start = [], 0
-        for site, size in zip(self.sites, sizes, strict=True):
-            result.append(Share(site, start, start + size))
-            start += size
-        return result
+        return _split(n_elements, self.sites, self.weights)
+
+    def parts(self, n_elements: int) -> list[tuple[Share, Route | None]]:
+        """The shares, each with its all-gather route (None: the owner sends to all).
+        With routes: one contiguous part per route, in the routes' order, sized by their
+        weights like ``shares``."""
+        if not self.routes:
+            return [(share, None) for share in self.shares(n_elements)]
+        owners = tuple(r.owner for r in self.routes)
+        split = _split(n_elements, owners, tuple(r.weight for r in self.routes))
+        return list(zip(split, self.routes, strict=True))
 
     def direct(self, nbytes: int) -> bool:
         """True when one direct exchange (every site sends its whole tensor to every
@@ -128,6 +173,21 @@ class Plan:
             return True
         extra_s = (n - 1) * (1 - 2 / n) * nbytes * 8 / self.rate_bps
         return extra_s < self.latency_s
+
+
+def _split(n_elements: int, owners: Sequence[str], weights: Sequence[float]) -> list[Share]:
+    total = sum(weights)
+    exact = [n_elements * w / total for w in weights]
+    sizes = [math.floor(x) for x in exact]
+    left = n_elements - sum(sizes)
+    order = sorted(range(len(sizes)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    for i in order[:left]:
+        sizes[i] += 1
+    result, start = [], 0
+    for owner, size in zip(owners, sizes, strict=True):
+        result.append(Share(owner, start, start + size))
+        start += size
+    return result
 
 
 def chunks(share: Share, itemsize: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Share]:
