@@ -62,10 +62,11 @@ def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
         Variant("allreduce-measured"),
         # run only when named: the best weights with a quarter of the default chunk
         Variant("allreduce-chunk256k", weights(nominal) + "\nchunk_bytes = 262144"),
+        Variant("allreduce-measured-chunk256k", "[collective]\nchunk_bytes = 262144"),
     )
 
 
-OPT_IN_VARIANTS = ("allreduce-chunk256k",)
+OPT_IN_VARIANTS = ("allreduce-chunk256k", "allreduce-measured-chunk256k")
 
 
 def links_bps(scenario: Scenario) -> dict[tuple[str, str], float]:
