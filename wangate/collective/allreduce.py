@@ -81,6 +81,7 @@ class AllreduceRun:
         self._wanted: dict[str, Expected] = {}
         self._chunk_of: dict[str, int] = {}
         self.arrivals = Arrivals(self._peers)
+        self._relays: set[str] = set()  # keys of _wanted this site passes on
         self._started = False
 
     # -- what the driver calls --------------------------------------------------------
@@ -95,6 +96,16 @@ class AllreduceRun:
 
     def wanted(self) -> list[Expected]:
         return list(self._wanted.values())
+
+    def relayed(self) -> list[Expected]:
+        """Of ``wanted``, the first reduced chunk from each site that this site passes on:
+        a blocking driver looks for these between its waits, since a relay's children
+        wait for them while it would otherwise still be taking contributions."""
+        first: dict[str, Expected] = {}
+        for key, want in self._wanted.items():
+            if want.source not in first and key in self._relays:
+                first[want.source] = want
+        return list(first.values())
 
     def result(self) -> np.ndarray:
         if not self.done:
@@ -124,16 +135,12 @@ class AllreduceRun:
                 encoded = self._encode(self._flat[chunk.start : chunk.stop], hop, chunk)
                 out.append(self._outgoing((chunk.owner,), "rs", index, encoded))
                 self._expect(self._gathered_from(index), "ag", index)
-        # In the order the chunks come: every owner reduces its part from its start,
-        # all at once, so a chunk a quarter into its part comes about when one a quarter
-        # into another part does. A driver that waits in this order passes a relayed
-        # chunk on when it comes, not once all before it in the tensor have. It cannot
-        # deadlock: a contribution depends on no one, and a reduced chunk only on
-        # messages earlier in every site's order.
-        position = self._positions()
-        self._wanted = dict(
-            sorted(self._wanted.items(), key=lambda kv: position[self._chunk_of[kv[1].tag]])
-        )
+                route = self._routes[index]
+                if route is not None and route.children(site, plan.sites):
+                    self._relays.add(self._tag("ag", index) + "\0" + self._gathered_from(index))
+        # contributions first: they depend on no one, so a driver waiting on them in
+        # order never waits on a reduced chunk that itself waits on a missing site
+        self._wanted = dict(sorted(self._wanted.items(), key=lambda kv: "/ag/" in kv[0]))
         # chunks complete already (no peers, or an owner's share with no one to wait for)
         for index in [i for i, parts in self._parts.items() if len(parts) == len(self.plan.sites)]:
             out.extend(self._reduce(index))
@@ -178,17 +185,6 @@ class AllreduceRun:
         route = self._routes[index]
         targets = route.children(self.site, self.plan.sites) if route else self._peers
         return [self._outgoing(targets, "ag", index, encoded)]
-
-    def _positions(self) -> dict[int, tuple[float, int]]:
-        """Per chunk: how far into its owner's chunks it lies (0 to 1), then its index."""
-        by_owner: dict[str, list[int]] = {}
-        for index, chunk in enumerate(self._chunks):
-            by_owner.setdefault(chunk.owner, []).append(index)
-        return {
-            index: (rank / len(indices), index)
-            for indices in by_owner.values()
-            for rank, index in enumerate(indices)
-        }
 
     def _gathered_from(self, index: int) -> str:
         """The site this one receives chunk ``index``'s reduced values from."""

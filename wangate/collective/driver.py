@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +32,18 @@ class Run(Protocol):
     def wanted(self) -> list[Expected]: ...
 
     def receive(self, source: str, tag: str, array: np.ndarray) -> list[Outgoing]: ...
+
+
+@runtime_checkable
+class Relaying(Protocol):
+    """A run some of whose messages this site passes on (``AllreduceRun`` with routes)."""
+
+    def relayed(self) -> list[Expected]: ...
+
+
+# A blocking driver with chunks to pass on waits at most this long for the next message
+# before it looks for them: a relayed chunk leaves at most this late.
+RELAY_POLL_S = 0.02
 
 
 class SyncTransport(Protocol):
@@ -118,12 +130,26 @@ def drive(gw: SyncTransport, run: Run, step: int, deadline: Deadline, what: str,
     send_all(gw, run.start(), step)
     while not run.done:
         want = run.wanted()[0]
-        try:
-            array = gw.recv(want.tag, source=want.source, step=step, timeout=deadline.left())
-        except RecvTimeout:
+        relayed = run.relayed() if isinstance(run, Relaying) else []
+        for other in relayed:  # pass on what has come, waiting for nothing
+            if other != want:
+                _take(gw, run, other, step, 0.0)
+        # with chunks to pass on, wait in slices and look for them in between
+        wait_s = min(deadline.left(), RELAY_POLL_S) if relayed else deadline.left()
+        if want in run.wanted() and not _take(gw, run, want, step, wait_s):
+            if deadline.left() > 0:
+                continue
             _take_what_is_there(gw, run, step)
             raise run.arrivals.timeout(what, site, deadline.timeout_s, run.wanted()) from None
-        send_all(gw, run.receive(want.source, want.tag, array), step)
+
+
+def _take(gw: SyncTransport, run: Run, want: Expected, step: int, timeout_s: float) -> bool:
+    try:
+        array = gw.recv(want.tag, source=want.source, step=step, timeout=timeout_s)
+    except RecvTimeout:
+        return False
+    send_all(gw, run.receive(want.source, want.tag, array), step)
+    return True
 
 
 def _take_what_is_there(gw: SyncTransport, run: Run, step: int) -> None:
