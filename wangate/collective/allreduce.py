@@ -136,7 +136,7 @@ class AllreduceRun:
                 out.append(self._outgoing((chunk.owner,), "rs", index, encoded))
                 self._expect(self._gathered_from(index), "ag", index)
                 route = self._routes[index]
-                if route is not None and route.children(site, plan.sites):
+                if route is not None and route.children(self.site, self.plan.sites):
                     self._relays.add(self._tag("ag", index) + "\0" + self._gathered_from(index))
         # contributions first: they depend on no one, so a driver waiting on them in
         # order never waits on a reduced chunk that itself waits on a missing site
