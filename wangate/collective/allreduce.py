@@ -71,7 +71,7 @@ class AllreduceRun:
         else:
             self._chunks = []
             for share, route in plan.parts(n):
-                cut = chunks(share, itemsize, plan.chunk_bytes)
+                cut = chunks(share, itemsize, plan.cut_bytes)
                 self._chunks += cut
                 # a relay could not pass a lossy encoding on unchanged: owners send to all
                 self._routes += [None if self._lossy else route] * len(cut)

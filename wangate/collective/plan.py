@@ -25,6 +25,7 @@ DEFAULT_LATENCY_S = 0.030
 MAX_WEIGHT = 1e6
 MIN_CHUNK_BYTES = 1024
 MAX_CHUNK_BYTES = 1 << 30
+RELAYED_CHUNK_DIVISOR = 4
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,14 @@ class Plan:
         """Contiguous shares in sorted site order, sizes proportional to the weights
         (largest remainder; ties go to the earlier site). Every site gets the same."""
         return _split(n_elements, self.sites, self.weights)
+
+    @property
+    def cut_bytes(self) -> int:
+        """The chunk size the run cuts at: ``chunk_bytes``, or a quarter of it with routes
+        (a relay passes a chunk on only once all of it came: smaller chunks wait less)."""
+        if not self.routes:
+            return self.chunk_bytes
+        return max(MIN_CHUNK_BYTES, self.chunk_bytes // RELAYED_CHUNK_DIVISOR)
 
     def parts(self, n_elements: int) -> list[tuple[Share, Route | None]]:
         """The shares, each with its all-gather route (None: the owner sends to all).
