@@ -11,8 +11,10 @@ message goes straight to its receiver, so each link carries its two ends' shares
 ``mesh_weights``); while some link has no rate yet, it takes each site's capacity as the
 lesser of what it sends out and what the others deliver into it (reduce-scatter/
 all-gather moves as many bytes into a site as out of it) and water-fills
-(``capacity_weights``). It then announces the weights for this call. The others wait for the announcement before sending: one one-way delay per
-call, paid only by tensors big enough for reduce-scatter/all-gather.
+(``capacity_weights``). Over the links it also finds all-gather routes through relays
+(``routes``). It then announces the weights and routes for this call. The others wait for
+the announcement before sending: one one-way delay per call, paid only by tensors big
+enough for reduce-scatter/all-gather.
 """
 
 from __future__ import annotations
@@ -161,9 +163,7 @@ class Reports:
         if not all(math.isfinite(w) and 0 < w <= MAX_WEIGHT for w in weights):
             raise CollectiveMismatch(f"collective {self.tag!r}: malformed shares from {leader}")
         try:
-            routes = tuple(
-                self._route(values[k : k + n + 2]) for k in range(n, values.size, n + 2)
-            )
+            routes = tuple(self._route(values[k : k + n + 2]) for k in range(n, values.size, n + 2))
             return replace(self.plan, weights=weights, routes=routes)
         except (LocalProtocolError, ValueError, OverflowError) as exc:
             raise CollectiveMismatch(

@@ -48,12 +48,18 @@ def _vias(sites: Sequence[str], owner: str) -> Iterator[tuple[str, ...]]:
         for direct in itertools.combinations(others, k):
             rest = [s for s in others if s not in direct]
             for parents in itertools.product(direct, repeat=len(rest)):
-                via = {owner: owner, **dict.fromkeys(direct, owner), **dict(zip(rest, parents))}
+                via = {
+                    owner: owner,
+                    **dict.fromkeys(direct, owner),
+                    **dict(zip(rest, parents, strict=True)),
+                }
                 yield tuple(via[s] for s in sites)
 
 
 def _throughput(
-    sites: Sequence[str], rates: Mapping[tuple[str, str], float], routes: list[tuple[str, tuple[str, ...]]]
+    sites: Sequence[str],
+    rates: Mapping[tuple[str, str], float],
+    routes: list[tuple[str, tuple[str, ...]]],
 ) -> list[float]:
     """The linear program: how much of the tensor (in Mbit per second of call) each
     route may carry with no link direction over its rate."""
