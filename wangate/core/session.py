@@ -155,6 +155,7 @@ class PeerSession:
         self._next_msg_id = 1
         self._outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
         self._queue = OutboundQueue(coding)
+        self._queue.waiting = self._outbox.waiting
         self._queue.header_bytes = message_header_bytes
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
@@ -571,6 +572,7 @@ class PeerSession:
         queue.repair_count = parity_for_loss(
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
         )
+        queue.loss_rate = loss
         queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
 
     def _requeue(
