@@ -98,6 +98,13 @@ ANSWERED_PROBE_INTERVAL_S = 1.0
 # that go on it anyway (never a packet of its own: the stream is reliable, and a path
 # that comes up, or consumption, sends credit at once)
 CREDIT_REFRESH_S = 1.0
+# A timer that fires this late says our process was held up (a busy host): acks that
+# arrived meanwhile may still wait unread, and judging the paths now would declare lost
+# what they cover (each in-flight datagram past its timeout: a second of repairs for
+# nothing). The timer's work waits for one more turn of the driver's loop, which reads
+# the sockets first (no timer is armed sooner than 1 ms: uvloop polls before it fires).
+LATE_TIMER_S = 0.005
+LATE_TIMER_RECHECK_S = 0.001
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
@@ -177,6 +184,8 @@ class PeerSession:
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
         self._done_check_at = now + DONE_CHECK_S
+        self._timer_at: float | None = None  # what get_timer last asked for
+        self._recheck_at: float | None = None  # a late timer's work, after a read
 
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -184,6 +193,7 @@ class PeerSession:
         # paths left without data between one message's last byte and the next one's
         self._dry_since: float | None = None
         self.send_gaps = 0
+        self.late_timers = 0  # timers that fired late enough to wait for a read first
         self.send_gap_s = 0.0
 
     # ------------------------------------------------------------------- paths
@@ -822,7 +832,11 @@ class PeerSession:
             ack = record.receiver.ack_deadline()
             if ack is not None:
                 deadlines.append(ack)
-        return min(deadlines)
+        timer = min(deadlines)
+        if self._recheck_at is not None:
+            timer = max(timer, self._recheck_at)  # nothing is judged before that read
+        self._timer_at = timer
+        return timer
 
     def _hearing_peer(self) -> bool:
         return any(self._usable().values())
@@ -840,6 +854,12 @@ class PeerSession:
             self._credit_dirty.update(self._paths)  # their bytes count as consumed
 
     def handle_timer(self, now: float) -> None:
+        late_s = 0.0 if self._timer_at is None else now - self._timer_at
+        if self._recheck_at is None and late_s > LATE_TIMER_S:
+            self._recheck_at = now + LATE_TIMER_RECHECK_S
+            self.late_timers += 1
+            return
+        self._recheck_at = None
         self._update_liveness(now)
         self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
         self._expire_inbound(now)
@@ -925,6 +945,7 @@ class PeerSession:
             "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": self.repair_datagrams,
             "send_gaps": self.send_gaps,
+            "late_timers": self.late_timers,
             "send_gap_us": int(self.send_gap_s * 1e6),
             "repair_bytes": queue.repair_bytes,
             "source_bytes": queue.source_bytes,
