@@ -134,6 +134,19 @@ def test_a_lost_mid_transfer_symbol_is_answered_by_exactly_one_repair_symbol() -
     assert queue.fec_bytes == SYMBOL and queue.fec_upfront_bytes == 0
 
 
+def test_a_repair_symbol_a_late_ack_made_unneeded_is_not_sent() -> None:
+    queue = queue_with(message(1, 2000))
+    pieces = [queue.take(1200, critical=False) for _ in range(4)]  # block 0's sources
+    late = pieces[1]
+    assert late is not None
+    queue.mark_lost(1, late.start, late.end, late.block, late.symbol)
+    queue.mark_acked(1, late.start, late.end, late.block, late.symbol, 1.0, declared_lost=True)
+    following = queue.take(1200, critical=False)  # block 1's first source, no repair
+    assert following is not None and (following.block, following.symbol) == (1, 0)
+    assert not following.is_repair_symbol
+    assert (queue.fec_bytes, queue.repairs_unneeded) == (0, 1)
+
+
 # ------------------------------------------------------------ over the fake link
 
 FEC = CodingPolicy(k=32, min_repair=0, max_repair=16)

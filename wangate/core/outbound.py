@@ -200,6 +200,7 @@ class OutboundQueue:
         self.fec_upfront_bytes = 0  # repair symbols sent with their block (of fec_bytes)
         self.fec_upfront_blocks = 0  # blocks that got repair symbols up front
         self.fec_mid_blocks = 0  # bulk blocks left to repair after loss (no round trip cost)
+        self.repairs_unneeded = 0  # repair symbols dropped before sending: a late ack came
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
@@ -373,6 +374,11 @@ class OutboundQueue:
             return None  # the block became decodable meanwhile
         ledger.queued -= 1
         if not ledger.coded:
+            return None
+        if not upfront and ledger.shortfall(shape, block, message.acked) <= 0:
+            # it answered a loss that a late ack took back: what arrived, what is in
+            # flight and the other symbols queued make k without it
+            self.repairs_unneeded += 1
             return None
         index = ledger.next_repair
         ledger.next_repair += 1
