@@ -95,3 +95,34 @@ def test_an_ack_that_waited_out_an_outage_is_not_taken_for_reordering() -> None:
     assert (acked, [d.msg_id for d in late]) == ([], [1])
     assert sender.spurious_losses == 0
     assert sender.rto_floor_s == MIN_RTO_S
+
+
+def test_each_ack_repeats_the_ranges_of_the_two_before_it() -> None:
+    receiver = PathReceiver()
+    acks = []
+    for batch, seqs in enumerate(((1, 2), (3, 5), (6,), (8,))):
+        for seq in seqs:
+            receiver.on_datagram(seq, seq, now=float(batch), ack_within_s=0.0)
+        acks.append(receiver.take_ack(float(batch)))
+    assert [ack.ranges if ack else None for ack in acks] == [
+        ((1, 2),),
+        ((1, 3), (5, 5)),  # 4 never arrived
+        ((1, 3), (5, 6)),
+        ((3, 3), (5, 6), (8, 8)),  # the first ack's 1-2 said three times
+    ]
+
+
+def test_a_lost_ack_is_made_good_by_the_next_one() -> None:
+    sender = PathSender("a", 1200, PathEstimator())
+    receiver = PathReceiver()
+    seqs = [sender.record(SentDatagram(1, i * 100, i * 100 + 100, 1.0, 100)) for i in range(40)]
+    assert seqs == list(range(1, 41))
+    for seq in seqs[:20]:
+        receiver.on_datagram(seq, seq, now=1.05, ack_within_s=0.0)
+    assert receiver.take_ack(1.05) is not None  # lost on its way back
+    for seq in seqs[20:]:
+        receiver.on_datagram(seq, seq, now=1.06, ack_within_s=0.0)
+    ack = receiver.take_ack(1.06)
+    assert ack is not None and ack.ranges == ((1, 40),)
+    acked, late = sender.acknowledge(ack, now=1.11)
+    assert (len(acked), late, sender.detect_lost(1.11)) == (40, [], [])

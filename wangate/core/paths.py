@@ -13,6 +13,7 @@ its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it dec
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
@@ -27,6 +28,12 @@ MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
 # ack per datagram was half of a receiving gateway's work).
 CRITICAL_ACK_DELAY_S = 0.001
 ACK_EVERY_DATAGRAMS = 32
+# Each ack repeats the ranges of the acks before it (RFC 9000 §13.2.3: a receiver
+# repeats ack ranges until it knows they arrived). Acks are datagrams and get lost like
+# data: an ack that said so only once would make its 20-30 datagrams look lost to the
+# sender (which repairs them) whenever the next ack shows later ones. Consecutive acks'
+# ranges mostly join, so the repeat costs a few bytes.
+ACK_REPEATS = 2
 MIN_RTO_S = 0.02
 RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
 RTO_FLOOR_MAX_S = 1.0
@@ -190,6 +197,10 @@ class PathReceiver:
     first_pending_at: float = 0.0
     ack_due_at: float | None = None  # the earliest any pending datagram wants its ack
     received_bytes: int = 0
+    # the new ranges of the last ACK_REPEATS acks, said again in the next ones
+    repeated: deque[list[tuple[int, int]]] = field(
+        default_factory=lambda: deque(maxlen=ACK_REPEATS)
+    )
 
     def on_datagram(self, seq: int, sent_stamp: int, now: float, ack_within_s: float) -> None:
         """Owe an ack for ``seq`` within ``ack_within_s``."""
@@ -241,4 +252,15 @@ class PathReceiver:
         if self.pending_count == 0:
             self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
+        new_ranges = ranges
+        if self.repeated:
+            joined = RangeSet()
+            for earlier in self.repeated:
+                for first, last in earlier:
+                    joined.add(first, last + 1)
+            for first, last in new_ranges:
+                joined.add(first, last + 1)
+            if len(joined) <= MAX_ACK_RANGES:  # else the new ranges alone
+                ranges = [(start, end - 1) for start, end in joined.ranges()]
+        self.repeated.append(new_ranges)
         return Ack(self.newest_stamp, delay_us, tuple(ranges))
