@@ -126,3 +126,24 @@ def test_a_lost_ack_is_made_good_by_the_next_one() -> None:
     assert ack is not None and ack.ranges == ((1, 40),)
     acked, late = sender.acknowledge(ack, now=1.11)
     assert (len(acked), late, sender.detect_lost(1.11)) == (40, [], [])
+
+
+def test_a_timeout_declares_the_two_oldest_lost_and_doubles_until_an_ack() -> None:
+    sender = PathSender("a", 1200, PathEstimator())
+    for i in range(10):
+        sender.record(SentDatagram(1, i * 100, i * 100 + 100, sent_at=1.0, size_bytes=100))
+    rto_s = sender.retransmission_timeout_s()
+    assert sender.loss_deadline() == 1.0 + rto_s
+    assert sender.detect_lost(1.0 + rto_s - 1e-6) == []
+    fired_at = 1.0 + rto_s
+    assert [d.start for d in sender.detect_lost(fired_at)] == [0, 100]
+    assert sender.loss_deadline() == fired_at + 2 * rto_s  # the rest may yet be acked
+    assert sender.detect_lost(fired_at + 2 * rto_s - 1e-6) == []
+    assert [d.start for d in sender.detect_lost(fired_at + 2 * rto_s)] == [200, 300]
+    assert sender.rto_backoff == 4
+    # the first repair's ack: the timeout is itself again, and the thresholds say the
+    # rest: all sent before the acked datagram, and long enough before
+    repair = sender.record(SentDatagram(1, 0, 100, sent_at=fired_at + 0.1, size_bytes=100))
+    acked, _ = sender.acknowledge(Ack(0, 0, ((repair, repair),)), now=fired_at + 0.2)
+    assert len(acked) == 1 and sender.rto_backoff == 1
+    assert [d.start for d in sender.detect_lost(fired_at + 0.2)] == [400, 500, 600, 700, 800, 900]
