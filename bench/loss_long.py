@@ -18,8 +18,9 @@ median loss budget (``bench.runner.budget``) of each side.
 ``trade`` shows what up-front repair symbols buy, over the tests' seeded fake link
 under a fake clock (two sessions, no I/O): 1 MiB messages handed over one at a time
 on a 50 Mbit/s, 40 ms one-way path with random loss, each sent alone (so its time is
-its own), with repair symbols up front on (a) no bulk block, (b) the blocks a round
-trip would cost (the tails; the gateway's policy) and (c) every block. It prints the
+its own), with repair symbols up front on (a) no bulk block, (b) every message's tail
+and the end of the backlog, (c) the tails whose round trip outweighs the wait they add
+to the messages behind (the gateway's policy) and (d) every block. It prints the
 repair bytes per source byte and each message's time from hand-over to the receiver's
 confirmation. A second table hands 16 x 4 MiB over at once (a bulk transfer) and gives
 the time for all of it as a share of the link rate (the fake link has no congestion
@@ -181,12 +182,16 @@ def trade(seed: int = 1, messages: int = 24) -> str:
     import wangate.core.session as session_module
     from tests.fakelink import LinkProfile, SimulatedPair, make_header
     from wangate.core.events import MessageDelivered
-    from wangate.core.outbound import CodingPolicy
+    from wangate.core.outbound import CodingPolicy, OutboundQueue
 
-    policies: dict[str, Any] = {
-        "none up front": lambda sender: 0,
-        "tails (the policy)": session_module.repair_horizon_bytes,
-        "every block": lambda sender: 1 << 60,
+    horizon = session_module.repair_horizon_bytes
+    weighed = OutboundQueue._tail_repair_pays
+    # (tail sizing, whether a message's own tail pays) per policy
+    policies: dict[str, tuple[Any, Any]] = {
+        "none up front": (lambda sender: 0, weighed),
+        "every message's tail": (horizon, lambda queue, message: True),
+        "tails weighed (the policy)": (horizon, weighed),
+        "every block": (lambda sender: 1 << 60, weighed),
     }
     bulk = [
         "| loss | repair symbols up front on | repair / source bytes | 16 x 4 MiB: goodput / "
@@ -195,8 +200,11 @@ def trade(seed: int = 1, messages: int = 24) -> str:
     ]
     for loss in (0.01, 0.02, 0.05):
         link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
-        for label, horizon in policies.items():
-            with mock.patch.object(session_module, "repair_horizon_bytes", horizon):
+        for label, (tail, pays) in policies.items():
+            with (
+                mock.patch.object(session_module, "repair_horizon_bytes", tail),
+                mock.patch.object(OutboundQueue, "_tail_repair_pays", pays),
+            ):
                 pair = SimulatedPair(
                     {"a": link},
                     seed=seed,
@@ -222,8 +230,11 @@ def trade(seed: int = 1, messages: int = 24) -> str:
     ]
     for loss in (0.01, 0.05):
         link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
-        for label, horizon in policies.items():
-            with mock.patch.object(session_module, "repair_horizon_bytes", horizon):
+        for label, (tail, pays) in policies.items():
+            with (
+                mock.patch.object(session_module, "repair_horizon_bytes", tail),
+                mock.patch.object(OutboundQueue, "_tail_repair_pays", pays),
+            ):
                 pair = SimulatedPair(
                     {"a": link}, seed=seed, coding=CodingPolicy(), datagram_bytes=1432
                 )

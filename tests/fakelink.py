@@ -206,6 +206,7 @@ class SimulatedPair:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         self._timer_handled_at = dict.fromkeys(SITES, -1.0)
+        self._stalled_until = dict.fromkeys(SITES, -1.0)
         self._stuck_ticks = dict.fromkeys(SITES, 0)
         self.steps = 0
         for name in self.paths:
@@ -283,6 +284,30 @@ class SimulatedPair:
         for name in self.paths:
             self.open_path(name)
 
+    def stall(self, site: str, duration_s: float) -> None:
+        """``site``'s process is held up for ``duration_s`` (a busy host): what arrives
+        for it waits, and so do its timers and pulls. It wakes as under uvloop, whose
+        loop runs due timers before it polls the sockets: the overdue timer first, then
+        what arrived meanwhile, in order; the timer's sends (the driver's pump) go out
+        before that."""
+        self._stalled_until[site] = self.now + duration_s
+
+        def wake() -> None:
+            self._stalled_until[site] = -1.0
+            if self._timer_at(site) <= self.now:
+                self._timer_handled_at[site] = self.now
+                self.sessions[site].handle_timer(self.now)
+                self._service(site)
+
+        self._schedule(self.now + duration_s, wake)
+
+    def _held(self, site: str, action: Callable[[], None]) -> bool:
+        """Whether ``action`` for ``site`` waits for the end of its stall (then runs)."""
+        if self.now < self._stalled_until[site]:
+            self._schedule(self._stalled_until[site], action)
+            return True
+        return False
+
     def submit(self, site: str, header: MessageHeader, payload: bytes) -> int:
         msg_id = self.sessions[site].submit(header, payload, self.now)
         self._service(site)
@@ -327,6 +352,8 @@ class SimulatedPair:
         at = self.sessions[site].get_timer()
         if at is None:
             return float("inf")
+        if self.now < self._stalled_until[site]:
+            return max(at, self._stalled_until[site])  # its wake handles it
         if at <= self._timer_handled_at[site]:
             # already handled at that time: the fake clock ticks on, as a real one does
             return self._timer_handled_at[site] + CLOCK_TICK_S
@@ -339,7 +366,7 @@ class SimulatedPair:
             _, _, action = heapq.heappop(self._heap)
             action()
         for site in SITES:
-            if self._timer_at(site) <= self.now:
+            if self._timer_at(site) <= self.now and self.now >= self._stalled_until[site]:
                 self._check_not_stuck(site)
                 self._timer_handled_at[site] = self.now
                 self.sessions[site].handle_timer(self.now)
@@ -402,6 +429,8 @@ class SimulatedPair:
     def _puller(self, path: SimPath, site: str) -> Callable[[], None]:
         def pull() -> None:
             path.links[site].pull_scheduled = False
+            if self.now < self._stalled_until[site]:
+                return  # its wake pulls, as a driver's pump runs after its timer
             if path.open:
                 self._pull(path, site)
                 self._drain_events(site)
@@ -414,7 +443,7 @@ class SimulatedPair:
         receiver = other(sender)
 
         def deliver() -> None:
-            if path.generation != generation or not path.open:
+            if path.generation != generation or not path.open or self._held(receiver, deliver):
                 return
             if path.links[sender].silent:  # the blackhole swallows what was in transit too
                 self._record_dropped(sender, data)
@@ -438,7 +467,7 @@ class SimulatedPair:
         cut = link.rng.randrange(len(data) + 1)
 
         def deliver() -> None:
-            if path.generation != generation:
+            if path.generation != generation or self._held(receiver, deliver):
                 return
             if link.silent:  # lost in the blackhole: the stream sends it again after
                 link.held_in_transit.append(data)

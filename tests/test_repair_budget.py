@@ -19,12 +19,13 @@ K = 4  # 400-byte blocks
 
 
 def queue_with(
-    *messages: OutboundMessage, repair_count: int = 2, tail_bytes: int = 450
+    *messages: OutboundMessage, repair_count: int = 2, tail_bytes: int = 450, loss: float = 0.0
 ) -> OutboundQueue:
     queue = OutboundQueue(CodingPolicy(k=K, min_repair=0, max_repair=16, critical_min_repair=3))
     queue.symbol_bytes = SYMBOL
     queue.repair_count = repair_count
     queue.tail_bytes = tail_bytes
+    queue.loss_rate = loss
     for message in messages:
         queue.add(message)
     return queue
@@ -63,10 +64,43 @@ def test_only_the_tail_of_a_bulk_message_gets_repair_symbols_up_front() -> None:
     assert (queue.fec_upfront_blocks, queue.fec_mid_blocks) == (2, 3)
 
 
-def test_every_message_has_its_own_tail_and_the_last_of_the_backlog_too() -> None:
-    # two messages queued: each message's tail gets repair symbols, its middle does not
-    queue = queue_with(message(1, 2000), message(2, 1200), tail_bytes=450)
-    assert upfront_repairs(drain(queue)) == {(1, 3): 2, (1, 4): 2, (2, 1): 2, (2, 2): 2}
+# A 450-byte tail is 4 datagrams of 100 bytes; at 20 % loss one of them is lost with
+# p = 1 - 0.8**4 = 0.5904. With k = 4 and r repair symbols a block, a message's tail
+# gets them up front while the messages that would wait for them, itself included, are
+# fewer than p * k / r: 2.36 for r = 1, 1.18 for r = 2.
+
+
+def test_a_message_tail_gets_repair_symbols_when_the_round_trip_outweighs_the_wait() -> None:
+    # message 1's tail: 2 messages wait (itself and message 2) < 2.36
+    queue = queue_with(message(1, 2000), message(2, 1200), repair_count=1, loss=0.2)
+    assert upfront_repairs(drain(queue)) == {(1, 3): 1, (1, 4): 1, (2, 1): 1, (2, 2): 1}
+
+
+def test_a_message_tail_goes_without_when_the_messages_behind_would_wait_longer() -> None:
+    # r = 2: 2 messages >= 1.18; message 2's tail ends the backlog and gets them anyway
+    queue = queue_with(message(1, 2000), message(2, 1200), repair_count=2, loss=0.2)
+    assert upfront_repairs(drain(queue)) == {(2, 1): 2, (2, 2): 2}
+
+
+def test_messages_not_yet_started_count_among_those_that_wait() -> None:
+    # r = 1, but a third message waits for credit: 3 messages >= 2.36
+    queue = queue_with(message(1, 2000), message(2, 1200), repair_count=1, loss=0.2)
+    queue.waiting = [message(3, 400)]
+    assert upfront_repairs(drain(queue)) == {(2, 1): 1, (2, 2): 1}
+
+
+def test_a_message_tail_is_protected_whole_or_not_at_all() -> None:
+    # the decision is taken at the tail's first block: a message arriving behind
+    # message 1 between its blocks 3 and 4 leaves block 4 as protected as block 3
+    queue = queue_with(message(1, 2000), message(2, 1200), repair_count=1, loss=0.2)
+    pieces = []
+    while len([p for p in pieces if p.block == 3 and p.message.msg_id == 1]) < K + 1:
+        piece = queue.take(1200, critical=False)
+        assert piece is not None
+        pieces.append(piece)
+    queue.waiting = [message(3, 400)]
+    pieces += drain(queue)
+    assert upfront_repairs(pieces) == {(1, 3): 1, (1, 4): 1, (2, 1): 1, (2, 2): 1}
 
 
 def test_the_end_of_the_backlog_is_a_tail_even_mid_message() -> None:
@@ -98,6 +132,19 @@ def test_a_lost_mid_transfer_symbol_is_answered_by_exactly_one_repair_symbol() -
     repair = queue.take(1200, critical=False)
     assert repair is not None and repair.is_repair_symbol and repair.block == 0
     assert queue.fec_bytes == SYMBOL and queue.fec_upfront_bytes == 0
+
+
+def test_a_repair_symbol_a_late_ack_made_unneeded_is_not_sent() -> None:
+    queue = queue_with(message(1, 2000))
+    pieces = [queue.take(1200, critical=False) for _ in range(4)]  # block 0's sources
+    late = pieces[1]
+    assert late is not None
+    queue.mark_lost(1, late.start, late.end, late.block, late.symbol)
+    queue.mark_acked(1, late.start, late.end, late.block, late.symbol, 1.0, declared_lost=True)
+    following = queue.take(1200, critical=False)  # block 1's first source, no repair
+    assert following is not None and (following.block, following.symbol) == (1, 0)
+    assert not following.is_repair_symbol
+    assert (queue.fec_bytes, queue.repairs_unneeded) == (0, 1)
 
 
 # ------------------------------------------------------------ over the fake link

@@ -9,10 +9,12 @@ block's source symbols, then its repair symbols; a loss is answered with fresh r
 symbols for that block only, as many as it still lacks. An uncoded message (or a block
 whose repair was requested) repairs a loss as exactly the byte range that was lost.
 
-Repair symbols are sent up front only where a round trip would cost the message time
-(``round_trip_costs``): critical messages, and blocks that end within ``tail_bytes`` of
-their message's end or of the end of all queued bulk work, i.e. blocks whose loss would
-be found and repaired only after everything behind them was sent. In the middle of a
+Repair symbols are sent up front only where a round trip would cost more time than they
+do (``round_trip_costs``): critical messages, blocks that end within ``tail_bytes`` of
+the end of all queued bulk work (a loss there would be found and repaired only after
+everything behind it was sent, the paths idle meanwhile), and a message's own tail when
+the round trip it saves that message outweighs the delay the symbols add to the
+messages queued behind it. In the middle of a
 long transfer a loss is repaired after it is seen: that costs the bytes lost and no
 time, while repair symbols sized for a residual block loss of 1e-3 cost several times
 the loss rate on every block.
@@ -24,7 +26,7 @@ acknowledged symbols say the bytes arrived, not that the message checked out.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 from wangate.core.buffer import Buffer
@@ -53,6 +55,7 @@ class OutboundMessage:
         "started_at",
         "step",
         "tag",
+        "tail_upfront",
     )
 
     def __init__(self, msg_id: int, head: bytes, payload: Buffer, critical: bool) -> None:
@@ -74,6 +77,7 @@ class OutboundMessage:
         self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
         self.repair_work: deque[int] = deque()  # per repair symbol: block << 1 | up front
         self.header_bytes = 0  # room its datagrams' headers take (OutboundQueue.header_bytes)
+        self.tail_upfront: bool | None = None  # its tail's repair symbols pay (decided once)
 
     def read(self, start: int, end: int) -> bytes | memoryview:
         head_len = len(self.head)
@@ -189,9 +193,14 @@ class OutboundQueue:
         # bytes the paths send while a loss is found and its repair arrives; the session
         # sets it from the paths (until then every block counts as a tail)
         self.tail_bytes = UNKNOWN_TAIL_BYTES
+        self.loss_rate = 0.0  # random loss per datagram that repair_count was sized for
+        # messages submitted and not yet started (the session's Outbox.waiting): they
+        # queue behind every message started
+        self.waiting: Sized = ()
         self.fec_upfront_bytes = 0  # repair symbols sent with their block (of fec_bytes)
         self.fec_upfront_blocks = 0  # blocks that got repair symbols up front
         self.fec_mid_blocks = 0  # bulk blocks left to repair after loss (no round trip cost)
+        self.repairs_unneeded = 0  # repair symbols dropped before sending: a late ack came
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
@@ -309,20 +318,52 @@ class OutboundQueue:
         return Piece(message, symbol_start, symbol_end, False, block, index)
 
     def round_trip_costs(self, message: OutboundMessage, block_end: int) -> bool:
-        """Whether a loss in the block ending at byte ``block_end`` would cost the message
-        (or the paths) a round trip if it were repaired only after it is seen.
+        """Whether a loss in the block ending at byte ``block_end`` would cost a round
+        trip worth more than repair symbols sent with the block.
 
-        It would for critical data (latency is the point), for a block within
-        ``tail_bytes`` of its message's end (the message waits for the repair), and for
-        a block within ``tail_bytes`` of the end of all bulk work queued (the paths
-        would idle while the repair is due: the end of a transfer, or of the receiver's
-        credit window). Elsewhere the repair of a loss travels while the rest of the
-        message does, and costs no time.
+        It would for critical data (latency is the point), and for a block within
+        ``tail_bytes`` of the end of all bulk work queued (the paths would idle while
+        the repair is due: the end of a transfer, or of the receiver's credit window).
+        A block within ``tail_bytes`` of its message's end costs that message a round
+        trip, which is weighed against the delay the symbols add to the messages
+        queued behind it (``_tail_repair_pays``). Elsewhere the repair of a loss
+        travels while the rest of the message does, and costs no time.
         """
         if message.critical:
             return True
         tail = self.tail_bytes
-        return message.body_len - block_end < tail or self.bulk_backlog_bytes < tail
+        if self.bulk_backlog_bytes < tail:
+            return True
+        if message.body_len - block_end >= tail:
+            return False
+        if message.tail_upfront is None:  # once: half a tail protected buys nothing
+            message.tail_upfront = self._tail_repair_pays(message)
+        return message.tail_upfront
+
+    def _tail_repair_pays(self, message: OutboundMessage) -> bool:
+        """Whether repair symbols up front on ``message``'s tail save the messages more
+        time than they cost them, in total.
+
+        They save ``message`` a round trip (the paths' time for ``tail_bytes``) with the
+        chance that its tail loses a datagram, p. They cost ``repair_count / k`` of the
+        tail's time to it and to every message queued behind it (n in all). They pay
+        when p x tail > n x tail x repair_count / k, i.e. n < p x k / repair_count: a
+        message sent alone (n = 1) nearly always; at 1 % loss only the last few of a
+        batch of bulk messages handed over at once, whose repairs would otherwise
+        travel while the next message keeps the paths busy.
+        """
+        count = self.repair_count
+        if not count:
+            return True  # nothing to spend
+        datagrams = self.tail_bytes // max(self.symbol_bytes, 1)
+        tail_loss = 1.0 - (1.0 - min(self.loss_rate, 1.0)) ** max(datagrams, 1)
+        limit = tail_loss * self.coding.k / count
+        queued = 1 + len(self.waiting)
+        for other in self._bulk:
+            if queued >= limit:
+                return False
+            queued += other is not message and other.next_offset == 0
+        return queued < limit
 
     def _repair_symbol(self, message: OutboundMessage) -> Piece | None:
         work = message.repair_work.popleft()
@@ -333,6 +374,11 @@ class OutboundQueue:
             return None  # the block became decodable meanwhile
         ledger.queued -= 1
         if not ledger.coded:
+            return None
+        if not upfront and ledger.shortfall(shape, block, message.acked) <= 0:
+            # it answered a loss that a late ack took back: what arrived, what is in
+            # flight and the other symbols queued make k without it
+            self.repairs_unneeded += 1
             return None
         index = ledger.next_repair
         ledger.next_repair += 1

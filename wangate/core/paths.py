@@ -2,9 +2,14 @@
 
 Loss detection follows RFC 9002 §6.1 on our own per-path sequence numbers: a datagram
 is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or when it
-is older than 9/8 of the RTT while a later one was acknowledged; a datagram with no
-acknowledgement at all after a retransmission timeout is lost too (no probe dance: we
-repair immediately, possibly on another path, and the receiver ignores duplicates).
+is older than 9/8 of the RTT while a later one was acknowledged. When no ack comes for a
+retransmission timeout and another path is open, everything in flight past it is lost:
+its repairs go where acks still come, and the path's run of losses marks it degraded.
+On a path alone, the oldest ``RTO_DECLARES`` are declared lost and repaired (RFC 9002
+§6.2.4 sends one or two probes; ours carry the repair), and the timeout doubles until
+an ack comes: the repairs' acks then show by the thresholds what else was lost. There,
+declaring everything lost would send a window of repairs the same way as the acks a
+busy host or queue delayed past the timeout, for datagrams that had arrived.
 
 A datagram declared lost that is acknowledged after all was not lost, only late (the
 receiver's process was busy, or a queue grew). Then the timeout was too short: we raise
@@ -13,6 +18,8 @@ its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it dec
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
@@ -27,10 +34,18 @@ MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
 # ack per datagram was half of a receiving gateway's work).
 CRITICAL_ACK_DELAY_S = 0.001
 ACK_EVERY_DATAGRAMS = 32
+# Each ack repeats the ranges of the acks before it (RFC 9000 §13.2.3: a receiver
+# repeats ack ranges until it knows they arrived). Acks are datagrams and get lost like
+# data: an ack that said so only once would make its 20-30 datagrams look lost to the
+# sender (which repairs them) whenever the next ack shows later ones. Consecutive acks'
+# ranges mostly join, so the repeat costs a few bytes.
+ACK_REPEATS = 2
 MIN_RTO_S = 0.02
 RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
 RTO_FLOOR_MAX_S = 1.0
 RTO_FLOOR_DECAY = 0.999  # per ack without a spurious loss
+RTO_DECLARES = 2  # datagrams a retransmission timeout declares lost
+RTO_BACKOFF_MAX = 8  # the timeout doubles per expiry without an ack, up to this factor
 
 
 # a path that carries little is still given this much in flight when sizing its tail
@@ -74,6 +89,8 @@ class PathSender:
     recently_lost: dict[int, SentDatagram] = field(default_factory=dict)
     spurious_losses: int = 0
     rto_floor_s: float = MIN_RTO_S
+    rto_backoff: int = 1  # doubled by each timeout that fires, back to 1 on an ack
+    rto_fired_at: float = 0.0  # the next timeout counts from this or the datagram's sending
 
     def retransmission_timeout_s(self) -> float:
         est = self.estimator
@@ -125,27 +142,49 @@ class PathSender:
                             max(self.rto_floor_s, 1.25 * lateness_s), RTO_FLOOR_MAX_S
                         )
             self.largest_acked = max(self.largest_acked, last)
+        if acked:
+            self.rto_backoff = 1
         if spurious:
             self.spurious_losses += spurious
         else:
             self.rto_floor_s = max(MIN_RTO_S, self.rto_floor_s * RTO_FLOOR_DECAY)
         return acked, late_acked
 
-    def detect_lost(self, now: float) -> list[SentDatagram]:
+    def detect_lost(self, now: float, *, alone: bool = True) -> list[SentDatagram]:
+        """What the thresholds and the timeout declare lost now; ``alone``: no other
+        path is open (see the module notes)."""
         est = self.estimator
         delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
-        rto_s = self.retransmission_timeout_s()
-        # In-flight datagrams are in sequence (and so sending) order: the lost ones are
-        # a prefix, and the scan stops at the first one that is not lost.
+        # In-flight datagrams are in sequence (and so sending) order: those lost by the
+        # thresholds are a prefix, and the scan stops at the first one that is not lost.
         lost_seqs: list[int] = []
+        timed_out = False
         for seq, sent in self.inflight.items():
             reordered_past = seq < self.largest_acked and (
                 seq + PACKET_THRESHOLD <= self.largest_acked or sent.sent_at <= now - delay_s
             )
-            if not reordered_past and sent.sent_at > now - rto_s:
-                break
-            lost_seqs.append(seq)
+            if reordered_past:
+                lost_seqs.append(seq)
+                continue
+            timed_out = self._timeout_at(sent) <= now
+            break
+        if timed_out:
+            rest = itertools.islice(self.inflight.items(), len(lost_seqs), None)
+            if alone:
+                lost_seqs.extend(seq for seq, _ in itertools.islice(rest, RTO_DECLARES))
+                self.rto_fired_at = now
+                self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
+            else:
+                cutoff = now - self.retransmission_timeout_s()
+                for seq, sent in rest:
+                    if sent.sent_at > cutoff:
+                        break
+                    lost_seqs.append(seq)
         return self._forget(lost_seqs)
+
+    def _timeout_at(self, oldest: SentDatagram) -> float:
+        base_s = max(oldest.sent_at, self.rto_fired_at)
+        return base_s + self.retransmission_timeout_s() * self.rto_backoff
 
     def _forget(self, seqs: list[int]) -> list[SentDatagram]:
         lost = []
@@ -163,7 +202,7 @@ class PathSender:
             return None
         oldest = next(iter(self.inflight.values()))
         est = self.estimator
-        deadline = oldest.sent_at + self.retransmission_timeout_s()
+        deadline = self._timeout_at(oldest)
         if self.largest_acked > next(iter(self.inflight)):
             delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
             deadline = min(deadline, oldest.sent_at + delay_s)
@@ -190,6 +229,10 @@ class PathReceiver:
     first_pending_at: float = 0.0
     ack_due_at: float | None = None  # the earliest any pending datagram wants its ack
     received_bytes: int = 0
+    # the new ranges of the last ACK_REPEATS acks, said again in the next ones
+    repeated: deque[list[tuple[int, int]]] = field(
+        default_factory=lambda: deque(maxlen=ACK_REPEATS)
+    )
 
     def on_datagram(self, seq: int, sent_stamp: int, now: float, ack_within_s: float) -> None:
         """Owe an ack for ``seq`` within ``ack_within_s``."""
@@ -241,4 +284,15 @@ class PathReceiver:
         if self.pending_count == 0:
             self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
+        new_ranges = ranges
+        if self.repeated:
+            joined = RangeSet()
+            for earlier in self.repeated:
+                for first, last in earlier:
+                    joined.add(first, last + 1)
+            for first, last in new_ranges:
+                joined.add(first, last + 1)
+            if len(joined) <= MAX_ACK_RANGES:  # else the new ranges alone
+                ranges = [(start, end - 1) for start, end in joined.ranges()]
+        self.repeated.append(new_ranges)
         return Ack(self.newest_stamp, delay_us, tuple(ranges))

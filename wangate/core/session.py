@@ -98,6 +98,13 @@ ANSWERED_PROBE_INTERVAL_S = 1.0
 # that go on it anyway (never a packet of its own: the stream is reliable, and a path
 # that comes up, or consumption, sends credit at once)
 CREDIT_REFRESH_S = 1.0
+# A timer that fires this late says our process was held up (a busy host): acks that
+# arrived meanwhile may still wait unread, and judging the paths now would declare lost
+# what they cover (each in-flight datagram past its timeout: a second of repairs for
+# nothing). The timer's work waits for one more turn of the driver's loop, which reads
+# the sockets first (no timer is armed sooner than 1 ms: uvloop polls before it fires).
+LATE_TIMER_S = 0.005
+LATE_TIMER_RECHECK_S = 0.001
 DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
 DONE_CHECK_S = 0.25
 MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
@@ -155,6 +162,7 @@ class PeerSession:
         self._next_msg_id = 1
         self._outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
         self._queue = OutboundQueue(coding)
+        self._queue.waiting = self._outbox.waiting
         self._queue.header_bytes = message_header_bytes
         self._scheduler = PathScheduler()
         self._route_dirty = False  # tell the peer our critical route
@@ -176,6 +184,8 @@ class PeerSession:
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
         self._done_check_at = now + DONE_CHECK_S
+        self._timer_at: float | None = None  # what get_timer last asked for
+        self._recheck_at: float | None = None  # a late timer's work, after a read
 
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -183,6 +193,7 @@ class PeerSession:
         # paths left without data between one message's last byte and the next one's
         self._dry_since: float | None = None
         self.send_gaps = 0
+        self.late_timers = 0  # timers that fired late enough to wait for a read first
         self.send_gap_s = 0.0
 
     # ------------------------------------------------------------------- paths
@@ -571,6 +582,7 @@ class PeerSession:
         queue.repair_count = parity_for_loss(
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
         )
+        queue.loss_rate = loss
         queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
 
     def _requeue(
@@ -620,7 +632,11 @@ class PeerSession:
                     now,
                     declared_lost=True,
                 )
-        self._requeue(record, sender.detect_lost(now))
+        self._requeue(record, sender.detect_lost(now, alone=self._alone(path)))
+
+    def _alone(self, path: str) -> bool:
+        """Whether no path but ``path`` may carry data now."""
+        return not any(r.open for n, r in self._paths.items() if n != path)
 
     # --------------------------------------------------------------- receiving
 
@@ -820,7 +836,11 @@ class PeerSession:
             ack = record.receiver.ack_deadline()
             if ack is not None:
                 deadlines.append(ack)
-        return min(deadlines)
+        timer = min(deadlines)
+        if self._recheck_at is not None:
+            timer = max(timer, self._recheck_at)  # nothing is judged before that read
+        self._timer_at = timer
+        return timer
 
     def _hearing_peer(self) -> bool:
         return any(self._usable().values())
@@ -838,13 +858,19 @@ class PeerSession:
             self._credit_dirty.update(self._paths)  # their bytes count as consumed
 
     def handle_timer(self, now: float) -> None:
+        late_s = 0.0 if self._timer_at is None else now - self._timer_at
+        if self._recheck_at is None and late_s > LATE_TIMER_S:
+            self._recheck_at = now + LATE_TIMER_RECHECK_S
+            self.late_timers += 1
+            return
+        self._recheck_at = None
         self._update_liveness(now)
         self._events.extend(self._outbox.expire(now, self._queue.messages, self._queue.drop))
         self._expire_inbound(now)
         changed = False
         for name, record in self._paths.items():
             sender = record.sender
-            self._requeue(record, sender.detect_lost(now))
+            self._requeue(record, sender.detect_lost(now, alone=self._alone(name)))
             if not record.connected:
                 continue
             state = sender.estimator.state(now)
@@ -923,6 +949,7 @@ class PeerSession:
             "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": self.repair_datagrams,
             "send_gaps": self.send_gaps,
+            "late_timers": self.late_timers,
             "send_gap_us": int(self.send_gap_s * 1e6),
             "repair_bytes": queue.repair_bytes,
             "source_bytes": queue.source_bytes,

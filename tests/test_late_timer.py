@@ -1,0 +1,58 @@
+"""A busy host: the process is held up while acks arrive, and its timer fires late.
+
+Under uvloop an overdue timer runs before the sockets are polled, so the acks that came
+during the stall are still unread when the timer judges the paths. Judged then, a path
+is silent past its timeout and every datagram in flight is lost: repair symbols go out
+for blocks that arrived whole.
+"""
+
+from __future__ import annotations
+
+from tests.fakelink import LinkProfile, SimulatedPair, make_header
+from wangate.core.events import MessageDelivered, PathStateChanged
+from wangate.core.outbound import CodingPolicy
+from wangate.core.session import LATE_TIMER_RECHECK_S, LATE_TIMER_S
+
+PATH = LinkProfile(delay_s=0.020, rate_bps=40e6)  # no loss at all
+PAYLOAD = bytes(range(256)) * (16 << 10)  # 4 MiB: 0.84 s on the path
+STALL_S = 0.5  # past the retransmission timeout (about 0.07 s) and the silence timeout
+
+
+def stalled_transfer(*, silent_during_stall: bool = False) -> SimulatedPair:
+    pair = SimulatedPair({"a": PATH}, seed=3, coding=CodingPolicy(k=32, min_repair=0))
+    pair.submit("bj", make_header("grad", PAYLOAD, step=1), PAYLOAD)
+    pair.run_for(0.3)  # mid-transfer, 180 datagrams in flight
+    if silent_during_stall:
+        pair.set_silent("a", True)
+    pair.stall("bj", STALL_S)
+    return pair
+
+
+def path_changes(pair: SimulatedPair) -> list[tuple[float, str]]:
+    return [
+        (at, event.state)
+        for at, event in pair.events["bj"]
+        if isinstance(event, PathStateChanged) and event.path == "a"
+    ]
+
+
+def test_a_late_timer_reads_the_acks_that_came_before_it_judges_the_path() -> None:
+    pair = stalled_transfer()
+    assert pair.run_until(lambda: len(pair.events_of("bj", MessageDelivered)) == 1, 10)
+    status = pair.sessions["bj"].status()
+    assert status["late_timers"] == 1
+    # nothing was lost, and nothing was sent again (before: 32 repair symbols, 37760
+    # bytes, for blocks whose sources had all arrived, and the path down for a moment;
+    # the acks read late still time the path as the stall made it look: degraded)
+    assert (status["fec_bytes"], status["repair_bytes"]) == (0, 0)
+    assert "down" not in [state for _, state in path_changes(pair)]
+
+
+def test_a_path_that_went_silent_during_the_stall_is_judged_one_read_later() -> None:
+    pair = stalled_transfer(silent_during_stall=True)
+    woke_at = pair.now + STALL_S
+    assert pair.run_until(lambda: path_changes(pair) != [], max_time_s=1)
+    ((at, state),) = path_changes(pair)
+    assert state == "down"
+    assert woke_at + LATE_TIMER_RECHECK_S <= at < woke_at + LATE_TIMER_S
+    assert pair.sessions["bj"].status()["late_timers"] == 1
