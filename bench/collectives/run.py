@@ -63,10 +63,15 @@ def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
         # run only when named: the best weights with a quarter of the default chunk
         Variant("allreduce-chunk256k", weights(nominal) + "\nchunk_bytes = 262144"),
         Variant("allreduce-measured-chunk256k", "[collective]\nchunk_bytes = 262144"),
+        Variant("allreduce-measured-chunk512k", "[collective]\nchunk_bytes = 524288"),
     )
 
 
-OPT_IN_VARIANTS = ("allreduce-chunk256k", "allreduce-measured-chunk256k")
+OPT_IN_VARIANTS = (
+    "allreduce-chunk256k",
+    "allreduce-measured-chunk256k",
+    "allreduce-measured-chunk512k",
+)
 
 
 def links_bps(scenario: Scenario) -> dict[tuple[str, str], float]:
