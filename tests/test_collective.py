@@ -336,3 +336,59 @@ def test_async_partial_broadcast_and_barrier(lab: LoopbackSites) -> None:
         assert res.contributors == tuple(present)
         assert res.array.tobytes() == want.tobytes()
         assert got.tobytes() == params.tobytes() and got.shape == (10, 10)
+
+
+def test_chunks_gathered_through_relays_are_exact_on_both_clients(
+    lab: LoopbackSites, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader's plan with all-gather routes (loopback links are all alike, so the
+    linear program finds none: the leader is given these): some chunks reach a site
+    through a third one, on the blocking and on the asyncio client."""
+    from wangate.collective import capacity
+    from wangate.collective.plan import Route
+
+    sites = ("bj", "gz", "sh", "sz")
+    # sorted: bj, gz, sh, sz. sz gets bj's part through gz; bj gets gz's through sh;
+    # sh's part goes straight to all; sz's part reaches gz through bj
+    routes = (
+        Route("bj", ("bj", "bj", "bj", "gz"), 1.0),
+        Route("gz", ("sh", "gz", "gz", "gz"), 0.5),
+        Route("sh", ("sh", "sh", "sh", "sh"), 1.0),
+        Route("sz", ("sz", "bj", "sz", "sz"), 0.7),
+    )
+    planned: list[int] = []
+
+    def given(plan_sites: Sequence[str], links: Mapping[tuple[str, str], float]) -> Any:
+        planned.append(len(plan_sites))
+        return routes if tuple(plan_sites) == sites else ()
+
+    monkeypatch.setattr(capacity, "gather_routes", given)
+
+    def blocking(gw: wangate.Client, site: str) -> list[np.ndarray]:
+        return [
+            gw.allreduce("relay", data(site, (20_000,), "float32", step), step=step,
+                         sites=sites, timeout=SLOW_S)
+            for step in range(4)
+        ]  # fmt: skip
+
+    async def asynchronous(site: str) -> list[np.ndarray]:
+        async with wangate.AsyncClient(lab[site].socket_path) as gw:
+            return [
+                await gw.allreduce("arelay", data(site, (20_000,), "float32", step),
+                                   step=step, sites=sites, timeout=SLOW_S)
+                for step in range(4, 8)
+            ]  # fmt: skip
+
+    for steps, call in (
+        (range(4), blocking),
+        (range(4, 8), lambda gw, s: asyncio.run(asynchronous(s))),
+    ):
+        before = len(planned)
+        results = on_sites(lab, sites, call)
+        raise_any(results)
+        for k, step in enumerate(steps):
+            want = expected({s: data(s, (20_000,), "float32", step) for s in sites}, "sum")
+            for site in sites:
+                assert results[site][k].tobytes() == want.tobytes(), (site, step)
+        # the leader planned over the links (every link measured) for at least one call
+        assert len(planned) > before
