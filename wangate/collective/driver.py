@@ -2,10 +2,12 @@
 
 The blocking driver asks for one expected message at a time (the run lists them in the
 order they become useful) while every send is already in the gateway, so the network
-is never idle waiting for the trainer. The asyncio driver keeps one recv per peer
-outstanding, so a slow peer does not hold up the others' chunks. Both give every recv
-the time left until the call's deadline and turn a gateway timeout into a
-``CollectiveTimeout`` that names the sites that never answered and what arrived.
+is never idle waiting for the trainer; a run that passes chunks on (all-gather routes)
+also has them looked for between waits of at most ``RELAY_POLL_S``. The asyncio
+driver keeps one recv per peer outstanding, so a slow peer does not hold up the
+others' chunks. Both give every recv the time left until the call's deadline and turn
+a gateway timeout into a ``CollectiveTimeout`` that names the sites that never answered
+and what arrived.
 """
 
 from __future__ import annotations
