@@ -16,8 +16,8 @@ from wangate.codec import decode_tensor
 from wangate.collective import AllreduceRun, CollectiveMismatch, Outgoing, Plan
 from wangate.collective.capacity import Reports, capacities_mbps, links_mbps
 from wangate.collective.lp import maximise_sum
-from wangate.collective.plan import Route, capacity_weights, chunks, mesh_weights
-from wangate.collective.routes import MIN_GAIN, gather_routes
+from wangate.collective.plan import Route, capacity_weights, chunks
+from wangate.collective.routes import MIN_GAIN, gather_routes, mesh_weights
 from wangate.errors import LocalProtocolError, RecvTimeout
 
 # coll_4_quarter's links (Mbit/s), the lab where the slowest link joins two busy sites

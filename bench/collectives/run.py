@@ -22,7 +22,8 @@ from bench.lab import siteroutes
 from bench.lab.lab import Lab
 from bench.lab.scenario import Scenario
 from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
-from wangate.collective.plan import capacity_weights, mesh_weights
+from wangate.collective.plan import capacity_weights
+from wangate.collective.routes import mesh_weights
 from wangate.errors import WangateError
 
 ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB

@@ -29,8 +29,8 @@ from wangate.errors import LocalProtocolError
 from wangate.rows import PathRow
 
 from .exchange import CollectiveMismatch, Outgoing
-from .plan import MAX_WEIGHT, Plan, Route, capacity_weights, mesh_weights
-from .routes import gather_routes
+from .plan import MAX_WEIGHT, Plan, Route, capacity_weights
+from .routes import gather_routes, mesh_weights
 from .tags import wire_tag
 
 

@@ -1,4 +1,5 @@
-"""All-gather routes through relays, from the rates of the links between the sites.
+"""Plans from the rates of the links between the sites: shares, and all-gather routes
+through relays.
 
 Sent straight from owner to receiver, reduce-scatter/all-gather loads the link between
 ``i`` and ``j`` with ``s_i + s_j`` of the tensor each way (``mesh_weights``), so a slow
@@ -38,6 +39,35 @@ def _pair_rates(
         ]  # fmt: skip
         rates[(a, b)] = max(0.0, min(known)) if known else 0.0
     return rates
+
+
+def mesh_weights(
+    sites: Sequence[str], links_mbps: Mapping[tuple[str, str], float], floor: float = 0.05
+) -> dict[str, float]:
+    """Weights that let reduce-scatter/all-gather finish soonest over the links between
+    the sites when every message goes straight to its receiver, none below ``floor`` of
+    the largest.
+
+    The link between ``i`` and ``j`` then carries ``S (s_i + s_j)`` each way: ``s_j S``
+    of ``i``'s contribution to ``j``'s share and ``s_i S`` of ``i``'s reduced share. The
+    call takes at least ``max 8 S (s_i + s_j) / c_ij`` over the links, which also bounds
+    each site's total (``capacity_weights``' model), so these shares are the ones of the
+    linear program ``max sum x`` over ``x_i + x_j <= c_ij``, ``x >= 0``, scaled to sum 1.
+    ``links_mbps[(a, b)]``: the rate from ``a`` to ``b``; the slower direction counts, a
+    pair missing both ways counts as 0 (no bytes between those two). Two sites (or
+    fewer) exchange directly: equal weights.
+    """
+    ordered = sorted(set(sites))
+    if len(ordered) <= 2:
+        return dict.fromkeys(ordered, 1.0)
+    rates = _pair_rates(ordered, links_mbps)
+    pairs = list(itertools.combinations(ordered, 2))
+    rows = [[1.0 if s in pair else 0.0 for s in ordered] for pair in pairs]
+    x = maximise_sum(rows, [rates[pair] for pair in pairs])
+    top = max(x)
+    if top <= 0:
+        return dict.fromkeys(ordered, 1.0)
+    return {site: round(max(v / top, floor), 4) for site, v in zip(ordered, x, strict=True)}
 
 
 def _vias(sites: Sequence[str], owner: str) -> Iterator[tuple[str, ...]]:
