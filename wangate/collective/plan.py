@@ -1,9 +1,11 @@
 """Who owns which part of the tensor, how it is cut into chunks, and which algorithm runs.
 
 A ``Plan`` is a pure value every site of a call must hold identically: the sorted site
-names and one weight per site. From it and the tensor's element count each site derives
-the same contiguous shares (largest remainder, in sorted site order), the same chunks and
-the same choice between reduce-scatter/all-gather and a direct exchange. Its ``digest``
+names, one weight per site and, from a measured plan, all-gather routes (``Route``:
+parts of the tensor whose reduced chunks some sites get through a relay). From it and
+the tensor's element count each site derives the same contiguous shares (largest
+remainder, in sorted site order), the same chunks and the same choice between
+reduce-scatter/all-gather and a direct exchange. Its ``digest``
 goes into every wire tag, so two sites holding different plans never mix their data: the
 call fails with a timeout instead of returning a wrong sum (proto/collective.md).
 """
