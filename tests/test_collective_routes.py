@@ -18,7 +18,7 @@ from wangate.collective.capacity import Reports, capacities_mbps, links_mbps
 from wangate.collective.lp import maximise_sum
 from wangate.collective.plan import Route, capacity_weights, chunks
 from wangate.collective.routes import MIN_GAIN, gather_routes, mesh_weights
-from wangate.errors import LocalProtocolError, RecvTimeout
+from wangate.errors import LocalProtocolError
 
 # coll_4_quarter's links (Mbit/s), the lab where the slowest link joins two busy sites
 FOUR = ("bj", "gz", "sg", "sh")
@@ -259,33 +259,10 @@ def test_mean_and_lossy_calls_with_routes() -> None:
     assert all(not r.relayed() for r in runs.values())
 
 
-class FakeGateway:
-    """Recvs that time out at once when nothing matches (no clock); sends recorded."""
-
-    def __init__(self) -> None:
-        self.inbox: dict[tuple[str, str, int], np.ndarray] = {}
-        self.sent: list[tuple[str, str, int]] = []
-
-    def send_encoded(
-        self, peer: str, tag: str, meta: bytes, payload: memoryview, checksum: int,
-        *, step: int, critical: bool,
-    ) -> int:  # fmt: skip
-        self.sent.append((peer, tag, step))
-        return len(self.sent)
-
-    def recv(
-        self, tag: str, *, source: str | None, step: int | None, timeout: float | None
-    ) -> np.ndarray:
-        assert source is not None and step is not None
-        found = self.inbox.pop((source, tag, step), None)
-        if found is None:
-            raise RecvTimeout("no message", code="timeout")
-        return found
-
-
 def test_the_blocking_driver_passes_chunks_on_while_it_waits() -> None:
     """b relays a's chunks to c; a's reduced chunk is there, c's contribution to b's share
     is not: the driver passes the chunk on before it gives up waiting."""
+    from tests.test_collective_plan import FakeGateway
     from wangate.collective.driver import Deadline, drive
     from wangate.errors import CollectiveTimeout
 
