@@ -4,8 +4,9 @@ through relays.
 Sent straight from owner to receiver, reduce-scatter/all-gather loads the link between
 ``i`` and ``j`` with ``s_i + s_j`` of the tensor each way (``mesh_weights``), so a slow
 link between two busy sites bounds the call however the shares are set. Passing a reduced
-chunk on through a third site costs that site's links instead and adds no byte to the
-owner's: the owner sends each chunk once per route child either way. The reduce-scatter
+chunk on through a third site loads that site's links instead and adds no byte on the
+whole: every site still receives each reduced chunk once, and the relay sends what the
+owner no longer does. The reduce-scatter
 stays direct: a relay that added contributions would change the documented order of the
 additions (``arith``). Which routes, and how much of the tensor each carries, is a linear
 program over every route of depth at most two (owner -> relay -> site): maximise the
