@@ -170,6 +170,16 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
             "symbols_recovered": receiver.get("symbols_recovered"),
             "send_gaps": peer.get("send_gaps"),
             "late_timers": peer.get("late_timers"),
+            # the sender's path rows: bytes it holds lost, datagrams it declared lost
+            # that were acked later
+            **{
+                key: sum(
+                    int(row.get(key, 0))
+                    for row in record["wangate"].get("gateway_paths", {}).get(src, [])
+                    if row.get("peer") == dst
+                )
+                for key in ("lost_bytes", "spurious_losses")
+            },
             "send_gap_ms": None if peer.get("send_gap_us") is None else peer["send_gap_us"] / 1e3,
             "gateway_cpu": {site: c.get("core_share") for site, c in cpu.items()},
             "load_average": record["wangate"].get("load_average"),

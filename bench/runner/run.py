@@ -223,6 +223,7 @@ def run_scenario(
     sent: dict[str, dict[str, Any]] = {}
     received: dict[str, dict[str, Any]] = {}
     gateway_status: dict[str, Any] = {}
+    gateway_paths: dict[str, Any] = {}
     with Lab(scenario, run_id=run_id) as lab:
         say(f"{scenario.name}: lab {lab.run_id} up ({len(scenario.paths)} paths)")
         configs = lab.write_gateway_configs()
@@ -308,6 +309,7 @@ def run_scenario(
             try:
                 with wangate.Client(lab.gateway_socket(site)) as gw:
                     gateway_status[site] = gw.status()
+                    gateway_paths[site] = gw.paths()
             except WangateError as exc:
                 gateway_status[site] = {"error": str(exc)}
         for process in gateways.values():
@@ -345,6 +347,7 @@ def run_scenario(
         for n, r in results.items()
     }
     summary["gateway_status"] = gateway_status
+    summary["gateway_paths"] = gateway_paths
     # CPU the daemons used from t0 until the trainers finished, as a share of one core
     wall_s = (finished_ns - t0_ns) / 1e9
     summary["gateway_cpu"] = {
