@@ -95,3 +95,24 @@ def test_an_ack_that_waited_out_an_outage_is_not_taken_for_reordering() -> None:
     assert (acked, [d.msg_id for d in late]) == ([], [1])
     assert sender.spurious_losses == 0
     assert sender.rto_floor_s == MIN_RTO_S
+
+
+def test_a_timeout_declares_the_two_oldest_lost_and_doubles_until_an_ack() -> None:
+    sender = PathSender("a", 1200, PathEstimator())
+    for i in range(10):
+        sender.record(SentDatagram(1, i * 100, i * 100 + 100, sent_at=1.0, size_bytes=100))
+    rto_s = sender.retransmission_timeout_s()
+    assert sender.loss_deadline() == 1.0 + rto_s
+    assert sender.detect_lost(1.0 + rto_s - 1e-6) == []
+    fired_at = 1.0 + rto_s
+    assert [d.start for d in sender.detect_lost(fired_at)] == [0, 100]
+    assert sender.loss_deadline() == fired_at + 2 * rto_s  # the rest may yet be acked
+    assert sender.detect_lost(fired_at + 2 * rto_s - 1e-6) == []
+    assert [d.start for d in sender.detect_lost(fired_at + 2 * rto_s)] == [200, 300]
+    assert sender.rto_backoff == 4
+    # the first repair's ack: the timeout is itself again, and the thresholds say the
+    # rest: all sent before the acked datagram, and long enough before
+    repair = sender.record(SentDatagram(1, 0, 100, sent_at=fired_at + 0.1, size_bytes=100))
+    acked, _ = sender.acknowledge(Ack(0, 0, ((repair, repair),)), now=fired_at + 0.2)
+    assert len(acked) == 1 and sender.rto_backoff == 1
+    assert [d.start for d in sender.detect_lost(fired_at + 0.2)] == [400, 500, 600, 700, 800, 900]

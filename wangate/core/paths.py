@@ -2,9 +2,13 @@
 
 Loss detection follows RFC 9002 §6.1 on our own per-path sequence numbers: a datagram
 is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or when it
-is older than 9/8 of the RTT while a later one was acknowledged; a datagram with no
-acknowledgement at all after a retransmission timeout is lost too (no probe dance: we
-repair immediately, possibly on another path, and the receiver ignores duplicates).
+is older than 9/8 of the RTT while a later one was acknowledged. When no ack comes for a
+retransmission timeout, the oldest ``RTO_DECLARES`` datagrams in flight are declared
+lost and repaired at once, possibly on another path (RFC 9002 §6.2.4 sends one or two
+probes; ours carry the repair), and the timeout doubles until an ack comes: the repairs'
+acks then show by the thresholds what else was lost. Declaring everything in flight
+lost instead turned each ack that a busy host or queue delayed past the timeout into a
+window of repairs for datagrams that had arrived.
 
 A datagram declared lost that is acknowledged after all was not lost, only late (the
 receiver's process was busy, or a queue grew). Then the timeout was too short: we raise
@@ -13,6 +17,7 @@ its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it dec
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
@@ -31,6 +36,8 @@ MIN_RTO_S = 0.02
 RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
 RTO_FLOOR_MAX_S = 1.0
 RTO_FLOOR_DECAY = 0.999  # per ack without a spurious loss
+RTO_DECLARES = 2  # datagrams a retransmission timeout declares lost
+RTO_BACKOFF_MAX = 8  # the timeout doubles per expiry without an ack, up to this factor
 
 
 # a path that carries little is still given this much in flight when sizing its tail
@@ -74,6 +81,8 @@ class PathSender:
     recently_lost: dict[int, SentDatagram] = field(default_factory=dict)
     spurious_losses: int = 0
     rto_floor_s: float = MIN_RTO_S
+    rto_backoff: int = 1  # doubled by each timeout that fires, back to 1 on an ack
+    rto_fired_at: float = 0.0  # the next timeout counts from this or the datagram's sending
 
     def retransmission_timeout_s(self) -> float:
         est = self.estimator
@@ -125,6 +134,8 @@ class PathSender:
                             max(self.rto_floor_s, 1.25 * lateness_s), RTO_FLOOR_MAX_S
                         )
             self.largest_acked = max(self.largest_acked, last)
+        if acked:
+            self.rto_backoff = 1
         if spurious:
             self.spurious_losses += spurious
         else:
@@ -134,18 +145,31 @@ class PathSender:
     def detect_lost(self, now: float) -> list[SentDatagram]:
         est = self.estimator
         delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
-        rto_s = self.retransmission_timeout_s()
-        # In-flight datagrams are in sequence (and so sending) order: the lost ones are
-        # a prefix, and the scan stops at the first one that is not lost.
+        # In-flight datagrams are in sequence (and so sending) order: those lost by the
+        # thresholds are a prefix, and the scan stops at the first one that is not lost.
         lost_seqs: list[int] = []
+        timed_out = False
         for seq, sent in self.inflight.items():
             reordered_past = seq < self.largest_acked and (
                 seq + PACKET_THRESHOLD <= self.largest_acked or sent.sent_at <= now - delay_s
             )
-            if not reordered_past and sent.sent_at > now - rto_s:
-                break
-            lost_seqs.append(seq)
+            if reordered_past:
+                lost_seqs.append(seq)
+                continue
+            timed_out = self._timeout_at(sent) <= now
+            if timed_out:
+                lost_seqs.extend(
+                    itertools.islice(self.inflight, len(lost_seqs), len(lost_seqs) + RTO_DECLARES)
+                )
+            break
+        if timed_out:
+            self.rto_fired_at = now
+            self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
         return self._forget(lost_seqs)
+
+    def _timeout_at(self, oldest: SentDatagram) -> float:
+        base_s = max(oldest.sent_at, self.rto_fired_at)
+        return base_s + self.retransmission_timeout_s() * self.rto_backoff
 
     def _forget(self, seqs: list[int]) -> list[SentDatagram]:
         lost = []
@@ -163,7 +187,7 @@ class PathSender:
             return None
         oldest = next(iter(self.inflight.values()))
         est = self.estimator
-        deadline = oldest.sent_at + self.retransmission_timeout_s()
+        deadline = self._timeout_at(oldest)
         if self.largest_acked > next(iter(self.inflight)):
             delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
             deadline = min(deadline, oldest.sent_at + delay_s)
