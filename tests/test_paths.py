@@ -116,3 +116,16 @@ def test_a_timeout_declares_the_two_oldest_lost_and_doubles_until_an_ack() -> No
     acked, _ = sender.acknowledge(Ack(0, 0, ((repair, repair),)), now=fired_at + 0.2)
     assert len(acked) == 1 and sender.rto_backoff == 1
     assert [d.start for d in sender.detect_lost(fired_at + 0.2)] == [400, 500, 600, 700, 800, 900]
+
+
+def test_with_another_path_open_a_timeout_declares_everything_past_it_lost() -> None:
+    # the repairs go where acks still come, and the run of losses marks the path degraded
+    sender = PathSender("a", 1200, PathEstimator())
+    for i in range(10):
+        sender.record(
+            SentDatagram(1, i * 100, i * 100 + 100, sent_at=1.0 + i * 0.01, size_bytes=100)
+        )
+    rto_s = sender.retransmission_timeout_s()
+    lost = sender.detect_lost(1.05 + rto_s, alone=False)
+    assert [d.start for d in lost] == [0, 100, 200, 300, 400, 500]  # sent at 1.0-1.05
+    assert sender.rto_backoff == 1

@@ -3,12 +3,13 @@
 Loss detection follows RFC 9002 §6.1 on our own per-path sequence numbers: a datagram
 is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or when it
 is older than 9/8 of the RTT while a later one was acknowledged. When no ack comes for a
-retransmission timeout, the oldest ``RTO_DECLARES`` datagrams in flight are declared
-lost and repaired at once, possibly on another path (RFC 9002 §6.2.4 sends one or two
-probes; ours carry the repair), and the timeout doubles until an ack comes: the repairs'
-acks then show by the thresholds what else was lost. Declaring everything in flight
-lost instead turned each ack that a busy host or queue delayed past the timeout into a
-window of repairs for datagrams that had arrived.
+retransmission timeout and another path is open, everything in flight past it is lost:
+its repairs go where acks still come, and the path's run of losses marks it degraded.
+On a path alone, the oldest ``RTO_DECLARES`` are declared lost and repaired (RFC 9002
+§6.2.4 sends one or two probes; ours carry the repair), and the timeout doubles until
+an ack comes: the repairs' acks then show by the thresholds what else was lost. There,
+declaring everything lost would send a window of repairs the same way as the acks a
+busy host or queue delayed past the timeout, for datagrams that had arrived.
 
 A datagram declared lost that is acknowledged after all was not lost, only late (the
 receiver's process was busy, or a queue grew). Then the timeout was too short: we raise
@@ -142,7 +143,9 @@ class PathSender:
             self.rto_floor_s = max(MIN_RTO_S, self.rto_floor_s * RTO_FLOOR_DECAY)
         return acked, late_acked
 
-    def detect_lost(self, now: float) -> list[SentDatagram]:
+    def detect_lost(self, now: float, *, alone: bool = True) -> list[SentDatagram]:
+        """What the thresholds and the timeout declare lost now; ``alone``: no other
+        path is open (see the module notes)."""
         est = self.estimator
         delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
         # In-flight datagrams are in sequence (and so sending) order: those lost by the
@@ -157,14 +160,19 @@ class PathSender:
                 lost_seqs.append(seq)
                 continue
             timed_out = self._timeout_at(sent) <= now
-            if timed_out:
-                lost_seqs.extend(
-                    itertools.islice(self.inflight, len(lost_seqs), len(lost_seqs) + RTO_DECLARES)
-                )
             break
         if timed_out:
-            self.rto_fired_at = now
-            self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
+            rest = itertools.islice(self.inflight.items(), len(lost_seqs), None)
+            if alone:
+                lost_seqs.extend(seq for seq, _ in itertools.islice(rest, RTO_DECLARES))
+                self.rto_fired_at = now
+                self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
+            else:
+                cutoff = now - self.retransmission_timeout_s()
+                for seq, sent in rest:
+                    if sent.sent_at > cutoff:
+                        break
+                    lost_seqs.append(seq)
         return self._forget(lost_seqs)
 
     def _timeout_at(self, oldest: SentDatagram) -> float:

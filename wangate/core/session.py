@@ -632,7 +632,11 @@ class PeerSession:
                     now,
                     declared_lost=True,
                 )
-        self._requeue(record, sender.detect_lost(now))
+        self._requeue(record, sender.detect_lost(now, alone=self._alone(path)))
+
+    def _alone(self, path: str) -> bool:
+        """Whether no path but ``path`` may carry data now."""
+        return not any(r.open for n, r in self._paths.items() if n != path)
 
     # --------------------------------------------------------------- receiving
 
@@ -866,7 +870,7 @@ class PeerSession:
         changed = False
         for name, record in self._paths.items():
             sender = record.sender
-            self._requeue(record, sender.detect_lost(now))
+            self._requeue(record, sender.detect_lost(now, alone=self._alone(name)))
             if not record.connected:
                 continue
             state = sender.estimator.state(now)
