@@ -129,3 +129,13 @@ def test_with_another_path_open_a_timeout_declares_everything_past_it_lost() -> 
     lost = sender.detect_lost(1.05 + rto_s, alone=False)
     assert [d.start for d in lost] == [0, 100, 200, 300, 400, 500]  # sent at 1.0-1.05
     assert sender.rto_backoff == 1
+
+
+def test_a_timeout_declares_only_datagrams_past_it() -> None:
+    # an idle path's probes, 0.1 s apart: the first one's timeout says nothing of the next
+    sender = PathSender("a", 1200, PathEstimator())
+    sender.record(SentDatagram(0, 0, 0, sent_at=1.0, size_bytes=40))
+    sender.record(SentDatagram(0, 0, 0, sent_at=1.1, size_bytes=40))
+    fired_at = 1.0 + sender.retransmission_timeout_s()
+    assert fired_at < 1.1 + sender.retransmission_timeout_s()
+    assert [d.sent_at for d in sender.detect_lost(fired_at)] == [1.0]

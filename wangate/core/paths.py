@@ -5,7 +5,7 @@ is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or w
 is older than 9/8 of the RTT while a later one was acknowledged. When no ack comes for a
 retransmission timeout and another path is open, everything in flight past it is lost:
 its repairs go where acks still come, and the path's run of losses marks it degraded.
-On a path alone, the oldest ``RTO_DECLARES`` are declared lost and repaired (RFC 9002
+On a path alone, the oldest ``RTO_DECLARES`` past it are declared lost and repaired (RFC 9002
 §6.2.4 sends one or two probes; ours carry the repair), and the timeout doubles until
 an ack comes: the repairs' acks then show by the thresholds what else was lost. There,
 declaring everything lost would send a window of repairs the same way as the acks a
@@ -164,7 +164,11 @@ class PathSender:
         if timed_out:
             rest = itertools.islice(self.inflight.items(), len(lost_seqs), None)
             if alone:
-                lost_seqs.extend(seq for seq, _ in itertools.islice(rest, RTO_DECLARES))
+                # the oldest ones that are past the timeout themselves, at most two
+                for seq, sent in itertools.islice(rest, RTO_DECLARES):
+                    if self._timeout_at(sent) > now:
+                        break
+                    lost_seqs.append(seq)
                 self.rto_fired_at = now
                 self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
             else:
