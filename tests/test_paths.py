@@ -97,37 +97,6 @@ def test_an_ack_that_waited_out_an_outage_is_not_taken_for_reordering() -> None:
     assert sender.rto_floor_s == MIN_RTO_S
 
 
-def test_each_ack_repeats_the_ranges_of_the_two_before_it() -> None:
-    receiver = PathReceiver()
-    acks = []
-    for batch, seqs in enumerate(((1, 2), (3, 5), (6,), (8,))):
-        for seq in seqs:
-            receiver.on_datagram(seq, seq, now=float(batch), ack_within_s=0.0)
-        acks.append(receiver.take_ack(float(batch)))
-    assert [ack.ranges if ack else None for ack in acks] == [
-        ((1, 2),),
-        ((1, 3), (5, 5)),  # 4 never arrived
-        ((1, 3), (5, 6)),
-        ((3, 3), (5, 6), (8, 8)),  # the first ack's 1-2 said three times
-    ]
-
-
-def test_a_lost_ack_is_made_good_by_the_next_one() -> None:
-    sender = PathSender("a", 1200, PathEstimator())
-    receiver = PathReceiver()
-    seqs = [sender.record(SentDatagram(1, i * 100, i * 100 + 100, 1.0, 100)) for i in range(40)]
-    assert seqs == list(range(1, 41))
-    for seq in seqs[:20]:
-        receiver.on_datagram(seq, seq, now=1.05, ack_within_s=0.0)
-    assert receiver.take_ack(1.05) is not None  # lost on its way back
-    for seq in seqs[20:]:
-        receiver.on_datagram(seq, seq, now=1.06, ack_within_s=0.0)
-    ack = receiver.take_ack(1.06)
-    assert ack is not None and ack.ranges == ((1, 40),)
-    acked, late = sender.acknowledge(ack, now=1.11)
-    assert (len(acked), late, sender.detect_lost(1.11)) == (40, [], [])
-
-
 def test_a_timeout_declares_the_two_oldest_lost_and_doubles_until_an_ack() -> None:
     sender = PathSender("a", 1200, PathEstimator())
     for i in range(10):
@@ -160,3 +129,13 @@ def test_with_another_path_open_a_timeout_declares_everything_past_it_lost() -> 
     lost = sender.detect_lost(1.05 + rto_s, alone=False)
     assert [d.start for d in lost] == [0, 100, 200, 300, 400, 500]  # sent at 1.0-1.05
     assert sender.rto_backoff == 1
+
+
+def test_a_timeout_declares_only_datagrams_past_it() -> None:
+    # an idle path's probes, 0.1 s apart: the first one's timeout says nothing of the next
+    sender = PathSender("a", 1200, PathEstimator())
+    sender.record(SentDatagram(0, 0, 0, sent_at=1.0, size_bytes=40))
+    sender.record(SentDatagram(0, 0, 0, sent_at=1.1, size_bytes=40))
+    fired_at = 1.0 + sender.retransmission_timeout_s()
+    assert fired_at < 1.1 + sender.retransmission_timeout_s()
+    assert [d.sent_at for d in sender.detect_lost(fired_at)] == [1.0]

@@ -5,7 +5,7 @@ is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or w
 is older than 9/8 of the RTT while a later one was acknowledged. When no ack comes for a
 retransmission timeout and another path is open, everything in flight past it is lost:
 its repairs go where acks still come, and the path's run of losses marks it degraded.
-On a path alone, the oldest ``RTO_DECLARES`` are declared lost and repaired (RFC 9002
+On a path alone, the oldest ``RTO_DECLARES`` past it are declared lost and repaired (RFC 9002
 §6.2.4 sends one or two probes; ours carry the repair), and the timeout doubles until
 an ack comes: the repairs' acks then show by the thresholds what else was lost. There,
 declaring everything lost would send a window of repairs the same way as the acks a
@@ -19,7 +19,6 @@ its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it dec
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
@@ -34,12 +33,6 @@ MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
 # ack per datagram was half of a receiving gateway's work).
 CRITICAL_ACK_DELAY_S = 0.001
 ACK_EVERY_DATAGRAMS = 32
-# Each ack repeats the ranges of the acks before it (RFC 9000 §13.2.3: a receiver
-# repeats ack ranges until it knows they arrived). Acks are datagrams and get lost like
-# data: an ack that said so only once would make its 20-30 datagrams look lost to the
-# sender (which repairs them) whenever the next ack shows later ones. Consecutive acks'
-# ranges mostly join, so the repeat costs a few bytes.
-ACK_REPEATS = 2
 MIN_RTO_S = 0.02
 RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
 RTO_FLOOR_MAX_S = 1.0
@@ -171,7 +164,11 @@ class PathSender:
         if timed_out:
             rest = itertools.islice(self.inflight.items(), len(lost_seqs), None)
             if alone:
-                lost_seqs.extend(seq for seq, _ in itertools.islice(rest, RTO_DECLARES))
+                # the oldest ones that are past the timeout themselves, at most two
+                for seq, sent in itertools.islice(rest, RTO_DECLARES):
+                    if self._timeout_at(sent) > now:
+                        break
+                    lost_seqs.append(seq)
                 self.rto_fired_at = now
                 self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
             else:
@@ -229,10 +226,6 @@ class PathReceiver:
     first_pending_at: float = 0.0
     ack_due_at: float | None = None  # the earliest any pending datagram wants its ack
     received_bytes: int = 0
-    # the new ranges of the last ACK_REPEATS acks, said again in the next ones
-    repeated: deque[list[tuple[int, int]]] = field(
-        default_factory=lambda: deque(maxlen=ACK_REPEATS)
-    )
 
     def on_datagram(self, seq: int, sent_stamp: int, now: float, ack_within_s: float) -> None:
         """Owe an ack for ``seq`` within ``ack_within_s``."""
@@ -284,15 +277,4 @@ class PathReceiver:
         if self.pending_count == 0:
             self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
-        new_ranges = ranges
-        if self.repeated:
-            joined = RangeSet()
-            for earlier in self.repeated:
-                for first, last in earlier:
-                    joined.add(first, last + 1)
-            for first, last in new_ranges:
-                joined.add(first, last + 1)
-            if len(joined) <= MAX_ACK_RANGES:  # else the new ranges alone
-                ranges = [(start, end - 1) for start, end in joined.ranges()]
-        self.repeated.append(new_ranges)
         return Ack(self.newest_stamp, delay_us, tuple(ranges))
