@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from tests.test_codec_helpers import LOSSY_SPECS, dense_bound
+from tests.test_codec_helpers import F32_MAX, F32_TINY, LOSSY_SPECS, dense_bound
 from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.spec import selected_count
 from wangate.errors import CodecError
-
-F32_MAX = float(np.finfo(np.float32).max)
 
 ALL_DTYPES = (
     "?",
@@ -132,12 +130,16 @@ def check_lossy(x: np.ndarray, spec: str) -> None:
         kept = y != 0
         # Sent elements carry the value carrier's error (for int8/int4 at most half a step of
         # a scale set by the largest value, plus saturation beyond what the capped scale
-        # sends); the rest are no larger than the k-th magnitude, or were sent and quantised
-        # to zero.
+        # sends, plus a whole block below qmax x the smallest normal float, which goes as
+        # zeros as dense_bound's does); the rest are no larger than the k-th magnitude, or
+        # were sent and quantised to zero.
         if values.name in ("int8", "int4"):
-            largest = 127 * F32_MAX / 128 if values.name == "int8" else 7 * F32_MAX / 16
-            carrier = np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001 + np.maximum(
-                np.abs(ref) - largest, 0
+            qmax = 127 if values.name == "int8" else 7
+            largest = qmax * (F32_MAX / 128 if values.name == "int8" else F32_MAX / 16)
+            carrier = (
+                np.abs(ref).max(initial=0.0) * (0.5 / 7) * 1.0001
+                + qmax * F32_TINY
+                + np.maximum(np.abs(ref) - largest, 0)
             )
         else:
             carrier = dense_bound(values.name, ref, 1)
@@ -169,6 +171,8 @@ FLOATS32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
     ),
     st.sampled_from(LOSSY_SPECS),
 )
+# top-k keeps the smallest normal float, whose int8 block goes as zeros (scale underflow)
+@example(np.array([[F32_TINY, 0, 0, 0], [0, 0, 0, 0]], dtype=np.float32), "topk:0.2/int8")
 def test_lossy_codecs_stay_within_bounds_and_finite(x: np.ndarray, spec: str) -> None:
     check_lossy(x, spec)
 
