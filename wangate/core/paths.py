@@ -146,8 +146,7 @@ class PathSender:
     def detect_lost(self, now: float, *, alone: bool = True) -> list[SentDatagram]:
         """What the thresholds and the timeout declare lost now; ``alone``: no other
         path is open (see the module notes)."""
-        est = self.estimator
-        delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
+        delay_s = self._reorder_delay_s()
         # In-flight datagrams are in sequence (and so sending) order: those lost by the
         # thresholds are a prefix, and the scan stops at the first one that is not lost.
         lost_seqs: list[int] = []
@@ -162,26 +161,32 @@ class PathSender:
             timed_out = self._timeout_at(sent) <= now
             break
         if timed_out:
-            rest = itertools.islice(self.inflight.items(), len(lost_seqs), None)
+            # those past the timeout themselves: all of them, or on a path alone the
+            # oldest RTO_DECLARES
+            first = len(lost_seqs)
+            rest = itertools.islice(
+                self.inflight.items(), first, first + RTO_DECLARES if alone else None
+            )
+            timeout_s = self._timeout_s()
+            for seq, sent in rest:
+                if max(sent.sent_at, self.rto_fired_at) + timeout_s > now:
+                    break
+                lost_seqs.append(seq)
             if alone:
-                # the oldest ones that are past the timeout themselves, at most two
-                for seq, sent in itertools.islice(rest, RTO_DECLARES):
-                    if self._timeout_at(sent) > now:
-                        break
-                    lost_seqs.append(seq)
                 self.rto_fired_at = now
                 self.rto_backoff = min(2 * self.rto_backoff, RTO_BACKOFF_MAX)
-            else:
-                cutoff = now - self.retransmission_timeout_s()
-                for seq, sent in rest:
-                    if sent.sent_at > cutoff:
-                        break
-                    lost_seqs.append(seq)
         return self._forget(lost_seqs)
 
+    def _timeout_s(self) -> float:
+        return self.retransmission_timeout_s() * self.rto_backoff
+
     def _timeout_at(self, oldest: SentDatagram) -> float:
-        base_s = max(oldest.sent_at, self.rto_fired_at)
-        return base_s + self.retransmission_timeout_s() * self.rto_backoff
+        return max(oldest.sent_at, self.rto_fired_at) + self._timeout_s()
+
+    def _reorder_delay_s(self) -> float:
+        """How long after a later datagram's ack an earlier one counts as lost."""
+        est = self.estimator
+        return max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
 
     def _forget(self, seqs: list[int]) -> list[SentDatagram]:
         lost = []
@@ -198,11 +203,9 @@ class PathSender:
         if not self.inflight:
             return None
         oldest = next(iter(self.inflight.values()))
-        est = self.estimator
         deadline = self._timeout_at(oldest)
         if self.largest_acked > next(iter(self.inflight)):
-            delay_s = max(TIME_THRESHOLD * max(est.srtt_s, est.latest_rtt_s), 0.001)
-            deadline = min(deadline, oldest.sent_at + delay_s)
+            deadline = min(deadline, oldest.sent_at + self._reorder_delay_s())
         return deadline
 
     def take_all_inflight(self) -> list[SentDatagram]:
