@@ -1,10 +1,12 @@
-"""Faults with real daemons: a peer SIGKILLed mid-transfer, restarted, and a send whose
-deadline passes while it waits for room (proto/delivery.md)."""
+"""Faults with real daemons: a peer SIGKILLed mid-transfer, restarted, a sender SIGSTOPped
+mid-transfer, and a send whose deadline passes while it waits for room
+(proto/delivery.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -241,3 +243,40 @@ def test_a_deadline_passing_while_waiting_for_room_sends_nothing(tmp_path: Path)
                 assert sh.recv("fill", source="bj", step=step, timeout=10).nbytes == fill.nbytes
             with pytest.raises(RecvTimeout):
                 sh.recv("late", timeout=1)
+
+
+@pytest.mark.single_process  # the coordinator would be stopped, not the sending session
+def test_a_sender_stopped_mid_transfer_judges_its_path_after_reading_its_acks(
+    tmp_path: Path,
+) -> None:
+    # SIGSTOP holds the sending daemon for 0.3 s: past its retransmission timeout, short
+    # of the receiver's silence timeout. When it runs again its overdue timer fires first
+    # (uvloop), with the receiver's acks still unread: the timer waits for one read.
+    with LoopbackSites(2, 1, directory=tmp_path, mtu=1500) as lab:
+        array = np.random.default_rng(5).integers(0, 256, 64 << 20, dtype=np.uint8)
+        received: list[object] = []
+
+        def take_at_sh() -> None:
+            with lab["sh"].client() as gw:
+                try:
+                    received.append(gw.recv("big", source="bj", timeout=60))
+                except WangateError as exc:
+                    received.append(exc)
+
+        taker = threading.Thread(target=take_at_sh)
+        taker.start()
+        with lab["bj"].client() as gw:
+            msg_id = gw.send("sh", "big", array, step=1)
+            poll(lambda: peer_status(lab, "sh", "bj")["bytes_received"] > 4 << 20, what="flow")
+            process = lab["bj"].process
+            assert process is not None
+            process.send_signal(signal.SIGSTOP)
+            time.sleep(0.3)
+            process.send_signal(signal.SIGCONT)
+            gw.wait("sh", msg_id, timeout=60)
+        taker.join(timeout=60)
+        (got,) = received
+        assert isinstance(got, np.ndarray) and got.tobytes() == array.tobytes()
+        status = peer_status(lab, "bj", "sh")
+        assert status["late_timers"] >= 1
+        assert status["state"] == "up"
