@@ -43,6 +43,7 @@ from wangate.core.frames import (
     shard_header_bytes,
 )
 from wangate.core.message import MessageHeader
+from wangate.core.outbound import CodingPolicy
 from wangate.core.paths import MIN_RTO_S
 from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
@@ -249,6 +250,24 @@ def test_reopened_path_carries_data_again() -> None:
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=10)
     assert_exactly_once_intact(pair, "bj", sent)
     assert pair.wire["bj"].payload_by_path["b"] > 100_000
+
+
+def test_a_path_reconnected_with_less_room_still_repairs_messages_in_progress() -> None:
+    """When both sites dial at once, one link replaces the other, and a site that had
+    accepted the old one now sends on its own dial: 4 bytes less room per datagram
+    (the acceptor's connection ID). Repair symbols cut for the old link fit no path."""
+    path = LinkProfile(delay_s=0.02, drop_rate=0.05, rate_bps=20e6)
+    pair = SimulatedPair(
+        {"a": path}, seed=5, coding=CodingPolicy(k=16, min_repair=0), datagram_bytes=1200
+    )
+    sent = send_many(pair, "bj", [1 << 20, 300_000], seed=2)
+    pair.run_for(0.2)
+    assert len(pair.received["sh"]) == 0
+    pair.close_path("a", "replaced by the peer's dial")
+    pair.datagram_bytes["a"] = 1196
+    pair.open_path("a")
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
+    assert_exactly_once_intact(pair, "bj", sent)
 
 
 def test_silent_path_is_declared_down_and_its_data_repaired_elsewhere() -> None:

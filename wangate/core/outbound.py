@@ -25,6 +25,7 @@ acknowledged symbols say the bytes arrived, not that the message checked out.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
@@ -185,6 +186,9 @@ class OutboundQueue:
         # datagram space for newly started coded messages' symbols and their headers (0: no
         # FEC); the symbol is this less the message's header_bytes
         self.symbol_bytes = 0
+        # the largest datagram an open path carries (the session sets it): repair symbols
+        # of a message cut for a larger one go as byte ranges of its sources instead
+        self.largest_datagram_bytes = sys.maxsize
         # the most header bytes a datagram of a message takes: (msg_len, k, datagram
         # bytes) -> bytes, k and datagram bytes 0 for an uncoded one; the session sets
         # the wire's (frames.message_header_bytes), and take() sizes pieces by it
@@ -267,7 +271,11 @@ class OutboundQueue:
             self.repair_bytes += end - start
             self._add_backlog(message, start - end)
             return Piece(message, start, end, True)
-        fits = message.shape is not None and message.shape.symbol_bytes <= max_bytes
+        shape = message.shape
+        fits = shape is not None and shape.symbol_bytes <= max_bytes
+        if message.repair_work and not fits and self._fits_no_path(message):
+            self._repair_by_range(message)
+            return self._take_from(message, space)
         while message.repair_work and fits:
             piece = self._repair_symbol(message)
             if piece is not None:
@@ -275,6 +283,32 @@ class OutboundQueue:
         if message.next_offset < message.body_len:
             return self._new_piece(message, space)
         return None
+
+    def _fits_no_path(self, message: OutboundMessage) -> bool:
+        shape = message.shape
+        assert shape is not None
+        return shape.symbol_bytes + message.header_bytes > self.largest_datagram_bytes
+
+    def _repair_by_range(self, message: OutboundMessage) -> None:
+        """No open path carries the message's symbols any more (its path reconnected with
+        less room, e.g. as the other end's dial, whose connection ID is longer): a block
+        whose loss awaits repair symbols gets its missing sources again by range, and
+        repair symbols meant to go with their block are dropped."""
+        shape = message.shape
+        assert shape is not None
+        for work in message.repair_work:
+            block, upfront = work >> 1, bool(work & 1)
+            ledger = message.blocks.get(block)
+            if ledger is None:
+                continue  # decodable meanwhile
+            ledger.queued -= 1
+            if upfront or not ledger.coded:
+                continue
+            ledger.coded = False
+            start, end = shape.block_range(block)
+            message.repairs.append((start, end))
+            self._add_backlog(message, end - start)
+        message.repair_work.clear()
 
     def _new_piece(self, message: OutboundMessage, space: int) -> Piece:
         start = message.next_offset

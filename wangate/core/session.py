@@ -575,6 +575,7 @@ class PeerSession:
             return
         senders = [self._paths[n].sender for n in open_paths]
         queue.symbol_bytes = min(s.datagram_bytes for s in senders)  # less each one's header
+        queue.largest_datagram_bytes = max(s.datagram_bytes for s in senders)
         # random loss seen by a block spread over the paths in proportion to their rates
         rates = [s.estimator.planning_rate_bps for s in senders]
         loss = sum(s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True))
