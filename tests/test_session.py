@@ -28,6 +28,7 @@ from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
     MessageFailed,
+    MessageTaken,
     PathStateChanged,
 )
 from wangate.core.frames import (
@@ -268,6 +269,44 @@ def test_a_path_reconnected_with_less_room_still_repairs_messages_in_progress() 
     pair.open_path("a")
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=20)
     assert_exactly_once_intact(pair, "bj", sent)
+
+
+def test_done_and_taken_lost_with_a_closed_connection_go_again_on_another_path() -> None:
+    pair = SimulatedPair(
+        {
+            "a": LinkProfile(delay_s=0.01, rate_bps=50e6),
+            "b": LinkProfile(delay_s=0.03, rate_bps=50e6),
+        },
+        seed=4,
+    )
+    sent = send_many(pair, "bj", [50_000], seed=1)
+    (msg_id,) = sent
+    assert pair.run_until(lambda: msg_id in pair.received["sh"], max_time_s=5)
+    # sh said "done" and "taken" on its end-to-end path: the connection closes before
+    # they arrive, and with it what its stream still held
+    pair.close_path("a", "connection lost")
+    assert pair.events_of("bj", MessageTaken) == []
+    assert pair.run_until(lambda: bool(pair.events_of("bj", MessageTaken)), max_time_s=5)
+    assert pair.events_of("bj", MessageTaken) == [MessageTaken(msg_id)]
+    assert_exactly_once_intact(pair, "bj", sent)
+
+
+def test_frames_about_a_restarted_peers_messages_never_reach_its_new_instance() -> None:
+    pair = SimulatedPair({"a": LinkProfile(delay_s=0.02, rate_bps=50e6)}, seed=4)
+    (old_id,) = send_many(pair, "bj", [50_000], seed=1)
+    assert pair.run_until(lambda: old_id in pair.received["sh"], max_time_s=5)
+    pair.restart("bj")  # before sh's "done" and "taken" arrive
+    seen = len(pair.events["bj"])
+    sent = send_many(pair, "bj", [4 << 20], seed=2)
+    assert list(sent) == [old_id]  # the new instance numbers its messages from 1 again
+    pair.run_for(0.3)
+    assert old_id not in pair.received["sh"]
+    settled = [
+        e for _, e in pair.events["bj"][seen:] if isinstance(e, MessageDelivered | MessageTaken)
+    ]
+    assert settled == []
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=10)
+    assert pair.received["sh"][old_id] == sent[old_id]
 
 
 def test_silent_path_is_declared_down_and_its_data_repaired_elsewhere() -> None:

@@ -78,6 +78,7 @@ from wangate.core.paths import (
     SentDatagram,
     repair_horizon_bytes,
 )
+from wangate.core.replay import SentFrames
 from wangate.core.scheduler import (
     CRITICAL_ACTIVE_S,
     IDLE_SELECT_INTERVAL_S,
@@ -183,6 +184,8 @@ class PeerSession:
         self._credit_dirty: set[str] = set()
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._taken_pending: dict[int, None] = {}  # ordered set of ids to report taken
+        self._sent_frames = SentFrames()  # end-to-end frames each path carried lately
+        self._replay = b""  # such frames a path took down with it: they go again
         self._done_check_at = now + DONE_CHECK_S
         self._timer_at: float | None = None  # what get_timer last asked for
         self._recheck_at: float | None = None  # a late timer's work, after a read
@@ -231,6 +234,7 @@ class PeerSession:
         sender = record.sender
         self._requeue(record, sender.take_all_inflight(), outage=True)
         sender.estimator.forget_losses()
+        self._replay += self._sent_frames.lost_with(path, now)
         record.connected = False
         if record.usable:
             record.usable = False
@@ -283,6 +287,9 @@ class PeerSession:
         self._largest_msg_id_in = 0
         self._outbox.reset()
         self._inbound.peer_restarted()
+        # frames about the old instance's messages would name the new one's
+        self._sent_frames = SentFrames()
+        self._replay = b""
         self._credit_dirty.update(self._paths)
 
     # ---------------------------------------------------------------- liveness
@@ -768,12 +775,17 @@ class PeerSession:
         current = self._scheduler.selector.current
         inbound = self._inbound
         pending = (
-            inbound.rejections
+            self._replay
+            or inbound.rejections
             or inbound.repair_requests
             or inbound.done_pending
             or self._taken_pending
         )
         if pending and path == self._end_to_end_path():
+            first = len(out)
+            if self._replay:
+                out.append(self._replay)
+                self._replay = b""
             while inbound.rejections:
                 out.append(encode_control(inbound.rejections.popleft()))
             while inbound.repair_requests:
@@ -785,6 +797,7 @@ class PeerSession:
                 for msg_id in ids:
                     del self._taken_pending[msg_id]
                 out.append(encode_control(MessagesTaken(ids)))
+            self._sent_frames.sent(path, b"".join(out[first:]), now)
         if self._route_dirty and current is not None and path == current:
             self._route_dirty = False
             out.append(encode_control(RouteChosen(current)))
@@ -879,6 +892,7 @@ class PeerSession:
                 record.usable = False
                 self._requeue(record, sender.take_all_inflight(), outage=True)
                 sender.estimator.forget_losses()
+                self._replay += self._sent_frames.lost_with(name, now)
             changed |= state.kind != record.state
             self._set_state(name, record, state.kind, state.reason)
         if changed or now >= self._scheduler.next_select_at:
