@@ -38,6 +38,7 @@ _CONNECTION_ATTRIBUTES = (
     ("_loss", "the recovery state holding the pacer"),
     ("_state", "forgetting a refused half-open connection"),
     ("_close_pending", "forgetting a refused half-open connection"),
+    ("_close_event", "a path down as soon as the peer closed its connection"),
     ("_peer_cid", "a client's first Initial connection ID, the short header's size"),
     ("_original_destination_connection_id", "a client's first Initial connection ID"),
     ("_replenish_connection_ids", "a client that issues no connection IDs"),
@@ -149,6 +150,18 @@ def handshake_complete(connection: QuicConnection) -> bool:
 def closing(connection: QuicConnection) -> bool:
     """Closed, or its close is on its way out."""
     return connection._state not in _OPEN_STATES or connection._close_pending
+
+
+def closed_by_peer(connection: QuicConnection) -> str | None:
+    """The reason the peer gave, once its CONNECTION_CLOSE arrived. aioquic reports the
+    close only when the draining period ends (three PTOs, RFC 9000 §10.2.2), and in it
+    the connection sends nothing: whatever went to it meanwhile was lost."""
+    if connection._state is not QuicConnectionState.DRAINING:
+        return None
+    event = connection._close_event
+    if event is None:
+        return "closed by the peer"
+    return event.reason_phrase or f"error 0x{event.error_code:x}"
 
 
 def datagrams_pending(connection: QuicConnection) -> deque[bytes]:

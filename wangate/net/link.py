@@ -179,6 +179,10 @@ class PathLink(QuicConnectionProtocol):
 
     def _answer_received(self) -> None:
         self._after_receive = None
+        if self.state is not LinkState.CLOSED:
+            reason = compat.closed_by_peer(self._quic)
+            if reason is not None:
+                self._mark_closed(f"connection closed: {reason}")
         if self.driver is not None:
             self.driver.datagrams_handled()
         self.transmit()
