@@ -17,6 +17,7 @@ from wangate.core.events import Event, MessageDropped, MessageReceived
 from wangate.core.fec import BlockEncoder
 from wangate.core.frames import (
     REJECT_EXPIRED,
+    REJECT_MALFORMED,
     ControlStreamDecoder,
     MessageRejected,
     RepairDatagram,
@@ -253,3 +254,23 @@ def test_idle_timeout_must_be_a_positive_finite_number_of_seconds() -> None:
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(LocalProtocolError, match="idle timeout"):
             reassembly(idle_timeout_s=bad)
+
+
+def test_a_whole_message_the_screen_refuses_is_rejected_with_its_reason() -> None:
+    events: deque[Event] = deque()
+    seen: list[MessageHeader] = []
+
+    def screen(header: MessageHeader) -> str | None:
+        seen.append(header)
+        return "not for this gateway" if header.step == 1 else None
+
+    inbound = Reassembly(MAX_MESSAGE, WINDOW, events, screen=screen)
+    body = make_body(500, seed=7)  # step 1
+    assert inbound.accept_shard(shard(3, body, 0, 500), 0.0)
+    assert [h.step for h in seen] == [1]
+    assert list(events) == [MessageDropped(3, "not for this gateway", REJECT_MALFORMED)]
+    assert list(inbound.rejections) == [
+        MessageRejected(3, REJECT_MALFORMED, "not for this gateway")
+    ]
+    assert (inbound.held_bytes, inbound.take_done(10)) == (0, ())
+    assert 3 in inbound.rejected and 3 not in inbound.completed

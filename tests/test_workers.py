@@ -3,6 +3,7 @@ workers, status and paths per worker ([workers] count, wangate.workers)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.test_localapi_segments import segment_count, send_then_change_bytes
-from wangate.errors import RecvTimeout
+from wangate.errors import MessageFailed, RecvTimeout, WangateError
 from wangate.localapi.segments import RECV_NAME, SEND_NAME
 from wangate.loopback import LoopbackSites, SiteProcess, process_cpu_s, write_site_configs
 from wangate.rows import PathRow
@@ -200,3 +201,40 @@ def test_a_streaming_recv_of_a_message_waiting_whole_confirms_it_to_the_sender()
             incoming = sh.recv("whole", source="bj", step=0, stream=True, timeout=60)
             assert incoming.done and np.array_equal(incoming.result(timeout=0), arr)
         bj.wait("sh", msg_id, timeout=30)  # the completing stripe was confirmed
+
+
+def test_sites_with_different_worker_counts_fail_sends_naming_the_count() -> None:
+    # bj's worker 0 reaches sh (one process) on the listen port itself; its workers 1
+    # and 2 dial ports + 1 and + 2, where nothing listens
+    counts = {"bj": "[workers]\ncount = 3\n", "sh": "[workers]\ncount = 1\n"}
+    lab = LoopbackSites(2, 1, workers=3, extra_toml=counts)  # ports for 3 workers each
+    try:
+        for site in lab.sites:  # not lab.start(): it waits for every worker's path
+            site.process = lab.launch(site, log_mode="wb")
+
+        def peer_state() -> str | None:
+            with contextlib.suppress(WangateError, OSError), lab["bj"].client() as gw:
+                return str(gw.status()["peers"]["sh"]["state"])
+            return None
+
+        poll(lambda: peer_state() == "up")
+        array = np.arange(1000, dtype=np.float32)
+        with lab["bj"].client() as bj, lab["sh"].client() as sh:
+            critical = bj.send("sh", "key", array, critical=True)
+            with pytest.raises(MessageFailed) as refused:
+                bj.wait("sh", critical, timeout=30)
+            assert str(refused.value) == (
+                f"message {critical} (tag 'key', step 0) to sh failed: peer sh rejected it: "
+                "it is a stripe of a gateway with worker processes ([workers] count >= 2) and "
+                "this gateway runs none: both sites of a pair must set the same [workers] count"
+            )
+            bulk = bj.send("sh", "grad", array)
+            with pytest.raises(MessageFailed) as unreachable:
+                bj.wait("sh", bulk, timeout=30)
+            assert str(unreachable.value).endswith(
+                "(only worker 0 of 3 reaches sh: does sh run the same [workers] count?)"
+            )
+            peer = sh.status()["peers"]["bj"]
+            assert (peer["messages_received"], peer["messages_held"]) == (0, 0)
+    finally:
+        lab.stop()

@@ -8,6 +8,7 @@ import zlib
 import pytest
 
 from wangate.checksum import crc32_combine
+from wangate.core.message import MessageHeader
 from wangate.errors import RemoteProtocolError
 from wangate.workers.stripes import (
     DESCRIPTOR_BYTES,
@@ -16,6 +17,7 @@ from wangate.workers.stripes import (
     StripeDescriptor,
     StripeReassembly,
     assign_workers,
+    refuse_stripes,
     stripe_crc,
     stripe_ranges,
 )
@@ -162,3 +164,17 @@ def test_a_message_without_new_stripes_for_long_is_idle_and_dropped() -> None:
     assert reassembly.idle(160.0, 60.0) == ["old"]  # a duplicate is not progress
     assert reassembly.drop("old") == "a"
     assert reassembly.idle(210.0, 60.0) == ["new"] and len(reassembly) == 1
+
+
+def test_a_gateway_without_workers_refuses_stripes_and_nothing_else() -> None:
+    def header(meta: bytes) -> MessageHeader:
+        return MessageHeader("grad", 3, False, 0, meta)
+
+    reason = refuse_stripes(header(StripeDescriptor(7, 1, 0, 10, 0).encode(b"codec meta")))
+    assert reason == (
+        "it is a stripe of a gateway with worker processes ([workers] count >= 2) and "
+        "this gateway runs none: both sites of a pair must set the same [workers] count"
+    )
+    assert refuse_stripes(header(b"")) is None
+    assert refuse_stripes(header(b"WGS1")) is None  # too short to be a stripe's
+    assert refuse_stripes(header(b"WGF1" + bytes(60))) is None

@@ -62,6 +62,7 @@ from wangate.reload import ReloadPlan
 from wangate.rows import GatewayStatus, PathRow, PeerStatus
 from wangate.service import Delivery, Submission, local_delivery
 from wangate.systemd import inherited_unix_listener
+from wangate.workers.stripes import refuse_stripes
 
 log = logging.getLogger("wangate.daemon")
 
@@ -73,8 +74,13 @@ BACKOFF_MAX_S = 10.0
 class Gateway:
     """One site's gateway; implements ``GatewayService`` for the local API."""
 
-    def __init__(self, config: Config, inbox: Inbox | None = None) -> None:
+    def __init__(
+        self, config: Config, inbox: Inbox | None = None, *, carries_stripes: bool = False
+    ) -> None:
         self.config = config
+        # a worker's sessions carry stripes; any other gateway refuses them (its
+        # trainers would get a part of a message: the peer runs workers, this one not)
+        self.carries_stripes = carries_stripes
         self.site_name = config.site.name
         self.instance_id = random.getrandbits(63) | 1
         self.max_message_bytes = config.limits.max_message_bytes  # of a payload
@@ -129,6 +135,7 @@ class Gateway:
                 partial_idle_s=config.limits.partial_message_idle_s,
                 peer_dead_s=config.limits.peer_dead_s,
                 configured_paths=len(config.peer(peer).paths),
+                screen=None if self.carries_stripes else refuse_stripes,
             ),
             inbox=self.inbox,
             metrics=self.metrics,

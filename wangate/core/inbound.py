@@ -31,7 +31,7 @@ from wangate.core.frames import (
     RepairRequested,
     ShardDatagram,
 )
-from wangate.core.message import HEAD_BYTES, payload_offset, verify_body
+from wangate.core.message import HEAD_BYTES, MessageHeader, payload_offset, verify_body
 from wangate.core.rangeset import RangeSet
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
@@ -93,6 +93,7 @@ class Reassembly:
         events: deque[Event],
         *,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        screen: Callable[[MessageHeader], str | None] | None = None,
     ) -> None:
         if not 0.0 < idle_timeout_s < math.inf:
             raise LocalProtocolError(
@@ -102,6 +103,9 @@ class Reassembly:
         self.window_bytes = window_bytes
         self.idle_timeout_s = idle_timeout_s
         self._events = events
+        # the shell's last word on a whole, verified message: why it must not be
+        # delivered (rejected to its sender with that reason), or None
+        self._screen = screen
         # in progress, least recently progressed first (``_progressed`` moves to the end),
         # so the first one is the next to expire: expire/next_expiry are O(1) amortised
         self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
@@ -257,6 +261,10 @@ class Reassembly:
             return
         except RemoteProtocolError as exc:
             self._drop(msg_id, message, REJECT_MALFORMED, str(exc))
+            return
+        refused = None if self._screen is None else self._screen(header)
+        if refused is not None:
+            self._drop(msg_id, message, REJECT_MALFORMED, refused)
             return
         del self.inbound[msg_id]
         self.completed.add(msg_id, msg_id + 1)

@@ -150,6 +150,7 @@ class PeerSession:
         partial_idle_s: float = DEFAULT_IDLE_TIMEOUT_S,
         peer_dead_s: float = DEFAULT_PEER_DEAD_S,
         configured_paths: int = 0,
+        screen: Callable[[MessageHeader], str | None] | None = None,
     ) -> None:
         self.local_site = local_site
         self.peer = peer
@@ -179,7 +180,11 @@ class PeerSession:
 
         # receiving
         self._inbound = Reassembly(
-            max_message_bytes, self.inbox_window_bytes, self._events, idle_timeout_s=partial_idle_s
+            max_message_bytes,
+            self.inbox_window_bytes,
+            self._events,
+            idle_timeout_s=partial_idle_s,
+            screen=screen,
         )
         self._credit_dirty: set[str] = set()
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded

@@ -11,13 +11,18 @@ proto/workers.md has the protocol; wangate/net/README.md the drivers a worker ru
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from wangate.config import Config
-from wangate.daemon import Gateway
+
+if TYPE_CHECKING:  # the daemon imports ``stripes`` from this package
+    from wangate.daemon import Gateway
 
 
 def make_gateway(config: Config) -> Gateway:
     """The daemon for ``config``: one process (count 1), or a coordinator of workers."""
+    from wangate.daemon import Gateway
+
     paths = max((len(peer.paths) for peer in config.peers), default=1)
     count = config.workers.resolved(os.cpu_count(), paths)
     if count < 2:

@@ -381,7 +381,19 @@ class Coordinator(Gateway):
             )
             self._dispatch([stripe], exclude=handle.index)
             return
-        self._finish(message, stripe.first_failure)
+        self._finish(message, stripe.first_failure + self._count_hint(message.peer, handle))
+
+    def _count_hint(self, peer: str, failed: WorkerHandle) -> str:
+        """Where other workers reach ``peer`` and the one that failed does not, the likely
+        cause: worker ``w`` dials and listens on the ports + ``w``, so a peer running
+        fewer workers has none behind the others' ports."""
+        reach = [h.index for h in self.workers if self._connected(h.index, peer)]
+        if not reach or failed.index in reach:
+            return ""
+        return (
+            f" (only worker {', '.join(map(str, reach))} of {self.count} reaches {peer}: "
+            f"does {peer} run the same [workers] count?)"
+        )
 
     def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:

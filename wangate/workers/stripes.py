@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from wangate.checksum import crc32_combine
+from wangate.core.message import MessageHeader
 from wangate.errors import RemoteProtocolError
 
 # Measured (bench/workers.py): a few MiB keeps every worker busy on a large message and
@@ -74,6 +75,18 @@ class StripeDescriptor:
                 f"{total} bytes"
             )
         return cls(instance, msg_id, offset, total, checksum), bytes(stripe_meta[DESCRIPTOR_BYTES:])
+
+
+def refuse_stripes(header: MessageHeader) -> str | None:
+    """For a gateway without workers: why a message whose meta is a stripe's must not
+    reach a trainer (it is a part of a message, with the descriptor in front), or None."""
+    meta = header.meta
+    if len(meta) >= DESCRIPTOR_BYTES and meta[: len(STRIPE_MAGIC)] == STRIPE_MAGIC:
+        return (
+            "it is a stripe of a gateway with worker processes ([workers] count >= 2) and "
+            "this gateway runs none: both sites of a pair must set the same [workers] count"
+        )
+    return None
 
 
 def stripe_ranges(total: int, stripe_bytes: int = STRIPE_BYTES) -> list[tuple[int, int]]:

@@ -90,7 +90,7 @@ class Worker:
         self, config: Config, index: int, sock: socket.socket, coordinator_instance: int = 0
     ) -> None:
         self.index = index
-        self.gateway = Gateway(config, inbox=ForwardingInbox(self._forward))
+        self.gateway = Gateway(config, inbox=ForwardingInbox(self._forward), carries_stripes=True)
         if coordinator_instance:
             # the peer's workers tell a restarted worker (resend what it held) from a
             # restarted coordinator (what it held is lost) by the high bits
