@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -96,3 +97,13 @@ def stop(process: subprocess.Popen[bytes]) -> int:
     except subprocess.TimeoutExpired:
         process.kill()
         raise
+
+
+async def poll_until(
+    condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.01
+) -> None:
+    """In an event loop running gateways: return once ``condition()`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(interval_s)

@@ -13,18 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.daemons import poll_until
 from wangate.config import load_config
 from wangate.daemon import Gateway
 from wangate.loopback import write_site_configs
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _poll(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def _handshake_before_waiting(directory: Path) -> None:
@@ -36,14 +30,14 @@ async def _handshake_before_waiting(directory: Path) -> None:
         path = sh.config.peer("bj").paths[0]
         link = await sh._open_link("bj", path)
         # Nobody waits while the handshake runs to completion.
-        await _poll(lambda: link.authenticated)
+        await poll_until(lambda: link.authenticated)
         # The condition of the race: aioquic's own waiter never hears of it.
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(link.wait_connected(), 0.3)
         # The dialer's wait returns at once, and the path is up on both sides.
         await link.wait_handshake(1.0)
-        await _poll(lambda: sh.peers["bj"].links.get(path.name) is link)
-        await _poll(lambda: path.name in bj.peers["sh"].links)
+        await poll_until(lambda: sh.peers["bj"].links.get(path.name) is link)
+        await poll_until(lambda: path.name in bj.peers["sh"].links)
         assert [row.state for row in sh.paths()] == ["up"]
         assert link.refused is None
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.daemons import poll_until
 from wangate.client import AsyncClient
 from wangate.config import load_config
 from wangate.daemon import Gateway
@@ -29,13 +30,6 @@ pytestmark = pytest.mark.timeout(90)
 MESSAGE_BYTES = 48 << 20
 
 
-async def _poll(condition: object, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.002)
-
-
 async def _replaced_mid_message(directory: Path) -> None:
     bj_site, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
     bj = Gateway(load_config(bj_site.config_path))
@@ -44,7 +38,7 @@ async def _replaced_mid_message(directory: Path) -> None:
     await sh.start()
     try:
         peer, path = "sh", bj.config.peer("sh").paths[0]
-        await _poll(lambda: path.name in bj.peers["sh"].links)
+        await poll_until(lambda: path.name in bj.peers["sh"].links, 20.0, 0.002)
         first = bj.peers["sh"].links[path.name]
         assert not first.dialed  # sh's dial: bj accepted it, with the longer datagrams
         payload = np.random.default_rng(7).integers(0, 256, MESSAGE_BYTES, dtype=np.uint8)
@@ -55,12 +49,14 @@ async def _replaced_mid_message(directory: Path) -> None:
             received = asyncio.ensure_future(receiver.recv("big", source="bj", timeout=60))
             await sender.send("sh", "big", payload)
             session = bj.peers["sh"].session
-            await _poll(lambda: session.status()["source_bytes"] > MESSAGE_BYTES // 8)
+            await poll_until(
+                lambda: session.status()["source_bytes"] > MESSAGE_BYTES // 8, 20.0, 0.002
+            )
             # a dial of bj's that started with sh's and completes only now, as at start-up
             host, port = sh.config.site.listen[0]
             dialed = await bj._open_link(peer, dataclasses.replace(path, remote=(host, port)))
             await dialed.wait_handshake(10.0)
-            await _poll(lambda: bj.peers["sh"].links.get(path.name) is dialed)
+            await poll_until(lambda: bj.peers["sh"].links.get(path.name) is dialed, 20.0, 0.002)
             assert first.state is LinkState.CLOSED
             assert session.status()["source_bytes"] < MESSAGE_BYTES  # still on its way
             got = await received

@@ -13,19 +13,13 @@ from pathlib import Path
 import pytest
 from aioquic.quic.connection import QuicConnectionState
 
+from tests.daemons import poll_until
 from wangate.config import load_config
 from wangate.daemon import Gateway
 from wangate.loopback import write_site_configs
 from wangate.net.link import LinkError, PathLink
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _poll(condition: object, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def _peer_closes(directory: Path) -> None:
@@ -36,7 +30,7 @@ async def _peer_closes(directory: Path) -> None:
     await sh.start()
     try:
         path = sh.config.peer("bj").paths[0].name
-        await _poll(lambda: path in sh.peers["bj"].links and path in bj.peers["sh"].links)
+        await poll_until(lambda: path in sh.peers["bj"].links and path in bj.peers["sh"].links)
         ours = sh.peers["bj"].links[path]
         downs: list[tuple[str, QuicConnectionState]] = []
         driver = sh.peers["bj"]
@@ -49,7 +43,7 @@ async def _peer_closes(directory: Path) -> None:
 
         driver.link_down = record  # type: ignore[method-assign]
         bj.peers["sh"].links[path].refuse(LinkError.DUPLICATE, "closed for the test")
-        await _poll(lambda: bool(downs))
+        await poll_until(lambda: bool(downs))
         assert downs == [("connection closed: closed for the test", QuicConnectionState.DRAINING)]
     finally:
         await sh.close()
