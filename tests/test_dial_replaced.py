@@ -49,9 +49,7 @@ async def _replaced_mid_message(directory: Path) -> None:
             received = asyncio.ensure_future(receiver.recv("big", source="bj", timeout=60))
             await sender.send("sh", "big", payload)
             session = bj.peers["sh"].session
-            await poll_until(
-                lambda: session.status()["source_bytes"] > MESSAGE_BYTES // 8, 20.0, 0.002
-            )
+            await poll_until(lambda: session.status()["source_bytes"] > (1 << 20), 20.0, 0.002)
             # a dial of bj's that started with sh's and completes only now, as at start-up
             host, port = sh.config.site.listen[0]
             dialed = await bj._open_link(peer, dataclasses.replace(path, remote=(host, port)))
