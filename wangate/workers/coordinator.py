@@ -390,10 +390,12 @@ class Coordinator(Gateway):
         reach = [h.index for h in self.workers if self._connected(h.index, peer)]
         if not reach or failed.index in reach:
             return ""
-        return (
-            f" (only worker {', '.join(map(str, reach))} of {self.count} reaches {peer}: "
-            f"does {peer} run the same [workers] count?)"
-        )
+        which = ", ".join(map(str, reach))
+        if len(reach) == 1:
+            workers = f"worker {which} of {self.count} reaches"
+        else:
+            workers = f"workers {which} of {self.count} reach"
+        return f" (only {workers} {peer}: does {peer} run the same [workers] count?)"
 
     def _drop_stripe(self, stripe: Stripe) -> None:
         if self._stripes.pop(stripe.sid, None) is not None:
