@@ -280,3 +280,38 @@ def test_a_sender_stopped_mid_transfer_judges_its_path_after_reading_its_acks(
         status = peer_status(lab, "bj", "sh")
         assert status["late_timers"] >= 1
         assert status["state"] == "up"
+
+
+@pytest.mark.single_process  # the coordinator's trainers would not wait on the stopped one
+def test_a_send_that_waited_out_its_gateways_stall_does_not_find_the_peer_unreachable(
+    tmp_path: Path,
+) -> None:
+    # bj's daemon is held up (SIGSTOP) longer than peer_dead_s while a trainer's send
+    # waits in its socket. When it runs again, sh's probes wait unread beside that send:
+    # the silence was bj's own, and the send goes through.
+    dead = "[limits]\npeer_dead_s = 1\n"
+    with LoopbackSites(2, 1, directory=tmp_path, mtu=1500, extra_toml=dead) as lab:
+        process = lab["bj"].process
+        assert process is not None
+        with lab["bj"].client() as gw, lab["sh"].client() as sh:
+            sent: list[object] = []
+
+            def send() -> None:
+                try:
+                    sent.append(gw.send("sh", "after", np.arange(1000, dtype=np.float32)))
+                except WangateError as exc:
+                    sent.append(exc)
+
+            process.send_signal(signal.SIGSTOP)
+            sender = threading.Thread(target=send)
+            try:
+                sender.start()
+                time.sleep(1.5)  # past peer_dead_s: sh finds bj unreachable meanwhile
+            finally:
+                process.send_signal(signal.SIGCONT)
+            sender.join(timeout=30)
+            (msg_id,) = sent
+            assert isinstance(msg_id, int), msg_id
+            got = sh.recv("after", source="bj", timeout=30)
+            assert got.tobytes() == np.arange(1000, dtype=np.float32).tobytes()
+            gw.wait("sh", msg_id, timeout=30)

@@ -8,10 +8,14 @@ for blocks that arrived whole.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fakelink import LinkProfile, SimulatedPair, make_header
-from wangate.core.events import MessageDelivered, PathStateChanged
+from wangate.core.events import MessageDelivered, PathStateChanged, PeerStateChanged
+from wangate.core.frames import encode_probe, stamp
 from wangate.core.outbound import CodingPolicy
-from wangate.core.session import LATE_TIMER_RECHECK_S, LATE_TIMER_S
+from wangate.core.session import LATE_TIMER_RECHECK_S, LATE_TIMER_S, PeerSession
+from wangate.errors import PeerUnreachable
 
 PATH = LinkProfile(delay_s=0.020, rate_bps=40e6)  # no loss at all
 PAYLOAD = bytes(range(256)) * (16 << 10)  # 4 MiB: 0.84 s on the path
@@ -56,3 +60,55 @@ def test_a_path_that_went_silent_during_the_stall_is_judged_one_read_later() -> 
     assert state == "down"
     assert woke_at + LATE_TIMER_RECHECK_S <= at < woke_at + LATE_TIMER_S
     assert pair.sessions["bj"].status()["late_timers"] == 1
+
+
+def held_up_session() -> PeerSession:
+    session = PeerSession(
+        "bj", "sh", max_message_bytes=1 << 20, inbox_window_bytes=1 << 20, now=0.0
+    )
+    session.path_up("a", datagram_bytes=1200, now=0.0)  # the peer heard at 0
+    assert session.get_timer() is not None and session.get_timer() < 1.0
+    return session
+
+
+def test_a_trainer_served_first_after_a_stall_does_not_find_the_peer_unreachable() -> None:
+    # held up 6 s (> peer_dead_s, 5 s): a trainer's send is read before the peer's
+    # datagrams that waited in the socket meanwhile
+    session = held_up_session()
+    session.check_reachable(6.0)  # no PeerUnreachable: the silence was ours
+    assert session.peer_state(6.0)[0] != "unreachable"
+    session.handle_timer(6.0)  # overdue: its work waits for the read
+    session.check_reachable(6.0 + LATE_TIMER_RECHECK_S / 2)
+    session.handle_datagram("a", encode_probe(1, stamp(6.0)), 6.0 + LATE_TIMER_RECHECK_S / 2)
+    session.handle_timer(6.0 + LATE_TIMER_RECHECK_S)
+    session.check_reachable(6.0 + LATE_TIMER_RECHECK_S)
+    events = []
+    while (event := session.next_event()) is not None:
+        events.append(event)
+    assert [e for e in events if isinstance(e, PeerStateChanged) and e.state == "unreachable"] == []
+
+
+def test_a_peer_silent_through_the_stall_is_unreachable_once_the_read_found_nothing() -> None:
+    session = held_up_session()
+    session.check_reachable(6.0)
+    session.handle_timer(6.0)
+    session.handle_timer(6.0 + LATE_TIMER_RECHECK_S)  # nothing came: the peer was silent
+    with pytest.raises(PeerUnreachable, match=r"peer sh is unreachable: silent for 6\.0 s"):
+        session.check_reachable(6.0 + LATE_TIMER_RECHECK_S)
+
+
+def test_a_peer_silent_past_peer_dead_s_on_a_punctual_host_is_unreachable() -> None:
+    session = held_up_session()
+    now = 0.0
+    for _ in range(10_000):  # every timer on time, the probes sent; nothing heard
+        timer = session.get_timer()
+        assert timer is not None
+        now = max(now + 0.001, timer)  # as the driver arms it: at least 1 ms ahead
+        session.handle_timer(now)
+        while session.datagram_to_send("a", now) is not None:
+            pass
+        if session.unreachable:
+            break
+    assert 5.0 <= now < 5.0 + LATE_TIMER_S
+    with pytest.raises(PeerUnreachable, match=r"silent for 5\.0 s"):
+        session.check_reachable(now)

@@ -305,7 +305,8 @@ class PeerSession:
 
     def peer_state(self, now: float) -> tuple[str, str]:
         """(state, reason): the state is up, degraded, unreachable or restarted."""
-        self._update_liveness(now)
+        if not self._held_up(now):
+            self._update_liveness(now)
         return self._liveness.state, self._liveness.reason(now, *self._paths_up())
 
     def _paths_up(self) -> tuple[int, int]:
@@ -330,9 +331,19 @@ class PeerSession:
         if self._liveness.heard(now):
             self._update_liveness(now)  # back: traffic resumes by itself
 
+    def _held_up(self, now: float) -> bool:
+        """Our own timer is overdue, or its work waits for a read: the process was held
+        up, and what the peer sent meanwhile may still wait unread. The peer's silence
+        then includes ours, and only the timer, after the read, may call it unreachable
+        (LATE_TIMER_S)."""
+        if self._recheck_at is not None:
+            return True
+        return self._timer_at is not None and now - self._timer_at > LATE_TIMER_S
+
     def check_reachable(self, now: float) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
-        self._update_liveness(now)
+        if not self._held_up(now):
+            self._update_liveness(now)
         liveness = self._liveness
         if liveness.unreachable:
             raise PeerUnreachable(
@@ -931,7 +942,8 @@ class PeerSession:
         row["last_switch_reason"] = None if change is None else change.reason
         # A silent peer's paths are not "up" while the path's own timeout runs (it is
         # generous so a busy host does not flap): they follow the peer's silence.
-        self._update_liveness(now)
+        if not self._held_up(now):
+            self._update_liveness(now)
         heard_at = sender.estimator.last_heard_at
         silent_s = math.inf if heard_at is None else now - heard_at
         if self._liveness.unreachable:
