@@ -254,6 +254,8 @@ class OutboundQueue:
         return None
 
     def _take_from(self, message: OutboundMessage, space: int) -> Piece | None:
+        if message.repair_work and self._fits_no_path(message):
+            self._repair_by_range(message)
         max_bytes = space - message.header_bytes
         while message.repairs:
             start, end = message.repairs.popleft()
@@ -271,11 +273,7 @@ class OutboundQueue:
             self.repair_bytes += end - start
             self._add_backlog(message, start - end)
             return Piece(message, start, end, True)
-        shape = message.shape
-        fits = shape is not None and shape.symbol_bytes <= max_bytes
-        if message.repair_work and not fits and self._fits_no_path(message):
-            self._repair_by_range(message)
-            return self._take_from(message, space)
+        fits = message.shape is not None and message.shape.symbol_bytes <= max_bytes
         while message.repair_work and fits:
             piece = self._repair_symbol(message)
             if piece is not None:
@@ -294,21 +292,24 @@ class OutboundQueue:
         less room, e.g. as the other end's dial, whose connection ID is longer): a block
         whose loss awaits repair symbols gets its missing sources again by range, and
         repair symbols meant to go with their block are dropped."""
-        shape = message.shape
-        assert shape is not None
         for work in message.repair_work:
             block, upfront = work >> 1, bool(work & 1)
             ledger = message.blocks.get(block)
             if ledger is None:
                 continue  # decodable meanwhile
             ledger.queued -= 1
-            if upfront or not ledger.coded:
-                continue
-            ledger.coded = False
-            start, end = shape.block_range(block)
+            if not upfront and ledger.coded:
+                self._uncode(message, ledger, block)
+        message.repair_work.clear()
+
+    def _uncode(self, message: OutboundMessage, ledger: BlockLedger, block: int) -> None:
+        """From now on ``block`` is repaired by range: its missing sources go again."""
+        assert message.shape is not None
+        ledger.coded = False
+        start, end = message.shape.block_range(block)
+        if not message.acked.covers(start, end):
             message.repairs.append((start, end))
             self._add_backlog(message, end - start)
-        message.repair_work.clear()
 
     def _new_piece(self, message: OutboundMessage, space: int) -> Piece:
         start = message.next_offset
@@ -456,9 +457,10 @@ class OutboundQueue:
                 return  # enough symbols are still on their way
             if ledger.can_add_repairs(ledger.queued + missing):
                 self._queue_repairs(message, block, missing)
-                return
-            ledger.coded = False  # out of repair symbols: fall back to the lost bytes
-            start, end = shape.block_range(block)
+            else:  # out of repair symbols: fall back to the lost bytes
+                self._uncode(message, ledger, block)
+                self._enqueue(message)
+            return
         if end <= start or message.acked.covers(start, end):
             return
         message.repairs.append((start, end))
