@@ -236,10 +236,7 @@ class PeerSession:
         record = self._paths.get(path)
         if record is None:
             return
-        sender = record.sender
-        self._requeue(record, sender.take_all_inflight(), outage=True)
-        sender.estimator.forget_losses()
-        self._replay += self._sent_frames.lost_with(path, now)
+        self._gone(path, record, now)
         record.connected = False
         if record.usable:
             record.usable = False
@@ -254,6 +251,15 @@ class PeerSession:
             received_bytes=old.received_bytes,
         )
         self._reselect(now)
+
+    def _gone(self, path: str, record: PathRecord, now: float) -> None:
+        """``path`` carries nothing more (closed, or silent past its timeout): what it had
+        in flight goes out elsewhere, and so do the frames about whole messages it may
+        have taken with it."""
+        sender = record.sender
+        self._requeue(record, sender.take_all_inflight(), outage=True)
+        sender.estimator.forget_losses()
+        self._replay += self._sent_frames.lost_with(path, now)
 
     def _set_state(self, path: str, record: PathRecord, state: str, why: str) -> None:
         """Report a change of ``path``'s state (nothing if it is unchanged)."""
@@ -305,8 +311,7 @@ class PeerSession:
 
     def peer_state(self, now: float) -> tuple[str, str]:
         """(state, reason): the state is up, degraded, unreachable or restarted."""
-        if not self._held_up(now):
-            self._update_liveness(now)
+        self._query_liveness(now)
         return self._liveness.state, self._liveness.reason(now, *self._paths_up())
 
     def _paths_up(self) -> tuple[int, int]:
@@ -331,19 +336,20 @@ class PeerSession:
         if self._liveness.heard(now):
             self._update_liveness(now)  # back: traffic resumes by itself
 
-    def _held_up(self, now: float) -> bool:
-        """Our own timer is overdue, or its work waits for a read: the process was held
-        up, and what the peer sent meanwhile may still wait unread. The peer's silence
-        then includes ours, and only the timer, after the read, may call it unreachable
-        (LATE_TIMER_S)."""
+    def _query_liveness(self, now: float) -> None:
+        """The peer's state brought up to ``now`` for a question (send, status, paths),
+        unless our own timer is overdue or its work waits for a read: then the process
+        was held up, what the peer sent meanwhile may still wait unread, and the peer's
+        silence includes ours. Only the timer, after the read, judges it (LATE_TIMER_S)."""
         if self._recheck_at is not None:
-            return True
-        return self._timer_at is not None and now - self._timer_at > LATE_TIMER_S
+            return
+        if self._timer_at is not None and now - self._timer_at > LATE_TIMER_S:
+            return
+        self._update_liveness(now)
 
     def check_reachable(self, now: float) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
-        if not self._held_up(now):
-            self._update_liveness(now)
+        self._query_liveness(now)
         liveness = self._liveness
         if liveness.unreachable:
             raise PeerUnreachable(
@@ -906,9 +912,7 @@ class PeerSession:
             state = sender.estimator.state(now)
             if record.usable and state.kind == "down":
                 record.usable = False
-                self._requeue(record, sender.take_all_inflight(), outage=True)
-                sender.estimator.forget_losses()
-                self._replay += self._sent_frames.lost_with(name, now)
+                self._gone(name, record, now)
             changed |= state.kind != record.state
             self._set_state(name, record, state.kind, state.reason)
         if changed or now >= self._scheduler.next_select_at:
@@ -942,8 +946,7 @@ class PeerSession:
         row["last_switch_reason"] = None if change is None else change.reason
         # A silent peer's paths are not "up" while the path's own timeout runs (it is
         # generous so a busy host does not flap): they follow the peer's silence.
-        if not self._held_up(now):
-            self._update_liveness(now)
+        self._query_liveness(now)
         heard_at = sender.estimator.last_heard_at
         silent_s = math.inf if heard_at is None else now - heard_at
         if self._liveness.unreachable:
