@@ -254,7 +254,7 @@ def handover_parts(size: int, reps: int) -> dict[str, list[float]]:
     import fcntl
     import mmap
 
-    from wangate.localapi.segments import SEND_NAME, SIZE_SEALS, new_segment, seal
+    from wangate.shm import SEND_NAME, SIZE_SEALS, new_segment, seal
 
     parts: dict[str, list[float]] = {
         "encode (1 CRC pass)": [],

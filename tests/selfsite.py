@@ -11,11 +11,13 @@ from itertools import count
 from typing import Any
 
 from wangate import __version__
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.inbox import Inbox
+from wangate.delivery.streams import IncomingStream
 from wangate.errors import GatewayError
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.streams import IncomingStream
+from wangate.gateway.service import local_delivery
 from wangate.rows import GatewayStatus, PathRow
-from wangate.service import Delivery, Submission, local_delivery
+from wangate.service import Submission
 
 
 def default_client_settings(max_message_bytes: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ async def _handshake_before_waiting(directory: Path) -> None:
     await bj.start()
     try:
         path = sh.config.peer("bj").paths[0]
-        link = await sh._open_link("bj", path)
+        link = await sh.backend.endpoint.open_link("bj", path)
         # Nobody waits while the handshake runs to completion.
         await poll_until(lambda: link.authenticated)
         # The condition of the race: aioquic's own waiter never hears of it.
@@ -38,7 +38,7 @@ async def _handshake_before_waiting(directory: Path) -> None:
         await link.wait_handshake(1.0)
         await poll_until(lambda: sh.peers["bj"].links.get(path.name) is link)
         await poll_until(lambda: path.name in bj.peers["sh"].links)
-        assert [row.state for row in sh.paths()] == ["up"]
+        assert [row.state for row in sh.service.paths()] == ["up"]
         assert link.refused is None
     finally:
         await sh.close()
@@ -56,11 +56,13 @@ async def _closed_before_handshake(directory: Path) -> None:
     unretrieved: list[object] = []
     loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
     try:
-        link = await sh._open_link("bj", sh.config.peer("bj").paths[0])  # nobody listens
+        link = await sh.backend.endpoint.open_link(
+            "bj", sh.config.peer("bj").paths[0]
+        )  # nobody listens
         link.close()
         with pytest.raises(ConnectionError):
             await link.wait_handshake(5.0)
-        link2 = await sh._open_link("bj", sh.config.peer("bj").paths[0])
+        link2 = await sh.backend.endpoint.open_link("bj", sh.config.peer("bj").paths[0])
         link2.close()  # closed and never waited for
         await link2.wait_closed()
         del link, link2

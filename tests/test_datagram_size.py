@@ -186,7 +186,7 @@ async def _gateway_links(directory: Path) -> None:
     await bj.start()
     try:
         path = sh.config.peer("bj").paths[0]
-        dialed = await sh._open_link("bj", path)
+        dialed = await sh.backend.endpoint.open_link("bj", path)
         await dialed.wait_handshake(10.0)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10.0
@@ -202,8 +202,8 @@ async def _gateway_links(directory: Path) -> None:
         assert dialed.datagram_bytes == MAX_DATAGRAM_SIZE - 34 == 1438
         assert accepted.datagram_bytes == MAX_DATAGRAM_SIZE - 30 == 1442
         senders = (
-            sh.peers["bj"].session._paths[path.name].sender,
-            bj.peers["sh"].session._paths[path.name].sender,
+            sh.peers["bj"].view._paths[path.name].sender,
+            bj.peers["sh"].view._paths[path.name].sender,
         )
         assert [s.datagram_bytes for s in senders] == [1438, 1442]
     finally:

@@ -48,11 +48,13 @@ async def _replaced_mid_message(directory: Path) -> None:
         ):
             received = asyncio.ensure_future(receiver.recv("big", source="bj", timeout=60))
             await sender.send("sh", "big", payload)
-            session = bj.peers["sh"].session
+            session = bj.peers["sh"].view
             await poll_until(lambda: session.status()["source_bytes"] > (1 << 20), 20.0, 0.002)
             # a dial of bj's that started with sh's and completes only now, as at start-up
             host, port = sh.config.site.listen[0]
-            dialed = await bj._open_link(peer, dataclasses.replace(path, remote=(host, port)))
+            dialed = await bj.backend.endpoint.open_link(
+                peer, dataclasses.replace(path, remote=(host, port))
+            )
             await dialed.wait_handshake(10.0)
             await poll_until(lambda: bj.peers["sh"].links.get(path.name) is dialed, 20.0, 0.002)
             assert first.state is LinkState.CLOSED

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.inbox import Inbox
+from wangate.delivery.mailbox import HandedToWaiter, Mailbox, Queued, Refused
 from wangate.errors import RecvTimeout
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.mailbox import HandedToWaiter, Mailbox, Queued, Refused
-from wangate.service import Delivery
 
 
 def delivery(source: str, tag: str, step: int, size: int = 10, meta: bytes = b"") -> Delivery:

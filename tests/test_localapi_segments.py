@@ -29,25 +29,25 @@ import wangate
 from tests.selfsite import default_client_settings
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
+from wangate.delivery.segments import InboundSegments
 from wangate.localapi.protocol import (
     PingRequest,
     RecvRequest,
     SendRequest,
     encode_request,
 )
-from wangate.localapi.segments import (
+from wangate.localapi.segments import FrameDescriptors
+from wangate.loopback import LoopbackSites
+from wangate.shm import (
     F_SEAL_FUTURE_WRITE,
     RECV_NAME,
     SEND_NAME,
     SIZE_SEALS,
-    FrameDescriptors,
-    InboundSegments,
     SegmentError,
     map_segment,
     new_segment,
     seal,
 )
-from wangate.loopback import LoopbackSites
 
 from .test_localapi_server import GatewayThread, is_closed, raw_connect, read_replies, read_reply
 

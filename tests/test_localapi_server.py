@@ -18,9 +18,9 @@ import pytest
 
 import wangate
 from tests.selfsite import SelfSiteService, default_client_settings
+from wangate.delivery.inbox import Inbox
 from wangate.errors import GatewayError
 from wangate.localapi.framing import SyncFrameReader
-from wangate.localapi.inbox import Inbox
 from wangate.localapi.protocol import (
     PingRequest,
     RecvRequest,

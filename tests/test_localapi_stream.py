@@ -28,8 +28,8 @@ from tests.test_localapi_segments import daemon_pid, rss_anon_kib
 from wangate.codec import encode_tensor
 from wangate.core.message import message_checksum
 from wangate.localapi.protocol import SendRequest, encode_request
-from wangate.localapi.segments import RECV_NAME, SEND_NAME, SIZE_SEALS, new_segment, seal
 from wangate.loopback import LoopbackSites
+from wangate.shm import RECV_NAME, SEND_NAME, SIZE_SEALS, new_segment, seal
 
 from .test_localapi_segments import segment_count
 from .test_localapi_server import GatewayThread, read_reply

@@ -62,8 +62,8 @@ async def pair(directory: Path, paths: int = 1, extra: str = "") -> tuple[Gatewa
 
 
 async def exchange(sender: Gateway, receiver: Gateway, tag: str, payload: bytes) -> None:
-    await sender.submit(submission(receiver.site_name, tag, payload))
-    delivery = await receiver.receive(tag, sender.site_name, None, 10.0)
+    await sender.service.submit(submission(receiver.service.site_name, tag, payload))
+    delivery = await receiver.service.receive(tag, sender.service.site_name, None, 10.0)
     assert bytes(delivery.payload) == payload
 
 
@@ -79,7 +79,7 @@ async def _up_down_reconnect(directory: Path) -> None:
     try:
         await exchange(sh, bj, "first", b"\x01\x02\x03" * 1000)
         old_sh, old_bj = link(sh, "bj", A), link(bj, "sh", A)
-        sh.reset_path("bj", A)  # the operator's reset: both sides see the path go
+        sh.service.reset_path("bj", A)  # the operator's reset: both sides see the path go
         assert old_sh is not None and old_sh.state is LinkState.CLOSED
         assert old_sh.refused == "reset by operator"
         await poll(lambda: old_bj is not None and old_bj.state is LinkState.CLOSED)
@@ -88,7 +88,7 @@ async def _up_down_reconnect(directory: Path) -> None:
         new_sh, new_bj = link(sh, "bj", A), link(bj, "sh", A)
         assert new_sh is not old_sh and new_bj is not old_bj
         # connected both (a loaded machine may show a loopback path degraded, never down)
-        assert [row.state != "down" for row in sh.paths()] == [True, True]
+        assert [row.state != "down" for row in sh.service.paths()] == [True, True]
         await exchange(sh, bj, "after", bytes(range(256)) * 400)
         await exchange(bj, sh, "back", b"\xff" * 70_000)
     finally:
@@ -128,15 +128,15 @@ async def _restart(directory: Path) -> None:
     bj, sh = await pair(directory)
     config = bj.config
     try:
-        msg_id = await sh.submit(submission("bj", "held", b"\x05" * 3000))
-        await poll(lambda: sh.peers["bj"].session.message_state(msg_id) == "held")
+        msg_id = await sh.service.submit(submission("bj", "held", b"\x05" * 3000))
+        await poll(lambda: sh.peers["bj"].view.message_state(msg_id) == "held")
         first_instance = bj.instance_id
         await bj.close()  # no trainer took "held": it is lost with this instance
         bj = Gateway(config)
         await bj.start()
         assert bj.instance_id != first_instance
         with pytest.raises(MessageFailedError, match="restarted with it in its inbox"):
-            await sh.wait_message("bj", msg_id, 10.0)
+            await sh.service.wait_message("bj", msg_id, 10.0)
         await poll(lambda: both_up(bj, sh, A))
         assert sh.peers["bj"].instance_id == bj.instance_id
         await exchange(sh, bj, "after-restart", b"\x09" * 20_000)
@@ -176,10 +176,10 @@ async def _at_the_limit(directory: Path) -> None:
     bj, sh = await pair(directory, extra=limits)
     try:
         payload = bytes(range(256)) * 781 + b"\x00" * 64  # exactly 200 000 bytes
-        assert len(payload) == sh.max_message_bytes
+        assert len(payload) == sh.config.limits.max_message_bytes
         await exchange(sh, bj, "t" * 1024, payload)  # the longest tag, too
         with pytest.raises(GatewayError) as refused:
-            await sh.submit(submission("bj", "x" * 1025, b"abc"))
+            await sh.service.submit(submission("bj", "x" * 1025, b"abc"))
         assert refused.value.code == "bad_request"  # the request, not the connection
         assert "tag must be 1..1024 bytes" in str(refused.value)
         await exchange(sh, bj, "still", b"\x01" * 10)
@@ -200,12 +200,12 @@ def test_a_payload_at_the_limit_passes_and_a_bad_tag_fails_only_its_request(
 async def _credit(directory: Path) -> None:
     _, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
     sh = Gateway(load_config(sh_site.config_path))  # not started: no links needed
-    session = sh.peers["bj"].session
+    session = sh.peers["bj"].view
     before = session.granted_bytes
     # a payload that is no view of its body: the credit is the body's size regardless
     payload = b"\x11" * 10
-    sh.inbox.try_deliver(Delivery("bj", "t", 0, False, b"", payload, 0, 7, body_bytes=50))
-    delivery = await sh.receive("t", "bj", None, 1.0)
+    sh.delivery.inbox.try_deliver(Delivery("bj", "t", 0, False, b"", payload, 0, 7, body_bytes=50))
+    delivery = await sh.service.receive("t", "bj", None, 1.0)
     assert bytes(delivery.payload) == payload
     assert session.granted_bytes == before + 50
     await sh.close()
@@ -225,13 +225,12 @@ async def _order(directory: Path) -> None:
     limits += "client_budget_bytes = 1000\n"
     _, sh_site = write_site_configs(directory, 2, 1, mtu=1500, extra_toml=limits)
     sh = Gateway(load_config(sh_site.config_path))
-    driver = sh.peers["bj"]
-    driver._deliver(received(1, 600))  # queued
-    driver._deliver(received(2, 600))  # refused: 1 200 bytes would wait for bj
-    first = await sh.receive("t", "bj", None, 1.0)  # room again, the retry not yet run
-    driver._deliver(received(3, 10))  # fits now, but must not overtake message 2
-    second = await sh.receive("t", "bj", None, 1.0)
-    third = await sh.receive("t", "bj", None, 1.0)
+    sh.delivery.received("bj", received(1, 600))  # queued
+    sh.delivery.received("bj", received(2, 600))  # refused: 1 200 bytes would wait for bj
+    first = await sh.service.receive("t", "bj", None, 1.0)  # room again, the retry not yet run
+    sh.delivery.received("bj", received(3, 10))  # fits now, but must not overtake message 2
+    second = await sh.service.receive("t", "bj", None, 1.0)
+    third = await sh.service.receive("t", "bj", None, 1.0)
     assert [first.msg_id, second.msg_id, third.msg_id] == [1, 2, 3]
     assert bytes(second.payload) == b"\x02" * 600 and bytes(third.payload) == b"\x03" * 10
     await sh.close()

@@ -190,13 +190,13 @@ def test_a_gateway_reports_its_unconnected_paths_as_rows(tmp_path: Path) -> None
 
     bj, _ = write_site_configs(tmp_path, 2, 2, mtu=1500)
     gateway = Gateway(load_config(bj.config_path))  # not started: nothing connected
-    rows = gateway.paths()
+    rows = gateway.service.paths()
     assert [(r.peer, r.path, r.state, r.state_reason) for r in rows] == [
         ("sh", "fiber-a", "down", "not connected"),
         ("sh", "fiber-b", "down", "not connected"),
     ]
     assert all(r.srtt_ms is None and r.sent_bytes == 0 and r.role == "bulk" for r in rows)
-    status = gateway.status()
+    status = gateway.service.status()
     assert status.site == "bj" and list(status.peers) == ["sh"]
     assert status.peers["sh"].paths_up == () and status.peers["sh"].counter("messages_sent") == 0
     assert GatewayStatus.from_dict(status.to_dict()) == status

@@ -19,9 +19,9 @@ import pytest
 
 from tests.test_localapi_segments import segment_count, send_then_change_bytes
 from wangate.errors import MessageFailed, RecvTimeout, WangateError
-from wangate.localapi.segments import RECV_NAME, SEND_NAME
 from wangate.loopback import LoopbackSites, SiteProcess, process_cpu_s, write_site_configs
 from wangate.rows import PathRow
+from wangate.shm import RECV_NAME, SEND_NAME
 from wangate.workers.sending import STRIPE_NAME
 from wangate.workers.worker import BULK_NICENESS
 

@@ -14,8 +14,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from wangate.localapi.segments import fd_ancillary
 from wangate.loopback import write_site_configs
+from wangate.shm import fd_ancillary
 from wangate.workers.channel import Channel, ChannelError, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,8 +109,8 @@ def test_a_worker_given_a_bad_packet_says_so_and_stops(tmp_path: Path) -> None:
     site = write_site_configs(tmp_path, 2, 1, workers=1)[0]
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     process = subprocess.Popen(
-        [sys.executable, "-m", "wangate.worker", "--config", str(site.config_path), "--index",
-         "0", "--fd", str(child.fileno())],
+        [sys.executable, "-m", "wangate.workers.worker", "--config", str(site.config_path),
+         "--index", "0", "--fd", str(child.fileno())],
         pass_fds=[child.fileno()], stderr=subprocess.PIPE,
     )  # fmt: skip
     child.close()

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.segments import InboundSegments
+from wangate.delivery.trainers import TrainerDelivery
 from wangate.workers.receiving import StripeReceiver
 from wangate.workers.stripes import STRIPE_BYTES, StripeDescriptor
 
@@ -62,9 +61,9 @@ def test_stripes_are_placed_once_each_and_a_standby_copy_takes_over_from_a_worke
     payload = np.random.default_rng(1).bytes(STRIPE_BYTES + 2 * MiB)
     first = (0, STRIPE_BYTES)
     second = (STRIPE_BYTES, 2 * MiB)
-    inbox = Inbox(1 << 30)
-    segments = InboundSegments()
-    receiver = StripeReceiver(inbox, segments, 1 << 30, lambda peer: peer == "bj")
+    delivery_layer = TrainerDelivery(1 << 30)
+    inbox, segments = delivery_layer.inbox, delivery_layer.segments
+    receiver = StripeReceiver(delivery_layer, 1 << 30, lambda peer: peer == "bj")
     a, b = Worker(1), Worker(2)
 
     receiver.arrived(a, stripe_fields(payload, *first, msg_id=11, seq=1))  # type: ignore[arg-type]
@@ -101,8 +100,9 @@ def test_stripes_are_placed_once_each_and_a_standby_copy_takes_over_from_a_worke
 
 def test_a_stripe_whose_bytes_do_not_make_the_declared_checksum_is_not_delivered() -> None:
     payload = np.random.default_rng(2).bytes(2 * MiB)
-    inbox = Inbox(1 << 30)
-    receiver = StripeReceiver(inbox, InboundSegments(), 1 << 30, lambda peer: peer == "bj")
+    delivery_layer = TrainerDelivery(1 << 30)
+    inbox = delivery_layer.inbox
+    receiver = StripeReceiver(delivery_layer, 1 << 30, lambda peer: peer == "bj")
     a = Worker(1)
     fields = stripe_fields(payload, 0, len(payload), msg_id=1, seq=1)
     fields["checksum"] ^= 1  # what the worker's session verified is not what was declared

@@ -51,9 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     from wangate.config import load_config
+    from wangate.daemon import make_gateway
     from wangate.reload import Reloader
     from wangate.systemd import Notifier
-    from wangate.workers import make_gateway
 
     # SIGHUP's default action kills: until the reload handler is in place it waits
     hangups: list[int] = []

@@ -63,7 +63,8 @@ from wangate.localapi.protocol import (
     encode_request,
     segment_field,
 )
-from wangate.localapi.segments import SegmentPool, map_delivered
+from wangate.localapi.segments import SegmentPool
+from wangate.shm import map_delivered
 from wangate.tensorlike import as_reducible_array, as_wire_array, mark_bfloat16
 
 DEFAULT_SOCKET = "/run/wangate/wangate.sock"

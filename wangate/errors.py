@@ -52,6 +52,8 @@ class ErrorCode(enum.StrEnum):
     SOCKET_IN_USE = "socket_in_use"
     BAD_SOCKET_PATH = "bad_socket_path"
     SOCKET_ERROR = "socket_error"
+    # a stripe's failure, from a worker to its coordinator (proto/workers.md)
+    PEER_RESTARTED = "peer_restarted"
 
     @property
     def closes_connection(self) -> bool:
@@ -157,6 +159,11 @@ class MessageFailed(GatewayError):
 
     def __init__(self, message: str, code: str = "message_failed") -> None:
         super().__init__(message, code)
+
+
+def failure_text(peer: str, msg_id: int, tag: str, step: int, reason: str) -> str:
+    """How a failed message is named, in ``MessageFailed``, ``status`` and the log."""
+    return f"message {msg_id} (tag {tag!r}, step {step}) to {peer} failed: {reason}"
 
 
 class AccessDenied(GatewayUnavailable):

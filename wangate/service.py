@@ -7,18 +7,13 @@ copied: a submitted ``bytearray`` belongs to the gateway from then on.
 
 from __future__ import annotations
 
-import mmap
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from wangate.core.buffer import Buffer
-from wangate.core.message import message_checksum
-from wangate.errors import GatewayError
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.streams import IncomingStream
 from wangate.rows import GatewayStatus, PathRow
-
-if TYPE_CHECKING:  # for the annotation only: the daemon side needs no streams here
-    from wangate.localapi.streams import IncomingStream
 
 
 @dataclass(frozen=True)
@@ -36,66 +31,6 @@ class Submission:
     # (descriptor, offset of the payload in it) when the payload is a trainer's
     # shared-memory segment: open while the payload lives; dup it, never close it
     segment: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """A message that arrived, verified, waiting for a trainer's ``recv``."""
-
-    source: str
-    tag: str
-    step: int
-    critical: bool
-    meta: bytes
-    payload: Buffer
-    checksum: int
-    msg_id: int = 0  # the sending gateway's id for it; 0 for messages within the site
-    body_bytes: int = 0  # the message body the session counted (header too): credit to release
-    # the sealed shared-memory segment that holds the body (the payload ends it), now
-    # the delivery's: handed to a trainer that takes segments, else closed
-    segment_fd: int | None = None
-
-
-def local_delivery(
-    site: str,
-    submission: Submission,
-    allocate: Callable[[int, int | None], bytearray | memoryview] = (
-        lambda size, start: bytearray(size)
-    ),
-    free: Callable[[bytearray | memoryview], None] = lambda body: None,
-) -> Delivery:
-    """A submission addressed to the gateway's own site, as the delivery it becomes.
-
-    A payload in the sender's shared memory is copied first (no other client may read
-    the sender's segment, and the sender could still change it) into ``allocate(size,
-    0)`` (the daemon gives a segment of its own: shared memory, no private copy), then
-    its checksum is checked, as a receiving gateway does for a peer's message: the
-    receiving client relies on that (proto/localapi.md). Raises ``GatewayError``
-    (``checksum``) if it fails. An in-band payload is the gateway's own copy already.
-    """
-    payload = submission.payload
-    view = memoryview(payload)
-    if isinstance(view.obj, mmap.mmap):
-        copy = allocate(view.nbytes, 0)
-        memoryview(copy)[:] = view
-        payload = copy
-        actual = message_checksum(submission.meta, payload)
-        if actual != submission.checksum:
-            free(copy)
-            raise GatewayError(
-                f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
-                f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
-                code="checksum",
-            )
-    return Delivery(
-        source=site,
-        tag=submission.tag,
-        step=submission.step,
-        critical=submission.critical,
-        meta=submission.meta,
-        payload=payload,
-        checksum=submission.checksum,
-    )
 
 
 class GatewayService(Protocol):
@@ -129,7 +64,7 @@ class GatewayService(Protocol):
         self, tag: str, source: str | None, step: int | None, timeout_s: float | None
     ) -> Delivery | IncomingStream:
         """``receive``, or a large message still arriving whose header is in (its
-        segment's descriptor and progress with it; ``wangate.localapi.streams``)."""
+        segment's descriptor and progress with it; ``wangate.delivery.streams``)."""
         ...
 
     async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
-from wangate.localapi.segments import close_all, recv_with_fds
+from wangate.localapi.segments import recv_with_fds
+from wangate.shm import close_all
 
 # Allocated when bytes arrive and dropped once they are consumed; it grows (doubling)
 # only while one frame's prefix and header do not fit, so at most about twice

@@ -40,6 +40,8 @@ from typing import Any
 
 from wangate import __version__
 from wangate.core.buffer import Buffer
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.streams import IncomingStream
 from wangate.errors import GatewayError
 from wangate.localapi.access import (
     AccessPolicy,
@@ -65,16 +67,9 @@ from wangate.localapi.protocol import (
     error_reply,
     ok_reply,
 )
-from wangate.localapi.segments import (
-    FrameDescriptors,
-    SegmentError,
-    keep_source,
-    map_segment,
-    recv_with_fds,
-    source_of,
-)
-from wangate.localapi.streams import IncomingStream
-from wangate.service import Delivery, GatewayService, Submission
+from wangate.localapi.segments import FrameDescriptors, recv_with_fds
+from wangate.service import GatewayService, Submission
+from wangate.shm import SegmentError, keep_source, map_segment, source_of
 
 log = logging.getLogger("wangate.localapi")
 

@@ -1,32 +1,39 @@
 """One peer gateway, driven: its ``PeerSession``, its path links, its timer, its pump.
 
 The driver is the only caller of the session, the way aioquic's
-``QuicConnectionProtocol`` is the only caller of its ``QuicConnection``. Every input
-(a datagram, control frames, a path up or down, a submitted message, a trainer taking
-a message, the timer) is handed to the session, and then the driver services the
-session in one order, always the same (:meth:`PeerDriver._service`):
+``QuicConnectionProtocol`` is the only caller of its ``QuicConnection``: it builds the
+session, and everyone else reads it through ``view`` (``SessionView``, reads only).
+Every input (a datagram, control frames, a path up or down, a submitted message, a
+trainer taking a message, the timer) is handed to the session, and then the driver
+services the session in one order, always the same (:meth:`PeerDriver._service`):
 
-1. **events** (quinn's ``poll``): deliveries go to the inbox, outcomes to waiting
-   senders, the rest to the log. First, so that a trainer waiting for a message has it
-   before anything else runs.
-2. **timer** (``poll_timeout``): the session's next deadline, re-armed only if it moved.
-3. **pump** (``poll_transmit``): every link pulls what the session has for its path.
-   After a critical submission at once (the next turn of a busy loop can be
-   milliseconds away); otherwise once, at the next turn of the loop, for all the
-   inputs of this turn. After datagrams arrive, the link that received them transmits
-   right away (acks are due) and the others are not pumped.
+1. **events**: what arrived goes to the ``DeliverySink`` (the site's trainers, or a
+   worker's coordinator), outcomes to the ``DriverListener``, the rest to the log.
+   First, so that a trainer waiting for a message has it before anything else runs.
+2. **timer**: the session's next deadline, re-armed only if it moved.
+3. **transmit**: every link pulls what the session has for its path. After a critical
+   submission at once (the next turn of a busy loop can be milliseconds away);
+   otherwise once, at the next turn of the loop, for all the inputs of this turn.
+   After datagrams arrive, the link that received them transmits right away (acks
+   are due) and the others are not pumped.
 
-A link also pulls whenever aioquic may send (:meth:`fill`): acks opened the window,
-the pacer allows the next packet.
+quinn polls a connection the other way round (transmit, then timeout, then events):
+there the application pulls events when it likes. Here events go first because they
+are what a waiting trainer needs. A link also pulls whenever aioquic may send
+(:meth:`fill`): acks opened the window, the pacer allows the next packet.
+
+Draining events never re-enters itself: what a drain does to the session (giving the
+credit of a message a trainer took while it arrived back) only queues more events,
+which the same drain takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
 from wangate.core.buffer import Buffer
 from wangate.core.events import (
@@ -40,20 +47,17 @@ from wangate.core.events import (
     PeerStateChanged,
 )
 from wangate.core.frames import ControlFrame, Hello
+from wangate.core.governor import BulkGovernor
 from wangate.core.message import MessageHeader
+from wangate.core.outbound import CodingPolicy
 from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
-from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.streams import InboundStreams
+from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError, failure_text
 from wangate.metrics import GatewayMetrics
 from wangate.net.link import PathLink
-from wangate.service import Delivery
 
 log = logging.getLogger("wangate.daemon")
 
-MAX_OUTCOMES = 65536  # finished messages whose outcome Client.wait can still tell
-RECENT_FAILURES = 10
 PENDING_LOW_WATER = 4  # datagrams queued inside aioquic before we stop adding
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 # uvloop counts timer delays in whole milliseconds: a shorter one fires at once, before
@@ -61,45 +65,143 @@ FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 MIN_TIMER_DELAY_S = 0.001
 
 Clock = Callable[[], float]
+BodyBuffers = tuple[
+    Callable[[int, int | None], bytearray | memoryview],
+    Callable[[bytearray | memoryview], None],
+    int,
+]
+
+
+class DeliverySink(Protocol):
+    """Where what arrives from the peer goes (wangate.delivery.trainers for a site's
+    trainers; a worker forwards it to its coordinator)."""
+
+    def body_buffers(self) -> BodyBuffers:
+        """(allocate, free, min size): where inbound bodies from that size on are
+        assembled (``PeerSession.use_body_buffers``)."""
+        ...
+
+    def received(self, source: str, event: MessageReceived) -> bool:
+        """A whole, verified message; True if a trainer already holds it (streamed)."""
+        ...
+
+    def progress(self, source: str, event: MessageProgress) -> None: ...
+
+    def dropped(self, source: str, event: MessageDropped) -> None: ...
+
+    def peer_gone(self, source: str, event: PeerStateChanged) -> None:
+        """The peer became unreachable or restarted."""
+        ...
+
+
+class DriverListener(Protocol):
+    """Who hears what became of our messages to the peer (the gateway's outcomes)."""
+
+    def taken(self, peer: str, msg_id: int) -> None:
+        """A trainer at the peer took message ``msg_id``."""
+        ...
+
+    def failed(self, peer: str, msg_id: int, tag: str, step: int, reason: str) -> None:
+        """Message ``msg_id`` will never reach a trainer at the peer, for ``reason``."""
+        ...
+
+    def acked(self, peer: str, msg_id: int) -> None:
+        """The peer holds message ``msg_id`` whole (no trainer took it yet)."""
+        ...
+
+    def changed(self, peer: str) -> None:
+        """Room for more, an outcome, or the peer's state changed: waiters look again."""
+        ...
+
+
+class SessionView(Protocol):
+    """What anyone but the driver may read of a session (reads change nothing)."""
+
+    @property
+    def path_names(self) -> list[str]: ...
+
+    @property
+    def unreachable(self) -> bool: ...
+
+    @property
+    def last_msg_id(self) -> int: ...
+
+    def silent_s(self, now: float) -> float: ...
+
+    def peer_state(self, now: float) -> tuple[str, str]: ...
+
+    def message_state(self, msg_id: int) -> str | None: ...
+
+    def pending_bytes(self) -> int: ...
+
+    def path_snapshot(self, path: str, now: float) -> dict[str, object]: ...
+
+    def liveness(self, now: float) -> dict[str, object]: ...
+
+    def status(self) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What every session of a gateway is built with (from its configuration)."""
+
+    site: str
+    max_message_bytes: int  # of a message body, header included
+    inbox_window_bytes: int
+    coding: CodingPolicy
+    host_delay_target_s: float
+    partial_idle_s: float
+    peer_dead_s: float
+    # a session that must not carry stripes says why a message is refused
+    screen: Callable[[MessageHeader], str | None] | None = None
 
 
 class PeerDriver:
     def __init__(
         self,
-        session: PeerSession,
+        peer: str,
+        settings: SessionSettings,
         *,
-        inbox: Inbox,
+        configured_paths: int,
+        sink: DeliverySink,
+        listener: DriverListener,
         metrics: GatewayMetrics,
         clock: Clock,
-        on_unreachable: Callable[[], object],
-        on_outcome: Callable[[int, str | None], object] | None = None,
-        on_acked: Callable[[int], object] | None = None,
-        streams: InboundStreams | None = None,
     ) -> None:
-        self.session = session
-        self.peer = session.peer
+        self.peer = peer
+        self._session = PeerSession(
+            settings.site,
+            peer,
+            max_message_bytes=settings.max_message_bytes,
+            inbox_window_bytes=settings.inbox_window_bytes,
+            now=clock(),
+            coding=settings.coding,
+            governor=BulkGovernor(target_delay_s=settings.host_delay_target_s),
+            partial_idle_s=settings.partial_idle_s,
+            peer_dead_s=settings.peer_dead_s,
+            configured_paths=configured_paths,
+            screen=settings.screen,
+        )
+        self._session.use_body_buffers(*sink.body_buffers())
         self.links: dict[str, PathLink] = {}
         self.instance_id: int | None = None  # the peer's, from its hello
-        self._inbox = inbox
+        self._sink = sink
+        self._listener = listener
         self._metrics = metrics
         self._clock = clock
-        self._on_unreachable = on_unreachable
-        self._on_outcome = on_outcome  # each finished message: (msg_id, None or why it failed)
-        self._on_acked = on_acked  # each message the peer has whole (msg_id)
-        self._streams = streams  # large messages taken by trainers while they arrive
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._pump_scheduled = False
         self._datagrams_handled = False
-        # deliveries the inbox refused, in arrival order: later ones wait behind them
-        self._refused: deque[Delivery] = deque()
-        self._redelivery: asyncio.Task[None] | None = None
-        self.backlog_freed = asyncio.Event()  # a send waiting for room may go on (or fail)
-        # the last failures, for status(): msg_id, tag, step, reason
-        self.failures: deque[dict[str, Any]] = deque(maxlen=RECENT_FAILURES)
-        # finished messages: None once a trainer took it, else why it failed
-        self.outcomes: OrderedDict[int, str | None] = OrderedDict()
-        self.outcome_changed = asyncio.Event()  # an outcome or the peer's state changed
+        self._draining = False
+
+    @property
+    def view(self) -> SessionView:
+        return self._session
+
+    def set_configured_paths(self, count: int) -> None:
+        """The peer is "up" only with this many paths up."""
+        self._session.configured_paths = count
 
     # ------------------------------------------------------------- links
 
@@ -115,7 +217,7 @@ class PeerDriver:
         assert link.path is not None
         if self.instance_id is not None and self.instance_id != hello.instance_id:
             log.warning("peer %s restarted: messages in progress with it fail", self.peer)
-            self.session.peer_restarted(self._clock())
+            self._session.peer_restarted(self._clock())
             # connections to the old instance are dead even if they have not timed out
             for old in list(self.links.values()):
                 if old is not link:
@@ -132,13 +234,13 @@ class PeerDriver:
                 existing.refuse(
                     LinkError.DUPLICATE, f"path {link.path} replaced by the peer's dial"
                 )
-        self.session.set_peer_limits(hello.max_message_bytes)
+        self._session.set_peer_limits(hello.max_message_bytes)
         return True
 
     def link_up(self, link: PathLink) -> None:
         assert link.path is not None
         self.links[link.path] = link
-        self.session.path_up(link.path, datagram_bytes=link.datagram_bytes, now=self._clock())
+        self._session.path_up(link.path, datagram_bytes=link.datagram_bytes, now=self._clock())
         log.info(
             "%s/%s up: %s -> %s (%s)",
             self.peer,
@@ -154,7 +256,7 @@ class PeerDriver:
         if self.links.get(link.path) is not link:
             return  # replaced already
         del self.links[link.path]
-        self.session.path_down(link.path, self._clock(), reason)
+        self._session.path_down(link.path, self._clock(), reason)
         log.info("%s/%s down: %s", self.peer, link.path, reason)
         self._service()
 
@@ -164,16 +266,14 @@ class PeerDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._redelivery is not None:
-            self._redelivery.cancel()
-        self.backlog_freed.set()  # senders waiting for room learn the peer is gone
+        self._listener.changed(self.peer)  # senders waiting for room learn it is gone
 
     # ------------------------------------------------------------- inputs
 
     def datagram_received(self, link: PathLink, data: bytes) -> None:
         """One DATAGRAM frame; raises RemoteProtocolError if malformed."""
         assert link.path is not None
-        self.session.handle_datagram(link.path, data, self._clock())
+        self._session.handle_datagram(link.path, data, self._clock())
         # a message may be complete, and an ack deadline may be new: without this
         # both would wait for whatever timer happened to be armed
         self._datagrams_handled = True
@@ -188,16 +288,15 @@ class PeerDriver:
         assert link.path is not None
         now = self._clock()
         for frame in frames:
-            self.session.handle_control(link.path, frame, now)
+            self._session.handle_control(link.path, frame, now)
         self._service()
 
     def submit(self, header: MessageHeader, payload: Buffer, *, deadline_at: float | None) -> int:
         try:
-            msg_id = self.session.submit(header, payload, self._clock(), deadline_at=deadline_at)
+            msg_id = self._session.submit(header, payload, self._clock(), deadline_at=deadline_at)
         except LocalProtocolError as exc:  # the request itself is at fault, not the connection
+            self._drain_events()
             raise GatewayError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
-        finally:
-            self.drain_events()
         if header.critical:
             self._service(pump=False)
             self.pump()  # leaves now: on a busy loop, the next turn can be milliseconds away
@@ -207,27 +306,27 @@ class PeerDriver:
 
     def consumed(self, body_bytes: int, msg_id: int) -> None:
         """A trainer took message ``msg_id`` of ``body_bytes`` (header included)."""
-        self.session.consumed(body_bytes, msg_id)
+        self._session.consumed(body_bytes, msg_id)
         self._service()
 
     def check_reachable(self) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
         try:
-            self.session.check_reachable(self._clock())
+            self._session.check_reachable(self._clock())
         finally:
-            self.drain_events()  # the peer may have just been declared unreachable
+            self._drain_events()  # a send is an input: the peer may just have gone
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.session.handle_timer(self._clock())
+        self._session.handle_timer(self._clock())
         self._service()
 
     # ------------------------------------------------------------ service
 
     def _service(self, pump: bool = True) -> None:
         """After every input: events, then the timer, then (soon) the pump."""
-        self.drain_events()
+        self._drain_events()
         self._arm_timer()
         if pump and not self._pump_scheduled:
             self._pump_scheduled = True
@@ -244,7 +343,7 @@ class PeerDriver:
         aioquic's own DATAGRAM queue stays a few entries long, so that nothing waits
         behind a full window: which path carries a shard is decided at transmit time.
         """
-        session, path, pending = self.session, link.path, link.pending
+        session, path, pending = self._session, link.path, link.pending
         assert path is not None
         for _ in range(FILL_ROUNDS):
             now = self._clock()
@@ -268,7 +367,7 @@ class PeerDriver:
             link.transmit_soon()  # more to send: continue after other work had a turn
 
     def _arm_timer(self) -> None:
-        deadline = self.session.get_timer()
+        deadline = self._session.get_timer()
         if deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -281,124 +380,72 @@ class PeerDriver:
                 delay_s = MIN_TIMER_DELAY_S
             self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
-    def drain_events(self) -> None:
-        session = self.session
+    def _drain_events(self) -> None:
+        if self._draining:
+            raise RuntimeError(f"events of {self.peer} drained from within their own drain")
+        self._draining = True
+        try:
+            self._drain()
+        finally:
+            self._draining = False
+
+    def _drain(self) -> None:
+        session, peer, sink, listener = self._session, self.peer, self._sink, self._listener
         failed: list[MessageFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
-                if self._streams is not None and self._streams.completed(self.peer, event.msg_id):
-                    self.consumed(event.body_bytes, event.msg_id)  # its trainer has it
-                else:
-                    self._deliver(event)
+                if sink.received(peer, event):  # its trainer has it: the credit goes back
+                    session.consumed(event.body_bytes, event.msg_id)
             elif isinstance(event, MessageProgress):
-                if self._streams is not None:
-                    self._streams.progress(self.peer, event.msg_id, event.body, event.ready_bytes)
+                sink.progress(peer, event)
             elif isinstance(event, MessageDelivered):
-                self._metrics.message_delivered(self.peer, event.critical, event.elapsed_s)
-                self.backlog_freed.set()
-                if self._on_acked is not None:
-                    self._on_acked(event.msg_id)
+                self._metrics.message_delivered(peer, event.critical, event.elapsed_s)
+                listener.acked(peer, event.msg_id)
+                listener.changed(peer)
             elif isinstance(event, MessageFailed):
                 failed.append(event)
-                self.failures.append(
-                    {
-                        "msg_id": event.msg_id,
-                        "tag": event.tag,
-                        "step": event.step,
-                        "reason": event.reason,
-                    }
-                )
-                self._finish(event.msg_id, _failure_text(self.peer, event))
-                self._metrics.message_failed(self.peer)
-                self.backlog_freed.set()
+                listener.failed(peer, event.msg_id, event.tag, event.step, event.reason)
+                self._metrics.message_failed(peer)
             elif isinstance(event, MessageTaken):
-                self._finish(event.msg_id, None)
+                listener.taken(peer, event.msg_id)
             elif isinstance(event, PeerStateChanged):
                 level = logging.WARNING if event.state == "unreachable" else logging.INFO
-                log.log(level, "peer %s %s: %s", self.peer, event.state, event.reason)
-                self.backlog_freed.set()  # a send waiting for room must fail, or may go on
-                self.outcome_changed.set()
-                if event.state == "unreachable":
-                    self._on_unreachable()
-                if self._streams is not None and event.state in ("unreachable", "restarted"):
-                    self._streams.peer_gone(self.peer, event.state, event.reason)
+                log.log(level, "peer %s %s: %s", peer, event.state, event.reason)
+                if event.state in ("unreachable", "restarted"):
+                    sink.peer_gone(peer, event)
+                listener.changed(peer)  # a send waiting for room must fail, or may go on
             elif isinstance(event, MessageDropped):
-                log.warning("dropped message %d from %s: %s", event.msg_id, self.peer, event.reason)
-                if self._streams is not None:
-                    self._streams.dropped(self.peer, event.msg_id, event.reason, event.code)
+                log.warning("dropped message %d from %s: %s", event.msg_id, peer, event.reason)
+                sink.dropped(peer, event)
             elif isinstance(event, PathStateChanged):
-                log.warning("path %s/%s %s: %s", self.peer, event.path, event.state, event.reason)
+                log.warning("path %s/%s %s: %s", peer, event.path, event.state, event.reason)
             elif isinstance(event, RouteChanged):
                 log.warning(
                     "critical route to %s: %s -> %s (%s)",
-                    self.peer,
+                    peer,
                     event.previous or "none",
                     event.current or "none",
                     event.reason,
                 )
         if failed:
-            _log_failures(self.peer, failed)
-
-    def _finish(self, msg_id: int, failure: str | None) -> None:
-        self.outcomes[msg_id] = failure
-        while len(self.outcomes) > MAX_OUTCOMES:
-            self.outcomes.popitem(last=False)
-        self.outcome_changed.set()
-        if self._on_outcome is not None:
-            self._on_outcome(msg_id, failure)
-
-    # ---------------------------------------------------------- delivery
-
-    def _deliver(self, event: MessageReceived) -> None:
-        header = event.header
-        delivery = Delivery(
-            source=self.peer,
-            tag=header.tag,
-            step=header.step,
-            critical=header.critical,
-            meta=header.meta,
-            payload=event.payload,
-            checksum=header.checksum,
-            msg_id=event.msg_id,
-            body_bytes=event.body_bytes,
-        )
-        # Behind a refused one, a delivery waits its turn: messages from one source
-        # reach trainers in the order they completed.
-        if self._refused or not self._inbox.try_deliver(delivery):
-            self._refused.append(delivery)
-            if self._redelivery is None:
-                self._redelivery = asyncio.get_running_loop().create_task(self._redeliver())
-
-    async def _redeliver(self) -> None:
-        try:
-            while self._refused:
-                await self._inbox.deliver(self._refused[0])  # waits for room
-                self._refused.popleft()
-        finally:
-            self._redelivery = None
+            log_failures(peer, [(e.msg_id, e.tag, e.step, e.reason) for e in failed])
 
 
-def _failure_text(peer: str, event: MessageFailed) -> str:
-    return (
-        f"message {event.msg_id} (tag {event.tag!r}, step {event.step}) to {peer} failed: "
-        f"{event.reason}"
-    )
-
-
-def _log_failures(peer: str, failed: list[MessageFailed]) -> None:
-    """One line per burst: a dead peer fails hundreds of messages at once."""
+def log_failures(peer: str, failed: list[tuple[int, str, int, str]]) -> None:
+    """One line per burst of (msg_id, tag, step, reason): a dead peer fails hundreds of
+    messages at once."""
     if len(failed) == 1:
-        log.warning("%s", _failure_text(peer, failed[0]))
+        log.warning("%s", failure_text(peer, *failed[0]))
         return
-    reasons = list(dict.fromkeys(event.reason for event in failed))
-    ids = [event.msg_id for event in failed]
+    reasons = list(dict.fromkeys(reason for _, _, _, reason in failed))
+    ids = [msg_id for msg_id, _, _, _ in failed]
     log.warning(
         "%d messages to %s failed (ids %d..%d, tags %s): %s%s",
         len(failed),
         peer,
         min(ids),
         max(ids),
-        ", ".join(sorted({repr(event.tag) for event in failed})[:5]),
+        ", ".join(sorted({repr(tag) for _, tag, _, _ in failed})[:5]),
         "; ".join(reasons[:3]),
         f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else "",
     )

@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 
 from wangate.errors import ErrorCode, GatewayError
-from wangate.localapi.segments import close_all, fd_ancillary, fds_from_ancillary
+from wangate.shm import close_all, fd_ancillary, fds_from_ancillary
 
 log = logging.getLogger("wangate.workers")
 

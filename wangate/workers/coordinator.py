@@ -22,26 +22,20 @@ import logging
 import os
 import time
 import zlib
-from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Collection
 from typing import Any
 
-from wangate import __version__
 from wangate.checksum import crc32_combine
 from wangate.config import Config
-from wangate.daemon import Gateway
-from wangate.errors import (
-    DeadlineExceeded,
-    GatewayError,
-    PeerUnreachable,
-    RecvTimeout,
-    RemoteProtocolError,
-)
-from wangate.errors import MessageFailed as MessageFailedError
-from wangate.net.peer_driver import MAX_OUTCOMES, RECENT_FAILURES
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.trainers import TrainerDelivery
+from wangate.errors import ErrorCode, GatewayError, PeerUnreachable, RemoteProtocolError
+from wangate.gateway.outcomes import OutcomeBook
+from wangate.metrics import GatewayMetrics
+from wangate.net.peer_driver import log_failures
 from wangate.reload import ReloadPlan
-from wangate.rows import GatewayStatus, PathRow
-from wangate.service import Delivery, Submission
+from wangate.rows import PathRow, PeerStatus
+from wangate.service import Submission
 from wangate.workers.channel import ChannelError
 from wangate.workers.merge import merged_peer, silent_s, worker_maps, worker_rows
 from wangate.workers.pool import WorkerHandle
@@ -61,18 +55,33 @@ RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits th
 # failures a new attempt cannot mend
 # (one worker finding the peer unreachable is not final: another may reach it; the
 # peer is unreachable when every worker finds it so, see _reported)
-FINAL_CODES = frozenset({"deadline", "bad_request", "unknown_peer", "peer_restarted"})
+FINAL_CODES = frozenset(
+    {ErrorCode.DEADLINE, ErrorCode.BAD_REQUEST, ErrorCode.UNKNOWN_PEER, ErrorCode.PEER_RESTARTED}
+)
 
 
-class Coordinator(Gateway):
-    def __init__(self, config: Config, count: int) -> None:
-        super().__init__(config)
+class Coordinator:
+    """The backend (wangate.gateway.backend) of a gateway with worker processes."""
+
+    def __init__(
+        self,
+        config: Config,
+        count: int,
+        delivery: TrainerDelivery,
+        book: OutcomeBook,
+        metrics: GatewayMetrics,
+        instance_id: int,
+    ) -> None:
+        self.config = config
         self.count = count
+        self.instance_id = instance_id
+        self._book = book
+        self._metrics = metrics
+        self._peers = {peer.name for peer in config.peers}
+        self._closing = False
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
         self.workers = [
-            WorkerHandle(
-                i, config.path, str(level), self._on_message, self._on_gone, self.instance_id
-            )
+            WorkerHandle(i, config.path, str(level), self._on_message, self._on_gone, instance_id)
             for i in range(count)
         ]
         self._sids = itertools.count(1)
@@ -80,13 +89,15 @@ class Coordinator(Gateway):
         self._out: dict[tuple[str, int], OutMessage] = {}
         self._last_msg_id: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # bytes of messages in flight, per peer
-        self._outcomes: dict[str, OrderedDict[int, str | None]] = {}
-        self._recent_failures: dict[str, deque[dict[str, Any]]] = {}
-        self._changed: dict[str, asyncio.Event] = {}  # an outcome, the state, room
         self._unreachable: set[str] = set()
+        self._delivery = delivery
         self._receiver = StripeReceiver(
-            self.inbox, self.inbound_segments, self.max_message_bytes, self.peers.__contains__
+            delivery, config.limits.max_message_bytes, self._peers.__contains__
         )
+
+    @property
+    def peer_names(self) -> Collection[str]:
+        return self._peers
 
     # ------------------------------------------------------------- lifecycle
 
@@ -102,7 +113,7 @@ class Coordinator(Gateway):
             await self._stop_workers()
             raise GatewayError(
                 f"{self.config.path}: workers not ready within {STARTUP_TIMEOUT_S:g} s",
-                code="startup",
+                code=ErrorCode.STARTUP,
             ) from None
         except GatewayError:
             await self._stop_workers()
@@ -110,7 +121,6 @@ class Coordinator(Gateway):
         for handle in self.workers:
             handle.started = True
         log.info("%d workers up: pids %s", self.count, [h.pid for h in self.workers])
-        await self.start_local()
 
     async def _stop_workers(self) -> None:
         await asyncio.gather(*(h.stop() for h in self.workers))
@@ -122,16 +132,14 @@ class Coordinator(Gateway):
             if stripe.fd is not None:
                 os.close(stripe.fd)
         self._stripes.clear()
-        self._receiver.close()
-        await super().close()
 
     def apply_reload(self, plan: ReloadPlan) -> None:
         """Peers and paths live in the workers: each starts again with the new file."""
         self.config = plan.effective
         for name in plan.peers_removed:
-            self.peers.pop(name, None)
-        for peer_cfg in plan.peers_added:
-            self.peers[peer_cfg.name] = self._new_driver(peer_cfg.name, time.monotonic())
+            self._peers.discard(name)
+            self._book.forget(name)
+        self._peers.update(peer.name for peer in plan.peers_added)
         if plan.peers_removed or plan.peers_added or plan.paths_added or plan.paths_removed:
             for handle in self.workers:
                 handle.fail("restarted for the new configuration")
@@ -191,57 +199,27 @@ class Coordinator(Gateway):
 
     # ----------------------------------------------------------------- sending
 
-    def submit_now(self, submission: Submission) -> int | None:
-        if submission.peer == self.site_name:
-            return super().submit_now(submission)
-        arrived_at = time.monotonic()
-        self._peer_for(submission)
-        self._check_reachable(submission.peer)
-        if not self._has_room(submission):
-            return None
-        return self._send(submission, arrived_at)
-
-    async def submit(self, submission: Submission) -> int:
-        if submission.peer == self.site_name:
-            return await super().submit(submission)
-        arrived_at = time.monotonic()
-        self._peer_for(submission)
-        peer = submission.peer
-        deadline_s = submission.deadline_s
-        deadline_at = None if deadline_s is None else arrived_at + deadline_s
-        while True:
-            self._check_reachable(peer)
-            if self._has_room(submission):
-                break
-            if not await self._wait_for_news(peer, deadline_at):
-                raise DeadlineExceeded(
-                    f"send {submission.tag!r} (step {submission.step}) to {peer}: deadline of "
-                    f"{deadline_s:g} s passed while waiting for room ({self._pending[peer]} "
-                    "bytes already queued for it); nothing was sent"
-                )
-            if peer not in self.peers:
-                raise GatewayError(f"peer {peer!r} was removed", code="unknown_peer")
-        return self._send(submission, arrived_at)
-
-    def _has_room(self, submission: Submission) -> bool:
-        pending = self._pending.get(submission.peer, 0)
-        if pending == 0:
-            return True
-        size = len(memoryview(submission.payload).cast("B"))
-        return pending + size <= self.config.limits.peer_inbox_bytes
-
-    def _check_reachable(self, peer: str) -> None:
+    def check_reachable(self, peer: str) -> None:
         if peer in self._unreachable:
             raise PeerUnreachable(
-                f"peer {peer} is unreachable: silent for {self._silent_s(peer):.1f} s "
+                f"peer {peer} is unreachable: silent for {self.silent_s(peer):.1f} s "
                 f"(limits.peer_dead_s = {self.config.limits.peer_dead_s}); it fails until "
                 "heard again"
             )
 
-    def _event(self, peer: str) -> asyncio.Event:
-        return self._changed.setdefault(peer, asyncio.Event())
+    def pending_bytes(self, peer: str) -> int:
+        return self._pending.get(peer, 0)
 
-    def _send(self, submission: Submission, arrived_at: float) -> int:
+    def held_back(self, peer: str) -> bool:
+        return False  # each worker holds back behind a quiet peer itself
+
+    def message_state(self, peer: str, msg_id: int) -> str | None:
+        return "in flight" if (peer, msg_id) in self._out else None
+
+    def last_msg_id(self, peer: str) -> int:
+        return self._last_msg_id.get(peer, 0)
+
+    def send(self, submission: Submission, arrived_at: float) -> int:
         peer = submission.peer
         meta = bytes(submission.meta)
         view = memoryview(submission.payload).cast("B")
@@ -349,7 +327,7 @@ class Coordinator(Gateway):
         if stripe is not None and not stripe.acked:
             stripe.acked = True
             self._pending[stripe.message.peer] -= stripe.length
-            self._event(stripe.message.peer).set()
+            self._book.changed(stripe.message.peer)
 
     def _confirmed(self, handle: WorkerHandle, sid: int) -> None:
         stripe = self._release(handle, sid)
@@ -410,107 +388,34 @@ class Coordinator(Gateway):
         message.payload = None  # the trainer's segment: its own again once unmapped
         peer = message.peer
         self._out.pop((peer, message.msg_id), None)
-        outcomes = self._outcomes.setdefault(peer, OrderedDict())
-        outcomes[message.msg_id] = None
         if failure is None:
-            self.metrics.message_delivered(
+            self._metrics.message_delivered(
                 peer, message.critical, time.monotonic() - message.started_at
             )
-        else:
-            text = (
-                f"message {message.msg_id} (tag {message.tag!r}, step {message.step}) to "
-                f"{peer} failed: {failure}"
-            )
-            outcomes[message.msg_id] = text
-            log.warning("%s", text)
-            self._recent_failures.setdefault(peer, deque(maxlen=RECENT_FAILURES)).append(
-                {"msg_id": message.msg_id, "tag": message.tag, "step": message.step,
-                 "reason": failure}
-            )  # fmt: skip
-            self.metrics.message_failed(peer)
-            for stripe in [s for s in self._stripes.values() if s.message is message]:
-                handle = self.workers[stripe.worker]
-                if stripe.sid in handle.stripes:
-                    handle.stripes.discard(stripe.sid)
-                    handle.queued_bytes -= stripe.length
-                self._drop_stripe(stripe)
-        while len(outcomes) > MAX_OUTCOMES:
-            outcomes.popitem(last=False)
-        self._event(peer).set()
-
-    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
-        if peer == self.site_name and msg_id == 0:
+            self._book.taken(peer, message.msg_id)
             return
-        if peer not in self.peers:
-            raise GatewayError(f"unknown peer {peer!r}", code="unknown_peer")
-        deadline_at = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            outcomes: Mapping[int, str | None] = self._outcomes.get(peer, {})
-            if msg_id in outcomes:
-                failure = outcomes[msg_id]
-                if failure is None:
-                    return
-                raise MessageFailedError(failure)
-            if (peer, msg_id) not in self._out:
-                if not 0 < msg_id <= self._last_msg_id.get(peer, 0):
-                    raise GatewayError(
-                        f"no message {msg_id} was sent to {peer}", code="unknown_message"
-                    )
-                raise GatewayError(
-                    f"the outcome of message {msg_id} to {peer} is no longer known "
-                    f"(the last {MAX_OUTCOMES} are kept)",
-                    code="unknown_message",
-                )
-            self._check_reachable(peer)
-            if not await self._wait_for_news(peer, deadline_at):
-                raise RecvTimeout(
-                    f"message {msg_id} to {peer} is still in flight after {timeout_s:g} s",
-                    code="timeout",
-                )
-
-    async def _wait_for_news(self, peer: str, deadline_at: float | None) -> bool:
-        """Wait for news of ``peer`` (room, an outcome, its state); False once
-        ``deadline_at`` has passed without any."""
-        event = self._event(peer)
-        event.clear()
-        remaining_s = None if deadline_at is None else deadline_at - time.monotonic()
-        if remaining_s is not None and remaining_s <= 0:
-            return False
-        try:
-            await asyncio.wait_for(event.wait(), remaining_s)
-        except TimeoutError:
-            return False
-        return True
+        for stripe in [s for s in self._stripes.values() if s.message is message]:
+            handle = self.workers[stripe.worker]
+            if stripe.sid in handle.stripes:
+                handle.stripes.discard(stripe.sid)
+                handle.queued_bytes -= stripe.length
+            self._drop_stripe(stripe)
+        log_failures(peer, [(message.msg_id, message.tag, message.step, failure)])
+        self._metrics.message_failed(peer)
+        self._book.failed(peer, message.msg_id, message.tag, message.step, failure)
 
     # --------------------------------------------------------------- receiving
 
-    def _taken(self, delivery: Delivery) -> Delivery:
+    def taken(self, delivery: Delivery) -> None:
         """A trainer took ``delivery`` (``recv``, streaming or not): its completing
         stripe is confirmed to the worker that placed it."""
         self._receiver.taken(delivery)
-        return self._with_segment(delivery)
 
-    def _silent_s(self, peer: str) -> float:
+    def unreachable(self, peer: str) -> bool:
+        return peer in self._unreachable
+
+    def silent_s(self, peer: str) -> float:
         return silent_s(self.workers, peer)
-
-    def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
-        """As ``Gateway._hopeless_recv``, from the workers' reports."""
-        if source is not None:
-            if source not in self._unreachable:
-                return None
-            return PeerUnreachable(
-                f"recv {tag!r} from {source}: peer {source} is unreachable "
-                f"(silent for {self._silent_s(source):.1f} s)"
-            )
-        sources = self.inbox.mailbox.sources_of(tag) or frozenset(self.peers)
-        if not sources or any(name not in self._unreachable for name in sources):
-            return None
-        silent = ", ".join(
-            f"{name} silent for {self._silent_s(name):.1f} s" for name in sorted(sources)
-        )
-        return PeerUnreachable(
-            f"recv {tag!r}: every peer that could send it is unreachable ({silent})"
-        )
 
     # ------------------------------------------------------------ state, rows
 
@@ -526,7 +431,7 @@ class Coordinator(Gateway):
         if handle.index == 0:  # every REPORT_INTERVAL_S: drop what will never complete
             self._receiver.drop_idle(time.monotonic(), self.config.limits.partial_message_idle_s)
         reports = [h.report for h in self.workers]
-        for name in self.peers:
+        for name in self._peers:
             unreachable = all(
                 r is not None and r["states"].get(name) == "unreachable" for r in reports
             )
@@ -535,50 +440,31 @@ class Coordinator(Gateway):
             if unreachable:
                 log.warning("peer %s unreachable on every worker", name)
                 self._unreachable.add(name)
-                self.inbox.fail_waiters(self._hopeless_recv)
+                self._delivery.inbox.fail_waiters(self._delivery.hopeless)
             else:
                 self._unreachable.discard(name)
-            self._event(name).set()
+            self._book.changed(name)
 
-    def paths(self) -> list[PathRow]:
+    def rows(self) -> list[PathRow]:
         return worker_rows(self.workers, self.config)
 
-    def status(self, rows: list[PathRow] | None = None) -> GatewayStatus:
-        if rows is None:
-            rows = self.paths()
-        return GatewayStatus(
-            site=self.site_name,
-            version=__version__,
-            uptime_s=round(time.monotonic() - self.started_at, 3),
-            peers={
-                name: merged_peer(
-                    name,
-                    self.workers,
-                    rows,
-                    unreachable=name in self._unreachable,
-                    in_flight=sum(1 for key in self._out if key[0] == name),
-                    failures=list(self._recent_failures.get(name, ())),
-                )
-                for name in self.peers
-            },
-            local_messages=self.local_messages,
-            inbox_queued=self.inbox.mailbox.queued_count(),
-            inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
-            workers=worker_maps(self.workers),
+    def peer_status(self, peer: str, rows: list[PathRow]) -> PeerStatus:
+        return merged_peer(
+            peer,
+            self.workers,
+            rows,
+            unreachable=peer in self._unreachable,
+            in_flight=sum(1 for key in self._out if key[0] == peer),
+            failures=self._book.recent_failures(peer),
         )
 
-    def status_counts(self) -> tuple[int, int, int, int, int]:
-        rows = self.paths()
-        up = {(r.peer, r.path) for r in rows if r.state != "down"}
-        paths = sum(len(peer.paths) for peer in self.config.peers)
-        peers_up = len({peer for peer, _ in up})
-        return peers_up, len(self.peers), len(up), paths, len(self._out)
+    def worker_maps(self) -> tuple[dict[str, Any], ...]:
+        return worker_maps(self.workers)
+
+    def messages_in_flight(self) -> int:
+        return len(self._out)
 
     def reset_path(self, peer: str, path: str) -> None:
-        if peer not in self.peers or path not in {p.name for p in self.config.peer(peer).paths}:
-            raise GatewayError(
-                f"no path {path!r} to peer {peer!r} in {self.config.path}", code="unknown_path"
-            )
         log.warning("%s/%s: connections reset by operator", peer, path)
         for handle in self.workers:
             handle.send("reset", {"peer": peer, "path": path})

@@ -54,7 +54,7 @@ def merged_peer(
     *,
     unreachable: bool,
     in_flight: int,
-    failures: list[Mapping[str, Any]],
+    failures: Sequence[Mapping[str, Any]],
 ) -> PeerStatus:
     infos = peer_infos(workers, name)
     counters: dict[str, Any] = {}
@@ -79,7 +79,7 @@ def merged_peer(
             "state_reason": reason,
             "silent_s": min((float(i["silent_s"]) for i in infos), default=0.0),
             "paths_up": sorted({r.path for r in rows if r.peer == name and r.state != "down"}),
-            "recent_failures": failures,
+            "recent_failures": list(failures),
         }
     )
 

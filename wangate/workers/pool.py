@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from wangate.errors import GatewayError
-from wangate.localapi.segments import close_all
+from wangate.shm import close_all
 from wangate.workers.channel import Channel
 
 log = logging.getLogger("wangate.workers")
@@ -74,7 +74,7 @@ class WorkerHandle:
                 [
                     sys.executable,
                     "-m",
-                    "wangate.worker",
+                    "wangate.workers.worker",
                     "--config",
                     str(self._config_path),
                     "--index",

@@ -15,20 +15,18 @@ means without workers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.trainers import TrainerDelivery
 from wangate.errors import RemoteProtocolError
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.segments import InboundSegments, new_segment
-from wangate.service import Delivery
+from wangate.shm import new_segment
 from wangate.workers.pool import WorkerHandle
 from wangate.workers.stripes import Added, StripeDescriptor, StripeReassembly, stripe_crc
 
@@ -88,19 +86,16 @@ def _taken(held: Held) -> dict[str, Any]:
 class StripeReceiver:
     def __init__(
         self,
-        inbox: Inbox,
-        segments: InboundSegments,
+        delivery: TrainerDelivery,
         max_message_bytes: int,
         is_peer: Callable[[str], bool],
     ) -> None:
-        self._inbox = inbox
-        self._segments = segments
+        self._delivery = delivery
+        self._segments = delivery.segments
         self._max_message_bytes = max_message_bytes
         self._is_peer = is_peer
         self._reassembly: StripeReassembly[_In] = StripeReassembly()
         self._held: dict[tuple[str, int], Held] = {}  # delivered, not taken yet
-        self._refused: dict[str, deque[Delivery]] = {}
-        self._redelivery: dict[str, asyncio.Task[None]] = {}
         # stripes being placed: by (worker, its arrival seq), and by (message, offset)
         self._placing: dict[tuple[int, int], _Placing] = {}
         self._placing_at: dict[tuple[Hashable, int], tuple[int, int]] = {}
@@ -225,7 +220,7 @@ class StripeReceiver:
         if previous is not None:  # the peer restarted: its ids began again
             take(previous[0], previous[1], peer, _taken(previous))
         self._held[(peer, descriptor.msg_id)] = held
-        self._deliver(delivery)
+        self._delivery.arrived(delivery)  # in the order messages complete
 
     def worker_gone(self, handle: WorkerHandle) -> None:
         """What a worker that exited was placing: others may place it now (its
@@ -248,30 +243,8 @@ class StripeReceiver:
                 if assembly.own_fd:
                     os.close(assembly.fd)
 
-    def _deliver(self, delivery: Delivery) -> None:
-        source = delivery.source
-        refused = self._refused.setdefault(source, deque())
-        if refused or not self._inbox.try_deliver(delivery):
-            refused.append(delivery)
-            if source not in self._redelivery:
-                task = asyncio.get_running_loop().create_task(self._redeliver(source))
-                self._redelivery[source] = task
-
-    async def _redeliver(self, source: str) -> None:
-        refused = self._refused[source]
-        try:
-            while refused:
-                await self._inbox.deliver(refused[0])
-                refused.popleft()
-        finally:
-            self._redelivery.pop(source, None)
-
     def taken(self, delivery: Delivery) -> None:
         """A trainer took ``delivery``: confirm the stripe that completed it."""
         held = self._held.pop((delivery.source, delivery.msg_id), None)
         if held is not None:
             take(held[0], held[1], delivery.source, _taken(held))
-
-    def close(self) -> None:
-        for task in self._redelivery.values():
-            task.cancel()

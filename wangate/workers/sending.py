@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from wangate.checksum import crc32, crc32_combine
 from wangate.core.message import MAX_META_BYTES, MessageHeader
 from wangate.errors import GatewayError, LocalProtocolError
-from wangate.localapi.segments import SIZE_SEALS, new_segment, seal
 from wangate.service import Submission
+from wangate.shm import SIZE_SEALS, new_segment, seal
 from wangate.workers.stripes import DESCRIPTOR_BYTES, stripe_ranges
 
 STRIPE_NAME = "wangate-stripe"  # what /proc/PID/fd shows

@@ -1,8 +1,9 @@
 """A worker process: its own event loop and QUIC connections, stripes in and out.
 
-Started by the coordinator (``python -m wangate.worker --config FILE --index W --fd N``)
-with one end of a socketpair as its control channel. It runs a ``Gateway`` without
-the local API: worker ``W`` listens on each ``site.listen`` port + ``W`` and dials
+Started by the coordinator (``python -m wangate.workers.worker --config FILE --index W
+--fd N``) with one end of a socketpair as its control channel. It runs the drivers of
+its connections (``DriverBackend``) under the gateway's ``Service``, without the local
+API: worker ``W`` listens on each ``site.listen`` port + ``W`` and dials
 each path's remote port + ``W``, so worker ``W`` of one site talks to worker ``W`` of
 the other (proto/workers.md). Stripes come in as shared-memory segments and go out as
 ordinary messages of its sessions; stripes that arrive go to the coordinator in the
@@ -15,6 +16,7 @@ import argparse
 import asyncio
 import ctypes
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -22,14 +24,22 @@ import random
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from wangate.config import Config, load_config
-from wangate.daemon import Gateway
-from wangate.errors import WangateError
-from wangate.localapi.inbox import Inbox
-from wangate.localapi.segments import map_segment
-from wangate.service import Delivery, Submission
+from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.trainers import TrainerDelivery
+from wangate.errors import ErrorCode, WangateError
+from wangate.gateway.drivers import DriverBackend
+from wangate.gateway.endpoint import startup_error
+from wangate.gateway.outcomes import OutcomeBook
+from wangate.gateway.service import Service
+from wangate.metrics import GatewayMetrics
+from wangate.net.peer_driver import BodyBuffers
+from wangate.service import Submission
+from wangate.shm import map_segment
 from wangate.workers.channel import Channel
 
 log = logging.getLogger("wangate.workers")
@@ -69,19 +79,45 @@ def worker_config(config: Config, index: int) -> Config:
     return dataclasses.replace(config, site=site, peers=peers)
 
 
-class ForwardingInbox(Inbox):
-    """Where the worker's sessions deliver: every stripe goes on to the coordinator."""
+class ForwardingSink:
+    """Where the worker's drivers deliver: every stripe goes on to the coordinator,
+    which assembles and streams messages (bodies stay in private memory here: each
+    stripe is written once more, into the segment the coordinator names)."""
 
-    def __init__(self, forward: Any) -> None:
-        super().__init__(1)
+    def __init__(self, forward: Callable[[Delivery], None]) -> None:
         self._forward = forward
 
-    def try_deliver(self, delivery: Delivery) -> bool:
-        self._forward(delivery)
-        return True
+    def body_buffers(self) -> BodyBuffers:
+        return (lambda size, start: bytearray(size)), (lambda body: None), PRIVATE_BODIES
+
+    def received(self, source: str, event: MessageReceived) -> bool:
+        header = event.header
+        self._forward(
+            Delivery(
+                source=source,
+                tag=header.tag,
+                step=header.step,
+                critical=header.critical,
+                meta=header.meta,
+                payload=event.payload,
+                checksum=header.checksum,
+                msg_id=event.msg_id,
+                body_bytes=event.body_bytes,
+            )
+        )
+        return False
+
+    def progress(self, source: str, event: MessageProgress) -> None:
+        pass  # a stripe is forwarded whole
+
+    def dropped(self, source: str, event: MessageDropped) -> None:
+        pass  # the sender sends the stripe again
+
+    def peer_gone(self, source: str, event: PeerStateChanged) -> None:
+        pass  # the coordinator judges the peer from every worker's report
 
 
-PRIVATE_BODIES = 1 << 62  # inbound_segments.min_bytes: no body in a segment
+PRIVATE_BODIES = 1 << 62  # the smallest body assembled in a segment: none
 INSTANCE_LOW_BITS = 16  # of a worker's instance id: its own; the rest are the coordinator's
 
 
@@ -90,22 +126,29 @@ class Worker:
         self, config: Config, index: int, sock: socket.socket, coordinator_instance: int = 0
     ) -> None:
         self.index = index
-        self.gateway = Gateway(config, inbox=ForwardingInbox(self._forward), carries_stripes=True)
+        # the peer's workers tell a restarted worker (resend what it held) from a
+        # restarted coordinator (what it held is lost) by the high bits
+        instance = random.getrandbits(63) | 1
         if coordinator_instance:
-            # the peer's workers tell a restarted worker (resend what it held) from a
-            # restarted coordinator (what it held is lost) by the high bits
             own = random.getrandbits(INSTANCE_LOW_BITS) | 1
             instance = coordinator_instance >> INSTANCE_LOW_BITS << INSTANCE_LOW_BITS | own
-            self.gateway.instance_id = instance
-            self.gateway.site = dataclasses.replace(self.gateway.site, instance_id=instance)
+        book = OutcomeBook()
+        book.on_outcome = self._outcome
+        book.on_acked = self._acked
+        self.backend = DriverBackend(
+            config,
+            sink=ForwardingSink(self._forward),
+            book=book,
+            metrics=GatewayMetrics(),
+            instance_id=instance,
+            startup_error=functools.partial(startup_error, config.path),
+            carries_stripes=True,
+        )
+        # the worker's own trainers' side is never used: nothing is sent to its site
+        self.service = Service(config, self.backend, TrainerDelivery(1), book)
         self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
-        # bodies in private memory: each stripe is written once more, into the message's
-        # segment that the coordinator names (``place``); never a segment of our own
-        self.gateway.inbound_segments.min_bytes = PRIVATE_BODIES
         self._arrived: dict[int, Delivery] = {}  # by arrival seq, waiting for ``place``
         self._arrivals = itertools.count(1)
-        self.gateway.on_outcome = self._outcome
-        self.gateway.on_acked = self._acked
         self._sock = sock
         self._channel: Channel | None = None
         self._sids: dict[tuple[str, int], int] = {}  # (peer, msg_id) -> stripe id
@@ -121,7 +164,7 @@ class Worker:
             loop.add_signal_handler(sig, self._stopped.set)
         self._channel = Channel(self._sock, self._on_message, self._on_closed)
         try:
-            await self.gateway.start_peering()
+            await self.backend.start()
         except WangateError as exc:
             log.error("worker %d: %s", self.index, exc)
             return 2
@@ -132,7 +175,7 @@ class Worker:
         finally:
             reporter.cancel()
             self._channel.close()
-            await self.gateway.close()
+            await self.backend.close()
         return 0
 
     def _on_closed(self, reason: str) -> None:
@@ -149,12 +192,12 @@ class Worker:
             self._place(fields["seq"], fields["offset"], fds[0])
         elif kind == "taken":
             self._arrived.pop(fields["seq"], None)  # if it was not placed
-            driver = self.gateway.peers.get(fields["peer"])
+            driver = self.backend.peers.get(fields["peer"])
             if driver is not None:
                 driver.consumed(fields["body_bytes"], fields["msg_id"])
         elif kind == "reset":
             try:
-                self.gateway.reset_path(fields["peer"], fields["path"])
+                self.service.reset_path(fields["peer"], fields["path"])
             except WangateError as exc:
                 log.info("worker %d: %s", self.index, exc)
         else:
@@ -166,7 +209,7 @@ class Worker:
         try:
             payload = map_segment(fd, fields["offset"], fields["length"])
         except WangateError as exc:
-            self._failed(sid, str(exc), "bad_segment")
+            self._failed(sid, str(exc), ErrorCode.BAD_SEGMENT)
             return
         finally:
             os.close(fd)
@@ -184,9 +227,9 @@ class Worker:
         self._sizes[sid] = len(payload)
         self._queued_bytes += len(payload)
         try:
-            msg_id = self.gateway.submit_now(submission)
+            msg_id = self.service.submit_now(submission)
         except WangateError as exc:
-            self._failed(sid, str(exc), getattr(exc, "code", "error"))
+            self._failed(sid, str(exc), getattr(exc, "code", ErrorCode.ERROR))
             return
         if msg_id is not None:
             self._submitted(submission.peer, msg_id, sid)
@@ -197,9 +240,9 @@ class Worker:
 
     async def _submit_later(self, submission: Submission, sid: int) -> None:
         try:
-            msg_id = await self.gateway.submit(submission)
+            msg_id = await self.service.submit(submission)
         except WangateError as exc:
-            self._failed(sid, str(exc), getattr(exc, "code", "error"))
+            self._failed(sid, str(exc), getattr(exc, "code", ErrorCode.ERROR))
             return
         self._submitted(submission.peer, msg_id, sid)
 
@@ -230,14 +273,15 @@ class Worker:
             return
         # the session's words name the stripe's own message id: keep only the reason
         reason = failure.split(" failed: ", 1)[-1]
-        driver = self.gateway.peers.get(peer)
+        driver = self.backend.peers.get(peer)
         seen = self._peer_coordinators.get(peer)
         now = None if driver is None or driver.instance_id is None else driver.instance_id
         restarted = seen is not None and now is not None and now >> INSTANCE_LOW_BITS != seen
-        self._failed(sid, reason, "peer_restarted" if restarted else "message_failed")
+        code = ErrorCode.PEER_RESTARTED if restarted else ErrorCode.MESSAGE_FAILED
+        self._failed(sid, reason, code)
 
     def _note_peers(self) -> None:
-        for name, driver in self.gateway.peers.items():
+        for name, driver in self.backend.peers.items():
             if driver.instance_id is not None:
                 self._peer_coordinators[name] = driver.instance_id >> INSTANCE_LOW_BITS
 
@@ -297,8 +341,8 @@ class Worker:
     def _peer_states(self) -> tuple[tuple[str, bool, int | None, int], ...]:
         """What a report must not wait for: peers' reachability and instances, links up."""
         return tuple(
-            (name, driver.session.unreachable, driver.instance_id, len(driver.links))
-            for name, driver in self.gateway.peers.items()
+            (name, driver.view.unreachable, driver.instance_id, len(driver.links))
+            for name, driver in self.backend.peers.items()
         )
 
     async def _report(self) -> None:
@@ -308,8 +352,7 @@ class Worker:
             states = self._peer_states()
             sent_at = loop.time()
             self._note_peers()
-            rows = self.gateway.paths()
-            status = self.gateway.status(rows)
+            rows, status = self.service.rows_and_status()
             times = os.times()
             self._channel.send(
                 "report",
@@ -339,7 +382,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wangate.worker")
+    parser = argparse.ArgumentParser(prog="python -m wangate.workers.worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--fd", type=int, required=True)
@@ -368,3 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     return asyncio.run(Worker(config, args.index, sock, args.instance).run())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,8 +24,14 @@ from dataclasses import dataclass
 
 from wangate.core.frames import REJECT_CHECKSUM, REJECT_EXPIRED
 from wangate.core.message import decode_header
-from wangate.errors import GatewayError, MessageFailed, PeerUnreachable, RemoteProtocolError
-from wangate.localapi.segments import InboundSegments
+from wangate.delivery.segments import InboundSegments
+from wangate.errors import (
+    ErrorCode,
+    GatewayError,
+    MessageFailed,
+    PeerUnreachable,
+    RemoteProtocolError,
+)
 
 Key = tuple[str, int]  # (source, msg_id)
 
@@ -171,7 +177,7 @@ class InboundStreams:
         what = f"message {stream.tag!r} (step {stream.step}) from {source}"
         if code == REJECT_CHECKSUM:
             error: GatewayError = GatewayError(
-                f"{what} failed its checksum: {reason}", code="checksum"
+                f"{what} failed its checksum: {reason}", code=ErrorCode.CHECKSUM
             )
         elif code == REJECT_EXPIRED:
             error = MessageFailed(f"{what} was abandoned by its sender: {reason}")

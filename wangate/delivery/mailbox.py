@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import count
 
-from wangate.service import Delivery
+from wangate.delivery.delivered import Delivery
 
 
 @dataclass(frozen=True)

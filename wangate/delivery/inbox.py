@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from wangate.errors import RecvTimeout, WangateError
-from wangate.localapi.mailbox import HandedToWaiter, Mailbox, OfferResult, Refused
-from wangate.service import Delivery
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.mailbox import HandedToWaiter, Mailbox, OfferResult, Refused
+from wangate.errors import ErrorCode, RecvTimeout, WangateError
 
 
 class Inbox:
@@ -59,12 +59,12 @@ class Inbox:
             self._waiters.pop(waiter_id, None)
             if future.done() and not future.cancelled() and future.exception() is None:
                 # Handed a delivery just as we left: it must not be lost.
-                self._settle(self.mailbox.put_back(future.result()))
+                self.put_back(future.result())
             if isinstance(exc, TimeoutError):
                 what = f"{tag!r}" + (f" from {source!r}" if source else "")
                 what += f" at step {step}" if step is not None else ""
                 raise RecvTimeout(
-                    f"no message {what} arrived within {timeout_s:g} s", code="timeout"
+                    f"no message {what} arrived within {timeout_s:g} s", code=ErrorCode.TIMEOUT
                 ) from None
             raise
 
@@ -81,6 +81,11 @@ class Inbox:
             future.set_exception(error)
             failed += 1
         return failed
+
+    def put_back(self, delivery: Delivery) -> None:
+        """A delivery taken from here that its recv could not use after all: it goes
+        to the next matching recv, or first in line again."""
+        self._settle(self.mailbox.put_back(delivery))
 
     def take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
         """The oldest matching delivery waiting, if any (no waiting)."""

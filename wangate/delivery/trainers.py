@@ -1,0 +1,163 @@
+"""Delivery to the site's trainers: the layer between the peer drivers and ``recv``.
+
+The gateway wires one ``TrainerDelivery`` to every peer driver (as the driver's
+``DeliverySink``, wangate.net.peer_driver) and to the service. What arrives goes to
+the inbox (``Inbox``: matching, per-source budgets, waiting recvs); a large message is
+assembled in a shared-memory segment (``InboundSegments``) and can be taken while it
+arrives (``InboundStreams``). A delivery the inbox refuses (its source's budget is
+full) waits here, in arrival order, behind which later ones from that source wait too:
+messages from one source reach trainers in the order they completed, and the credit
+they hold keeps that peer's sender back meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.inbox import Inbox
+from wangate.delivery.segments import InboundSegments
+from wangate.delivery.streams import InboundStreams, IncomingStream
+from wangate.errors import ErrorCode, RecvTimeout, WangateError
+
+# why no message can come for (tag, source): an error to raise, or None to wait
+Hopeless = Callable[[str, str | None], WangateError | None]
+# where message bodies are assembled: allocate(size, payload offset), free, min size
+BodyBuffers = tuple[
+    Callable[[int, int | None], bytearray | memoryview],
+    Callable[[bytearray | memoryview], None],
+    int,
+]
+
+
+def _never(tag: str, source: str | None) -> WangateError | None:
+    return None
+
+
+class TrainerDelivery:
+    def __init__(self, peer_inbox_bytes: int) -> None:
+        self.segments = InboundSegments()
+        self.streams = InboundStreams(self.segments)
+        self.inbox = Inbox(peer_inbox_bytes)
+        self.hopeless: Hopeless = _never  # set by the service: it knows the peers' states
+        self._refused: dict[str, deque[Delivery]] = {}  # by source, in arrival order
+        self._redelivery: dict[str, asyncio.Task[None]] = {}
+
+    # ------------------------------------------------------ the drivers' side
+
+    def body_buffers(self) -> BodyBuffers:
+        segments = self.segments
+        return segments.allocate, segments.free, segments.min_bytes
+
+    def received(self, source: str, event: MessageReceived) -> bool:
+        """A whole, verified message from ``source``. True if a trainer took it while it
+        arrived (a stream): the caller gives its credit back now."""
+        if self.streams.completed(source, event.msg_id):
+            return True
+        header = event.header
+        self.arrived(
+            Delivery(
+                source=source,
+                tag=header.tag,
+                step=header.step,
+                critical=header.critical,
+                meta=header.meta,
+                payload=event.payload,
+                checksum=header.checksum,
+                msg_id=event.msg_id,
+                body_bytes=event.body_bytes,
+            )
+        )
+        return False
+
+    def progress(self, source: str, event: MessageProgress) -> None:
+        self.streams.progress(source, event.msg_id, event.body, event.ready_bytes)
+
+    def dropped(self, source: str, event: MessageDropped) -> None:
+        self.streams.dropped(source, event.msg_id, event.reason, event.code)
+
+    def peer_gone(self, source: str, event: PeerStateChanged) -> None:
+        """``source`` became unreachable or restarted: its streams end, and recvs that
+        can now never be satisfied fail."""
+        self.streams.peer_gone(source, event.state, event.reason)
+        if event.state == "unreachable":
+            self.inbox.fail_waiters(self.hopeless)
+
+    def arrived(self, delivery: Delivery) -> None:
+        """Into the inbox, or behind what waits for room from the same source."""
+        waiting = self._refused.get(delivery.source)
+        if waiting is None and self.inbox.try_deliver(delivery):
+            return
+        if waiting is None:
+            waiting = self._refused[delivery.source] = deque()
+            task = asyncio.get_running_loop().create_task(self._redeliver(delivery.source))
+            self._redelivery[delivery.source] = task
+        waiting.append(delivery)
+
+    async def _redeliver(self, source: str) -> None:
+        waiting = self._refused[source]
+        try:
+            while waiting:
+                await self.inbox.deliver(waiting[0])  # waits for room
+                waiting.popleft()
+        finally:
+            del self._refused[source]
+            del self._redelivery[source]
+
+    # ------------------------------------------------------ the service's side
+
+    async def receive(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery:
+        return await self.inbox.receive(tag, source, step, timeout_s, self.hopeless)
+
+    async def receive_stream(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery | IncomingStream:
+        """``receive``, or sooner: a large message whose header is in, still arriving
+        (proto/localapi.md, "Streamed delivery"). A whole one waiting comes first."""
+        delivery = self.inbox.take(tag, source, step)
+        if delivery is not None:
+            return delivery
+        stream = self.streams.take(tag, source, step)
+        if stream is not None:
+            return stream
+        whole = asyncio.ensure_future(self.receive(tag, source, step, None))
+        early = self.streams.wait(tag, source, step)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait((whole, early), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException as exc:
+            self.streams.cancel_wait(early)
+            whole.cancel()  # the inbox puts back what it handed over just now
+            await asyncio.gather(whole, return_exceptions=True)
+            got = whole.result() if whole.done() and not whole.cancelled() else None
+            if isinstance(exc, TimeoutError):
+                if got is not None:  # it came as the time ran out
+                    return got
+                what = f"{tag!r}" + (f" from {source!r}" if source else "")
+                what += f" at step {step}" if step is not None else ""
+                raise RecvTimeout(
+                    f"no message {what} arrived within {timeout_s:g} s", code=ErrorCode.TIMEOUT
+                ) from None
+            if got is not None:
+                self.inbox.put_back(got)  # for the next recv: nothing is lost
+            raise
+        if whole.done():
+            self.streams.cancel_wait(early)  # a stream it got too is offered again
+            return whole.result()
+        whole.cancel()
+        await asyncio.gather(whole, return_exceptions=True)
+        return early.result()
+
+    def forget(self, delivery: Delivery) -> None:
+        """A delivery that never reached the inbox: its segment, if any, is freed."""
+        if isinstance(delivery.payload, memoryview):
+            self.segments.free(delivery.payload)
+
+    def close(self) -> None:
+        for task in list(self._redelivery.values()):
+            task.cancel()

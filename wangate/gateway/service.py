@@ -1,0 +1,303 @@
+"""The gateway's service to its trainers, written once over a backend.
+
+``Service`` implements ``GatewayService`` (wangate.service), which the local API
+calls: submit with back-pressure and deadlines, wait for a message's outcome,
+receive (whole or streamed), the receives that can never be satisfied, delivery
+within the site, status and rows. It keeps no per-datagram state and does no I/O:
+the ``Backend`` moves the messages (in this process, or through worker processes),
+``TrainerDelivery`` holds what arrived for the trainers, and ``OutcomeBook`` what
+became of what was sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import time
+from collections.abc import Callable
+from typing import Any
+
+from wangate import __version__
+from wangate.config import Config
+from wangate.core.message import message_checksum
+from wangate.delivery.delivered import Delivery
+from wangate.delivery.streams import IncomingStream
+from wangate.delivery.trainers import TrainerDelivery
+from wangate.errors import (
+    DeadlineExceeded,
+    ErrorCode,
+    GatewayError,
+    MessageFailed,
+    PeerUnreachable,
+    RecvTimeout,
+)
+from wangate.gateway.backend import Backend
+from wangate.gateway.outcomes import MAX_OUTCOMES, OutcomeBook
+from wangate.rows import GatewayStatus, PathRow
+from wangate.service import Submission
+
+
+class Service:
+    def __init__(
+        self,
+        config: Config,
+        backend: Backend,
+        delivery: TrainerDelivery,
+        book: OutcomeBook,
+    ) -> None:
+        self.config = config  # replaced on reload
+        self.site_name = config.site.name
+        self.backend = backend
+        self.delivery = delivery
+        self.book = book
+        self.started_at = time.monotonic()
+        self.local_messages = 0
+        delivery.hopeless = self._hopeless_recv
+
+    # ------------------------------------------------------------ sending
+
+    def submit_now(self, submission: Submission) -> int | None:
+        arrived_at = time.monotonic()
+        if submission.peer == self.site_name:
+            delivery = self._local_delivery(submission)
+            if not self.delivery.inbox.try_deliver(delivery):
+                self.delivery.forget(delivery)
+                return None
+            self.local_messages += 1
+            return 0
+        peer = self._known(submission.peer)
+        self.backend.check_reachable(peer)
+        if not self._has_room(submission):
+            return None
+        return self.backend.send(submission, arrived_at)
+
+    async def submit(self, submission: Submission) -> int:
+        arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
+        if submission.peer == self.site_name:
+            delivery = self._local_delivery(submission)
+            try:
+                await self.delivery.inbox.deliver(delivery)
+            except BaseException:  # the client went away while the inbox was full
+                self.delivery.forget(delivery)
+                raise
+            self.local_messages += 1
+            return 0
+        peer = self._known(submission.peer)
+        deadline_s = submission.deadline_s
+        deadline_at = None if deadline_s is None else arrived_at + deadline_s
+        while True:
+            self.backend.check_reachable(peer)  # never wait for room behind a dead peer
+            if self._has_room(submission):
+                break
+            if not await self.book.wait_changed(peer, deadline_at):
+                raise DeadlineExceeded(
+                    f"send {submission.tag!r} (step {submission.step}) to {peer}: "
+                    f"deadline of {deadline_s:g} s passed while waiting for room "
+                    f"({self.backend.pending_bytes(peer)} bytes already queued for it); "
+                    "nothing was sent"
+                )
+            if peer not in self.backend.peer_names:
+                raise GatewayError(f"peer {peer!r} was removed", code=ErrorCode.UNKNOWN_PEER)
+        return self.backend.send(submission, arrived_at)
+
+    def _known(self, peer: str) -> str:
+        if peer not in self.backend.peer_names:
+            known = ", ".join(sorted(self.backend.peer_names)) or "none"
+            raise GatewayError(
+                f"unknown peer {peer!r}: this gateway ({self.site_name}) knows "
+                f"{known}; check [[peers]] in {self.config.path}",
+                code=ErrorCode.UNKNOWN_PEER,
+            )
+        return peer
+
+    def _has_room(self, submission: Submission) -> bool:
+        """At most one inbox window of unsent bytes waits per peer; nothing more waits
+        behind a peer the backend holds back."""
+        pending = self.backend.pending_bytes(submission.peer)
+        if pending == 0:
+            return True
+        if self.backend.held_back(submission.peer):
+            return False
+        size = len(memoryview(submission.payload).cast("B"))
+        return pending + size <= self.config.limits.peer_inbox_bytes
+
+    def _local_delivery(self, submission: Submission) -> Delivery:
+        """Within the site, a payload from a segment is copied into a segment of the
+        gateway's own (shared memory the receiving trainer maps): no private copy."""
+        segments = self.delivery.segments
+        return local_delivery(self.site_name, submission, segments.allocate, segments.free)
+
+    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
+        if peer == self.site_name and msg_id == 0:
+            return  # within the site: delivered into the inbox at once
+        if peer not in self.backend.peer_names:
+            raise GatewayError(f"unknown peer {peer!r}", code=ErrorCode.UNKNOWN_PEER)
+        deadline_at = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ended, failure = self.book.outcome(peer, msg_id)
+            if ended:
+                if failure is None:
+                    return
+                raise MessageFailed(failure)
+            state = self.backend.message_state(peer, msg_id)
+            if state is None:
+                if not 0 < msg_id <= self.backend.last_msg_id(peer):
+                    raise GatewayError(
+                        f"no message {msg_id} was sent to {peer}", code=ErrorCode.UNKNOWN_MESSAGE
+                    )
+                raise GatewayError(
+                    f"the outcome of message {msg_id} to {peer} is no longer known "
+                    f"(the last {MAX_OUTCOMES} are kept)",
+                    code=ErrorCode.UNKNOWN_MESSAGE,
+                )
+            self.backend.check_reachable(peer)
+            if not await self.book.wait_changed(peer, deadline_at):
+                raise RecvTimeout(
+                    f"message {msg_id} to {peer} is still {state} after {timeout_s:g} s",
+                    code=ErrorCode.TIMEOUT,
+                )
+            if peer not in self.backend.peer_names:
+                raise GatewayError(f"peer {peer!r} was removed", code=ErrorCode.UNKNOWN_PEER)
+
+    # ---------------------------------------------------------- receiving
+
+    async def receive(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery:
+        return self._taken(await self.delivery.receive(tag, source, step, timeout_s))
+
+    async def receive_stream(
+        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+    ) -> Delivery | IncomingStream:
+        got = await self.delivery.receive_stream(tag, source, step, timeout_s)
+        return self._taken(got) if isinstance(got, Delivery) else got
+
+    def _taken(self, delivery: Delivery) -> Delivery:
+        """A trainer has ``delivery``: its sender gets the credit back, and one that was
+        assembled in a segment carries its sealed descriptor from here."""
+        self.backend.taken(delivery)
+        fd = self.delivery.segments.claim(memoryview(delivery.payload))
+        return delivery if fd is None else dataclasses.replace(delivery, segment_fd=fd)
+
+    def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
+        """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
+
+        With a source: that peer is unreachable. Without: every source that has sent
+        this tag here is an unreachable peer (every peer, if none has sent it yet).
+        """
+        backend = self.backend
+        peers = backend.peer_names
+        if source is not None:
+            if source not in peers or not backend.unreachable(source):
+                return None
+            return PeerUnreachable(
+                f"recv {tag!r} from {source}: peer {source} is unreachable "
+                f"(silent for {backend.silent_s(source):.1f} s)"
+            )
+        sources = sorted(self.delivery.inbox.mailbox.sources_of(tag) or peers)
+        if not sources or any(n not in peers or not backend.unreachable(n) for n in sources):
+            return None
+        silent = ", ".join(f"{name} silent for {backend.silent_s(name):.1f} s" for name in sources)
+        return PeerUnreachable(
+            f"recv {tag!r}: every peer that could send it is unreachable ({silent})"
+        )
+
+    # -------------------------------------------------------------- views
+
+    def paths(self) -> list[PathRow]:
+        return self.backend.rows()
+
+    def status(self, rows: list[PathRow] | None = None) -> GatewayStatus:
+        if rows is None:
+            rows = self.paths()
+        mailbox = self.delivery.inbox.mailbox
+        return GatewayStatus(
+            site=self.site_name,
+            version=__version__,
+            uptime_s=round(time.monotonic() - self.started_at, 3),
+            peers={name: self.backend.peer_status(name, rows) for name in self.backend.peer_names},
+            local_messages=self.local_messages,
+            inbox_queued=mailbox.queued_count(),
+            inbox_waiting_recvs=mailbox.waiter_count(),
+            workers=self.backend.worker_maps(),
+        )
+
+    def rows_and_status(self) -> tuple[list[PathRow], GatewayStatus]:
+        rows = self.paths()  # a scrape reads both: build the rows once
+        return rows, self.status(rows)
+
+    def status_counts(self) -> tuple[int, int, int, int, int]:
+        """Peers up, peers, paths up, paths, messages in flight (for ``STATUS=``)."""
+        up = {(row.peer, row.path) for row in self.paths() if row.state != "down"}
+        paths = sum(len(peer.paths) for peer in self.config.peers)
+        peers_up = len({peer for peer, _ in up})
+        in_flight = self.backend.messages_in_flight()
+        return peers_up, len(self.backend.peer_names), len(up), paths, in_flight
+
+    def reset_path(self, peer: str, path: str) -> None:
+        if peer not in self.backend.peer_names or path not in {
+            p.name for p in self.config.peer(peer).paths
+        }:
+            raise GatewayError(
+                f"no path {path!r} to peer {peer!r} in {self.config.path}",
+                code=ErrorCode.UNKNOWN_PATH,
+            )
+        self.backend.reset_path(peer, path)
+
+    def client_settings(self) -> dict[str, Any]:
+        compression = self.config.compression
+        return {
+            "compression": {
+                "default": compression.default,
+                "tags": [list(t) for t in compression.tags],
+                "min_lossy_bytes": compression.min_lossy_bytes,
+            },
+            "max_message_bytes": self.config.limits.max_message_bytes,
+            "collective": self.config.collective_settings(),
+            "segments": {
+                "min_bytes": self.delivery.segments.min_bytes,
+                "pool_bytes": self.config.limits.client_budget_bytes,
+            },
+        }
+
+
+def local_delivery(
+    site: str,
+    submission: Submission,
+    allocate: Callable[[int, int | None], bytearray | memoryview] = (
+        lambda size, start: bytearray(size)
+    ),
+    free: Callable[[bytearray | memoryview], None] = lambda body: None,
+) -> Delivery:
+    """A submission addressed to the gateway's own site, as the delivery it becomes.
+
+    A payload in the sender's shared memory is copied first (no other client may read
+    the sender's segment, and the sender could still change it) into ``allocate(size,
+    0)`` (the daemon gives a segment of its own: shared memory, no private copy), then
+    its checksum is checked, as a receiving gateway does for a peer's message: the
+    receiving client relies on that (proto/localapi.md). Raises ``GatewayError``
+    (``checksum``) if it fails. An in-band payload is the gateway's own copy already.
+    """
+    payload = submission.payload
+    view = memoryview(payload)
+    if isinstance(view.obj, mmap.mmap):
+        copy = allocate(view.nbytes, 0)
+        memoryview(copy)[:] = view
+        payload = copy
+        actual = message_checksum(submission.meta, payload)
+        if actual != submission.checksum:
+            free(copy)
+            raise GatewayError(
+                f"send {submission.tag!r} (step {submission.step}) to {site}: the payload's "
+                f"checksum is {actual:08x}, the request declares {submission.checksum:08x}",
+                code=ErrorCode.CHECKSUM,
+            )
+    return Delivery(
+        source=site,
+        tag=submission.tag,
+        step=submission.step,
+        critical=submission.critical,
+        meta=submission.meta,
+        payload=payload,
+        checksum=submission.checksum,
+    )
