@@ -159,3 +159,74 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert cycles(graph) == [{"a", "b", "c"}]
+
+
+# ---------------------------------------------------------------- layers
+# trainer API (localapi, client) -> service (gateway) -> delivery / backends (gateway
+# drivers, workers) -> drivers (net) -> session (core): no layer imports one above it.
+LAYER_RULES = {
+    "wangate.net": {"wangate.localapi", "wangate.delivery", "wangate.gateway", "wangate.workers",
+                    "wangate.daemon", "wangate.service", "wangate.client"},
+    "wangate.delivery": {"wangate.localapi", "wangate.gateway", "wangate.net", "wangate.workers",
+                         "wangate.daemon", "wangate.service", "wangate.client"},
+    "wangate.gateway": {"wangate.localapi", "wangate.daemon", "wangate.client",
+                        "wangate.workers"},
+    "wangate.workers": {"wangate.localapi", "wangate.daemon", "wangate.client"},
+    "wangate.localapi": {"wangate.gateway", "wangate.net", "wangate.workers", "wangate.daemon"},
+}  # fmt: skip
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_layers_import_only_downwards() -> None:
+    graph = import_graph()
+    broken = sorted(
+        f"{module} imports {target}"
+        for package, forbidden in LAYER_RULES.items()
+        for module, targets in graph.items()
+        if _within(module, package)
+        for target in targets
+        if any(_within(target, f) for f in forbidden)
+    )
+    assert broken == []
+
+
+def test_the_peer_driver_is_the_only_caller_of_the_session() -> None:
+    graph = import_graph()
+    importers = {m for m, targets in graph.items() if "wangate.core.session" in targets}
+    assert importers == {"wangate.net.peer_driver"}
+    # and nobody reaches past the driver's read-only view into its session
+    reaching = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "peer_driver.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in {"session", "_session"}
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                reaching.append(f"{_module_name(path)}:{node.lineno}")
+    assert reaching == []
+
+
+def test_no_class_subclasses_the_gateway() -> None:
+    subclasses = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
+                if bases & {"Gateway", "Service", "DriverBackend", "Coordinator"}:
+                    subclasses.append(f"{_module_name(path)}.{node.name}")
+    assert subclasses == []
+
+
+def test_no_module_is_over_600_lines() -> None:
+    long = {
+        _module_name(p): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert long == {}

@@ -238,3 +238,31 @@ async def _order(directory: Path) -> None:
 
 def test_a_refused_delivery_keeps_its_place_among_its_sources_messages(tmp_path: Path) -> None:
     run(_order(tmp_path))
+
+
+# ------------------------------------------------------------ draining
+
+
+def test_a_drain_of_events_never_runs_inside_another(tmp_path: Path) -> None:
+    """What a drain does to the session only queues events for the same drain; a sink
+    that fed an input back into the driver from inside it would re-enter, and is
+    refused loudly rather than reordering the events."""
+
+    async def main() -> None:
+        _, sh_site = write_site_configs(tmp_path, 2, 1, mtu=1500)
+        sh = Gateway(load_config(sh_site.config_path))
+        driver = sh.peers["bj"]
+        events = [received(1, 10)]
+        driver._session.next_event = lambda: events.pop() if events else None  # type: ignore[method-assign]
+
+        class Reentering:
+            def received(self, source: str, event: MessageReceived) -> bool:
+                driver.consumed(event.body_bytes, event.msg_id)  # an input, from a drain
+                return False
+
+        driver._sink = Reentering()  # type: ignore[assignment]
+        with pytest.raises(RuntimeError, match="events of bj drained from within their own"):
+            driver.consumed(0, 0)
+        await sh.close()
+
+    run(main())

@@ -38,6 +38,7 @@ from wangate.net.address import host_port
 from wangate.net.peer_driver import PeerDriver
 from wangate.reload import ReloadPlan
 from wangate.systemd import inherited_unix_listener
+from wangate.workers.stripes import refuse_stripes
 
 log = logging.getLogger("wangate.daemon")
 
@@ -67,6 +68,9 @@ class Gateway:
                 metrics=self.metrics,
                 instance_id=self.instance_id,
                 startup_error=self.startup_error,
+                # a worker's sessions carry stripes; this gateway refuses them (its
+                # trainers would get a part of a message: the peer runs workers)
+                screen=refuse_stripes,
             )
         self.service = Service(config, self.backend, self.delivery, self.book)
         self._local_api: LocalApiServer | None = None

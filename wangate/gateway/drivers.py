@@ -27,11 +27,10 @@ from wangate.gateway.outcomes import OutcomeBook
 from wangate.metrics import GatewayMetrics
 from wangate.net.address import host_port
 from wangate.net.link import LocalSite
-from wangate.net.peer_driver import DeliverySink, PeerDriver, SessionSettings
+from wangate.net.peer_driver import DeliverySink, PeerDriver, Screen, SessionSettings
 from wangate.reload import ReloadPlan
 from wangate.rows import PathRow, PeerStatus
 from wangate.service import Submission
-from wangate.workers.stripes import refuse_stripes
 
 log = logging.getLogger("wangate.daemon")
 
@@ -46,7 +45,7 @@ class DriverBackend:
         metrics: GatewayMetrics,
         instance_id: int,
         startup_error: StartupError,
-        carries_stripes: bool = False,
+        screen: Screen | None = None,
     ) -> None:
         self.config = config
         self.instance_id = instance_id
@@ -66,9 +65,7 @@ class DriverBackend:
             host_delay_target_s=target_ms / 1000 if target_ms else math.inf,
             partial_idle_s=config.limits.partial_message_idle_s,
             peer_dead_s=config.limits.peer_dead_s,
-            # a worker's sessions carry stripes; any other gateway refuses them (its
-            # trainers would get a part of a message: the peer runs workers, this one not)
-            screen=None if carries_stripes else refuse_stripes,
+            screen=screen,
         )
         self._sink = sink
         self._book = book

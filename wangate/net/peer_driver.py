@@ -65,6 +65,8 @@ FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 MIN_TIMER_DELAY_S = 0.001
 
 Clock = Callable[[], float]
+# why a session refuses a message it is handed (None: it takes it)
+Screen = Callable[[MessageHeader], str | None]
 BodyBuffers = tuple[
     Callable[[int, int | None], bytearray | memoryview],
     Callable[[bytearray | memoryview], None],
@@ -152,8 +154,7 @@ class SessionSettings:
     host_delay_target_s: float
     partial_idle_s: float
     peer_dead_s: float
-    # a session that must not carry stripes says why a message is refused
-    screen: Callable[[MessageHeader], str | None] | None = None
+    screen: Screen | None = None
 
 
 class PeerDriver:

@@ -142,7 +142,6 @@ class Worker:
             metrics=GatewayMetrics(),
             instance_id=instance,
             startup_error=functools.partial(startup_error, config.path),
-            carries_stripes=True,
         )
         # the worker's own trainers' side is never used: nothing is sent to its site
         self.service = Service(config, self.backend, TrainerDelivery(1), book)
