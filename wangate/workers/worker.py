@@ -26,7 +26,7 @@ from typing import Any
 
 from wangate.config import Config, load_config
 from wangate.daemon import Gateway
-from wangate.errors import WangateError
+from wangate.errors import ErrorCode, WangateError
 from wangate.localapi.inbox import Inbox
 from wangate.localapi.segments import map_segment
 from wangate.service import Delivery, Submission
@@ -166,7 +166,7 @@ class Worker:
         try:
             payload = map_segment(fd, fields["offset"], fields["length"])
         except WangateError as exc:
-            self._failed(sid, str(exc), "bad_segment")
+            self._failed(sid, str(exc), ErrorCode.BAD_SEGMENT)
             return
         finally:
             os.close(fd)
