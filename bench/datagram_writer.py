@@ -43,8 +43,8 @@ def per_packet_us(connection: QuicConnection, size: int) -> float:
                 max_datagram_size=MAX_DATAGRAM_SIZE,
             )
             builder.start_packet(QuicPacketType.ONE_RTT, crypto)
-            connection._write_datagram_frame(
-                builder=builder, data=data, frame_type=QuicFrameType.DATAGRAM_WITH_LENGTH
+            compat.write_datagram_frame(
+                connection, builder, data, QuicFrameType.DATAGRAM_WITH_LENGTH
             )
             builder.flush()
         best = min(best, (time.process_time() - start) / PACKETS)

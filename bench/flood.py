@@ -564,6 +564,7 @@ def handshake_times(connections: int) -> dict[str, list[float]]:
     from aioquic.quic.configuration import QuicConfiguration
 
     from wangate.certs import create_ca, issue_site_certificate
+    from wangate.net import aioquic_compat as compat
     from wangate.net.listener import listen_for_peers
 
     directory = Path(tempfile.mkdtemp(prefix="wangate-hs-"))
@@ -583,7 +584,7 @@ def handshake_times(connections: int) -> dict[str, list[float]]:
                 0,
                 configuration=server_cfg,
                 create_protocol=QuicConnectionProtocol,
-                is_established=lambda p: bool(p._quic._handshake_complete),
+                is_established=lambda p: compat.handshake_complete(compat.connection_of(p)),
                 retry=retry,
             )
             assert listener.transport is not None

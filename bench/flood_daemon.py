@@ -18,6 +18,7 @@ from typing import Any
 from aioquic.asyncio.server import serve
 
 from wangate import cli, daemon
+from wangate.net import aioquic_compat as compat
 
 
 async def _aioquic_serve(
@@ -29,7 +30,7 @@ async def _aioquic_serve(
         configuration=configuration,
         create_protocol=lambda connection, stream_handler=None: create_protocol(connection),
     )
-    server.transport = server._transport  # what the daemon reads of a listener
+    server.transport = compat.transport_of(server)  # what the daemon reads of a listener
     return server
 
 

@@ -17,8 +17,9 @@ import os
 import socket
 import struct
 
-from aioquic._buffer import Buffer
 from aioquic.quic.packet import QuicPacketType, pull_quic_header
+
+from wangate.net.aioquic_compat import Buffer
 
 INITIAL_BYTES = 1200
 QUIC_V1 = 0x00000001

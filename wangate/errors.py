@@ -125,7 +125,7 @@ class FrameChecksumError(CodecError, ChecksumError):
 class GatewayError(WangateError):
     """The local gateway refused or failed a request; ``code`` says which kind."""
 
-    def __init__(self, message: str, code: str = "error") -> None:
+    def __init__(self, message: str, code: str = ErrorCode.ERROR) -> None:
         super().__init__(message)
         self.code = code
 
@@ -142,14 +142,14 @@ class PeerUnreachable(GatewayError):
     """A peer gateway has been silent past ``[limits] peer_dead_s``: sends to it and
     receives that only it could satisfy fail at once instead of waiting."""
 
-    def __init__(self, message: str, code: str = "peer_unreachable") -> None:
+    def __init__(self, message: str, code: str = ErrorCode.PEER_UNREACHABLE) -> None:
         super().__init__(message, code)
 
 
 class DeadlineExceeded(GatewayError):
     """A send's deadline passed while it waited for room; nothing was sent."""
 
-    def __init__(self, message: str, code: str = "deadline") -> None:
+    def __init__(self, message: str, code: str = ErrorCode.DEADLINE) -> None:
         super().__init__(message, code)
 
 
@@ -157,7 +157,7 @@ class MessageFailed(GatewayError):
     """A message accepted earlier will not be delivered; the message names its id, tag,
     step and the reason (peer restarted with it in its inbox, rejected, deadline...)."""
 
-    def __init__(self, message: str, code: str = "message_failed") -> None:
+    def __init__(self, message: str, code: str = ErrorCode.MESSAGE_FAILED) -> None:
         super().__init__(message, code)
 
 

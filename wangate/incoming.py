@@ -23,7 +23,7 @@ import numpy as np
 from wangate.codec.dtypes import DTYPE_BY_CODE
 from wangate.codec.frame import CODEC_NONE
 from wangate.codec.tensor import read_meta
-from wangate.errors import GatewayError, RecvTimeout
+from wangate.errors import ErrorCode, GatewayError, RecvTimeout
 from wangate.localapi.protocol import FrameError, decode_progress
 
 Decode = Callable[[dict[str, Any], memoryview], np.ndarray]
@@ -90,7 +90,7 @@ class _Incoming:
             )
         except FrameError as exc:
             self.error = GatewayError(
-                f"{self._what()}: malformed reply from the gateway: {exc}", code="bad_reply"
+                f"{self._what()}: malformed reply from the gateway: {exc}", code=ErrorCode.BAD_REPLY
             )
             return
         self.ready_bytes = max(self.ready_bytes, progress.ready_bytes)
@@ -103,7 +103,7 @@ class _Incoming:
         return RecvTimeout(
             f"{self._what()}: {what} not in after {timeout:g} s "
             f"({self.ready_bytes} of {self.size} bytes are)",
-            code="timeout",
+            code=ErrorCode.TIMEOUT,
         )
 
     def _outcome(self) -> np.ndarray:

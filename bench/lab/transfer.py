@@ -164,6 +164,8 @@ async def _quic_recv(
 ) -> dict[str, Any]:
     from aioquic.asyncio.server import serve
 
+    from wangate.net import aioquic_compat as compat
+
     done: list[float] = []
     tasks: list[asyncio.Task[None]] = []
     finished = asyncio.get_running_loop().create_future()
@@ -202,8 +204,9 @@ async def _quic_recv(
         configuration=_quic_configuration(False, max_datagram_size, window_bytes),
         stream_handler=on_stream,
     )
-    if server._transport is not None:
-        _enlarge_buffers(server._transport.get_extra_info("socket"), socket_buffer_bytes)
+    transport = compat.transport_of(server)
+    if transport is not None:
+        _enlarge_buffers(transport.get_extra_info("socket"), socket_buffer_bytes)
     print(json.dumps({"ready": True}), flush=True)
     cpu_at_ready = _cpu_seconds()
     await finished
@@ -222,6 +225,8 @@ async def _quic_send(
 ) -> dict[str, Any]:
     from aioquic.asyncio.protocol import QuicConnectionProtocol
     from aioquic.quic.connection import QuicConnection
+
+    from wangate.net import aioquic_compat as compat
 
     loop = asyncio.get_running_loop()
     configuration = _quic_configuration(True, max_datagram_size, window_bytes)
@@ -242,8 +247,7 @@ async def _quic_send(
     stream_id = getattr(writer.transport, "stream_id")  # noqa: B009 (not in the type)
 
     def buffered_bytes() -> int:
-        stream = protocol._quic._streams.get(stream_id)
-        return 0 if stream is None else len(stream.sender._buffer)
+        return compat.stream_unsent_bytes(compat.connection_of(protocol), stream_id)
 
     for at_s, size in schedule:
         delay = started + at_s - time.monotonic()

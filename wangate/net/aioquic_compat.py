@@ -2,8 +2,9 @@
 
 aioquic (1.7.2) has no public API for what a gateway needs here: asking a client for
 its certificate and reading it, swapping the pacer, looking at the DATAGRAM queue and
-the peer's address, a client with zero-length connection IDs, and DATAGRAM frames
-without a length field. Each access goes through a function below, and
+the peer's address, a client with zero-length connection IDs, DATAGRAM frames
+without a length field, and a listener of its own routing datagrams to its protocols.
+Each access goes through a function below, and
 :func:`check_aioquic` exercises all of them on a throw-away connection when the daemon
 starts: if an aioquic upgrade renamed or moved one, the daemon refuses to start with
 an error naming the attribute, instead of misbehaving on the first peer.
@@ -11,6 +12,7 @@ an error naming the attribute, instead of misbehaving on the first peer.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from collections import deque
@@ -18,16 +20,24 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aioquic
+
+# aioquic.buffer's Buffer, from the module that types it: aioquic.buffer imports it
+# without re-exporting it, which mypy --strict refuses
+from aioquic._buffer import Buffer as Buffer
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketPacer
+from aioquic.quic.stream import QuicStreamSender
 
 from wangate.errors import WangateError
 
 P = TypeVar("P", bound=QuicPacketPacer)
+T = TypeVar("T")
 
 # (object, attribute, what wangate uses it for): what check_aioquic() looks for
 _CONNECTION_ATTRIBUTES = (
@@ -43,6 +53,20 @@ _CONNECTION_ATTRIBUTES = (
     ("_original_destination_connection_id", "a client's first Initial connection ID"),
     ("_replenish_connection_ids", "a client that issues no connection IDs"),
     ("_write_datagram_frame", "DATAGRAM frames without a length field"),
+    ("_streams", "the bytes a stream has yet to send"),
+)
+_PROTOCOL_ATTRIBUTES = (
+    # what a QuicConnectionProtocol subclass (wangate.net.link.PathLink) reads of itself
+    ("_quic", "the connection a protocol drives"),
+    ("_loop", "a link's clock and callbacks"),
+    ("_transport", "a link's socket"),
+    ("_process_events", "a link handling a batch of datagrams"),
+    ("_transmit_soon", "a link's deferred transmit"),
+    # what a listener of wangate's own sets, as aioquic's QuicServer does
+    ("_timer", "forgetting a refused half-open connection"),
+    ("_connection_id_issued_handler", "routing datagrams by connection ID"),
+    ("_connection_id_retired_handler", "routing datagrams by connection ID"),
+    ("_connection_terminated_handler", "routing datagrams by connection ID"),
 )
 # A client's first Initial carries a Destination Connection ID of at least 8 bytes
 # (RFC 9000 §7.2), whatever the length of the IDs it issues itself.
@@ -86,6 +110,8 @@ def check_aioquic() -> None:
     if not isinstance(getattr(connection._peer_cid, "cid", None), bytes):
         raise _missing("QuicConnectionId", "cid", "the peer's connection ID")
     _check_builder()
+    if not hasattr(QuicStreamSender(stream_id=0, writable=True), "_buffer"):
+        raise _missing("QuicStreamSender", "_buffer", "the bytes a stream has yet to send")
     recovery = connection._loss
     pacer = getattr(recovery, "_pacer", None)
     if not isinstance(pacer, QuicPacketPacer):
@@ -104,6 +130,13 @@ def check_aioquic() -> None:
     client = client_connection(QuicConfiguration(is_client=True), 0)
     if client.host_cid != b"" or len(client.original_destination_connection_id) < 8:
         raise _missing("QuicConnection", "_peer_cid", "a client's first Initial connection ID")
+    protocol = _in_a_running_loop(lambda: QuicConnectionProtocol(client))
+    for attribute, why in _PROTOCOL_ATTRIBUTES:
+        if not hasattr(protocol, attribute):
+            raise _missing("QuicConnectionProtocol", attribute, why)
+    server = _in_a_running_loop(lambda: QuicServer(configuration=QuicConfiguration()))
+    if not hasattr(server, "_transport"):
+        raise _missing("QuicServer", "_transport", "a server's socket")
 
 
 _BUILDER_ATTRIBUTES = ("remaining_buffer_space", "remaining_flight_space", "start_frame")
@@ -113,6 +146,23 @@ def _check_builder() -> None:
     for attribute in _BUILDER_ATTRIBUTES:
         if not hasattr(QuicPacketBuilder, attribute):
             raise _missing("QuicPacketBuilder", attribute, "DATAGRAM frames without a length")
+
+
+def _in_a_running_loop(make: Callable[[], T]) -> T:
+    """``make()`` with an event loop running: aioquic's protocols take the running one."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        loop = asyncio.new_event_loop()
+
+        async def run() -> T:
+            return make()
+
+        try:
+            return loop.run_until_complete(run())
+        finally:
+            loop.close()
+    return make()
 
 
 # ----------------------------------------------------------------- accessors
@@ -242,3 +292,69 @@ def datagram_frames_without_length(connection: QuicConnection) -> None:
 def congestion_control(connection: QuicConnection) -> Any:
     """The connection's congestion controller (the pacer takes its rate from ours)."""
     return getattr(connection._loss, "_cc", None)
+
+
+def write_datagram_frame(
+    connection: QuicConnection, builder: QuicPacketBuilder, data: bytes, frame_type: QuicFrameType
+) -> bool:
+    """Write one DATAGRAM frame as ``connection`` does when it builds a packet."""
+    written: bool = connection._write_datagram_frame(
+        builder=builder, data=data, frame_type=frame_type
+    )
+    return written
+
+
+def stream_unsent_bytes(connection: QuicConnection, stream_id: int) -> int:
+    """The bytes a stream holds that its peer has not acknowledged (0 once it is gone)."""
+    stream = connection._streams.get(stream_id)
+    return 0 if stream is None else len(stream.sender._buffer)
+
+
+def pacer_datagram_size(pacer: QuicPacketPacer) -> int:
+    """The packet size a pacer paces, as its connection set it."""
+    size: int = pacer._max_datagram_size
+    return size
+
+
+# ------------------------------------------------------- protocols and servers
+
+
+def connection_of(protocol: QuicConnectionProtocol) -> QuicConnection:
+    """The connection a protocol drives."""
+    return protocol._quic
+
+
+def transport_of(endpoint: QuicConnectionProtocol | QuicServer) -> asyncio.DatagramTransport | None:
+    """The UDP transport of a protocol or server, once it has one."""
+    return endpoint._transport
+
+
+def process_events(protocol: QuicConnectionProtocol) -> None:
+    """Hand what the connection has to tell to ``protocol.quic_event_received``."""
+    protocol._process_events()
+
+
+def transmit_soon(protocol: QuicConnectionProtocol) -> None:
+    """Transmit at the next turn of the loop, once however often this is called."""
+    protocol._transmit_soon()
+
+
+def route_connection_ids(
+    protocol: QuicConnectionProtocol,
+    *,
+    issued: Callable[[bytes], None],
+    retired: Callable[[bytes], None],
+    terminated: Callable[[], None],
+) -> None:
+    """Tell a listener of ours each connection ID ``protocol`` issues or retires, and its
+    end: how aioquic's QuicServer routes datagrams to its protocols."""
+    protocol._connection_id_issued_handler = issued
+    protocol._connection_id_retired_handler = retired
+    protocol._connection_terminated_handler = terminated
+
+
+def stop_timer(protocol: QuicConnectionProtocol) -> None:
+    """Cancel the protocol's timer: it sends nothing more (in its closing period)."""
+    if protocol._timer is not None:
+        protocol._timer.cancel()
+        protocol._timer = None

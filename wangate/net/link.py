@@ -178,7 +178,7 @@ class PathLink(QuicConnectionProtocol):
         # aioquic transmits after every datagram; one turn of the loop may read dozens,
         # and one answer after all of them costs one pass instead of one each.
         self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-        self._process_events()
+        compat.process_events(self)
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
@@ -315,7 +315,7 @@ class PathLink(QuicConnectionProtocol):
         super().transmit()
 
     def transmit_soon(self) -> None:
-        self._transmit_soon()
+        compat.transmit_soon(self)
 
     def send_control(self, data: bytes) -> None:
         self._quic.send_stream_data(CONTROL_STREAM_ID, data)

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
 
-from aioquic._buffer import Buffer
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
@@ -85,6 +84,13 @@ def _ignore_cid(cid: bytes) -> None:
 
 def _ignore() -> None:
     pass
+
+
+def _unroute(protocol: QuicConnectionProtocol) -> None:
+    """Stop a protocol telling the listener of its connection IDs and its end."""
+    compat.route_connection_ids(
+        protocol, issued=_ignore_cid, retired=_ignore_cid, terminated=_ignore
+    )
 
 
 class PeerListener(asyncio.DatagramProtocol):
@@ -184,7 +190,7 @@ class PeerListener(asyncio.DatagramProtocol):
         """A new connection for a first Initial, or None (answered statelessly or dropped)."""
         try:
             header = pull_quic_header(
-                Buffer(data=data), host_cid_length=self._configuration.connection_id_length
+                compat.Buffer(data=data), host_cid_length=self._configuration.connection_id_length
             )
         except ValueError:
             self._drop()
@@ -235,9 +241,12 @@ class PeerListener(asyncio.DatagramProtocol):
         )
         protocol = self._create_protocol(connection)
         protocol.connection_made(cast(asyncio.BaseTransport, self._transport))
-        protocol._connection_id_issued_handler = partial(self._cid_issued, protocol=protocol)
-        protocol._connection_id_retired_handler = partial(self._cid_retired, protocol=protocol)
-        protocol._connection_terminated_handler = partial(self._terminated, protocol=protocol)
+        compat.route_connection_ids(
+            protocol,
+            issued=partial(self._cid_issued, protocol=protocol),
+            retired=partial(self._cid_retired, protocol=protocol),
+            terminated=partial(self._terminated, protocol=protocol),
+        )
         self._cids[protocol] = set()
         self._cid_issued(header.destination_cid, protocol)
         self._cid_issued(connection.host_cid, protocol)
@@ -295,7 +304,7 @@ class PeerListener(asyncio.DatagramProtocol):
         """After a half-open connection handled a datagram: authenticated, or refused?"""
         if self._is_established(protocol):
             self.admission.established(protocol)
-        elif compat.closing(protocol._quic):
+        elif compat.closing(compat.connection_of(protocol)):
             # refused (or failed) before authenticating: its close is on its way out
             # (sent by the protocol's own deferred transmit, if any), then nothing stays
             self.admission.closed(protocol)
@@ -327,13 +336,9 @@ class PeerListener(asyncio.DatagramProtocol):
         for cid in self._cids.pop(protocol, ()):
             self._by_cid.pop(cid, None)
         self.admission.closed(protocol)
-        if protocol._timer is not None:  # its closing period: nothing more to send
-            protocol._timer.cancel()
-            protocol._timer = None
+        compat.stop_timer(protocol)  # its closing period: nothing more to send
         # break the protocol -> listener cycle so refcounting frees it right away
-        protocol._connection_id_issued_handler = _ignore_cid
-        protocol._connection_id_retired_handler = _ignore_cid
-        protocol._connection_terminated_handler = _ignore
+        _unroute(protocol)
 
     def _cid_issued(self, cid: bytes, protocol: QuicConnectionProtocol) -> None:
         cids = self._cids.get(protocol)
@@ -351,9 +356,7 @@ class PeerListener(asyncio.DatagramProtocol):
         for cid in self._cids.pop(protocol, ()):
             self._by_cid.pop(cid, None)
         self.admission.closed(protocol)
-        protocol._connection_id_issued_handler = _ignore_cid
-        protocol._connection_id_retired_handler = _ignore_cid
-        protocol._connection_terminated_handler = _ignore
+        _unroute(protocol)
 
     # -------------------------------------------------------------- report
 

@@ -34,7 +34,7 @@ from typing import Protocol
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.recovery import K_MICRO_SECOND, K_SECOND, QuicPacketPacer
 
-from wangate.net.aioquic_compat import congestion_control, replace_pacer
+from wangate.net.aioquic_compat import congestion_control, pacer_datagram_size, replace_pacer
 
 BUCKET_DATAGRAMS = 16  # aioquic's bucket (CPU: datagrams per wake-up on fast short paths)
 BUCKET_SHORT_S = 0.004  # ... but no more than this much of a slow path's rate
@@ -71,7 +71,7 @@ class BurstablePacer(QuicPacketPacer):
             super().update_rate(congestion_window, smoothed_rtt)
             self.pacing_rate_bytes = congestion_window / max(smoothed_rtt, K_MICRO_SECOND)
             return
-        size = self._max_datagram_size
+        size = pacer_datagram_size(self)
         rate = max(rate, size / K_SECOND)
         self.pacing_rate_bytes = rate
         self.packet_time = max(K_MICRO_SECOND, min(size / rate, K_SECOND))
@@ -90,7 +90,7 @@ def install_burstable_pacer(connection: QuicConnection) -> BurstablePacer:
     source = controller if hasattr(controller, "pacing_rate_bytes") else None
 
     def burstable(old: QuicPacketPacer) -> BurstablePacer:
-        pacer = BurstablePacer(max_datagram_size=old._max_datagram_size, rate_source=source)
+        pacer = BurstablePacer(max_datagram_size=pacer_datagram_size(old), rate_source=source)
         pacer.bucket_max, pacer.bucket_time = old.bucket_max, old.bucket_time
         pacer.evaluation_time, pacer.packet_time = old.evaluation_time, old.packet_time
         return pacer

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from wangate.errors import GatewayError
+from wangate.errors import ErrorCode, GatewayError
 from wangate.shm import close_all
 from wangate.workers.channel import Channel
 
@@ -90,7 +90,9 @@ class WorkerHandle:
             )
         except OSError as exc:
             parent.close()
-            raise GatewayError(f"cannot start worker {self.index}: {exc}", code="startup") from None
+            raise GatewayError(
+                f"cannot start worker {self.index}: {exc}", code=ErrorCode.STARTUP
+            ) from None
         finally:
             child.close()
         self.generation += 1
@@ -149,7 +151,7 @@ class WorkerHandle:
                 GatewayError(
                     f"worker {self.index} exited while starting ({why}); its log lines above "
                     "say why",
-                    code="startup",
+                    code=ErrorCode.STARTUP,
                 )
             )
             self.ready.exception()  # retrieved: the coordinator may not be waiting yet

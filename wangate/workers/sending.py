@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from wangate.checksum import crc32, crc32_combine
 from wangate.core.message import MAX_META_BYTES, MessageHeader
-from wangate.errors import GatewayError, LocalProtocolError
+from wangate.errors import ErrorCode, GatewayError, LocalProtocolError
 from wangate.service import Submission
 from wangate.shm import SIZE_SEALS, new_segment, seal
 from wangate.workers.stripes import DESCRIPTOR_BYTES, stripe_ranges
@@ -88,12 +88,12 @@ def stage_payload(
     try:
         MessageHeader(submission.tag, submission.step, submission.critical, 0, meta).encode()
     except LocalProtocolError as exc:
-        raise GatewayError(str(exc), code="bad_request") from None
+        raise GatewayError(str(exc), code=ErrorCode.BAD_REQUEST) from None
     if len(meta) + DESCRIPTOR_BYTES > MAX_META_BYTES:
         raise GatewayError(
             f"tensor description over {MAX_META_BYTES - DESCRIPTOR_BYTES} bytes "
             "(with [workers], a stripe descriptor shares the limit)",
-            code="bad_request",
+            code=ErrorCode.BAD_REQUEST,
         )
     staged: list[tuple[int, int, int | None, int]] = []
     crc = zlib.crc32(meta)
@@ -115,7 +115,7 @@ def stage_payload(
         raise GatewayError(
             f"send {submission.tag!r} (step {submission.step}) to {submission.peer}: the "
             f"payload's checksum is {crc:08x}, the request declares {submission.checksum:08x}",
-            code="checksum",
+            code=ErrorCode.CHECKSUM,
         )
     return staged
 
