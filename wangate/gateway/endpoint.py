@@ -26,7 +26,12 @@ from wangate.config import Config, PathConfig
 from wangate.core.frames import Hello
 from wangate.errors import ErrorCode, GatewayError, LinkError
 from wangate.net.address import host_port
-from wangate.net.aioquic_compat import AioquicIncompatible, check_aioquic, client_connection
+from wangate.net.aioquic_compat import (
+    AioquicIncompatible,
+    check_aioquic,
+    client_connection,
+    connection_of,
+)
 from wangate.net.link import CLIENT_CID_BYTES, LocalSite, PathLink
 from wangate.net.listener import PeerListener, listen_for_peers
 from wangate.net.peer_driver import PeerDriver
@@ -231,7 +236,7 @@ class Endpoint:
 
     def _authenticate(self, link: PathLink) -> str:
         return authenticate_peer(
-            link.quic,
+            connection_of(link),
             ca_path=self.config.tls.ca,
             allowed_sites=self._drivers.keys(),
             expected_site=link.peer if link.dialed else None,

@@ -140,11 +140,6 @@ class PathLink(QuicConnectionProtocol):
         self.state = to
 
     @property
-    def quic(self) -> QuicConnection:
-        """The connection this link drives (for the certificate check)."""
-        return self._quic
-
-    @property
     def authenticated(self) -> bool:
         """Authenticated and not closed (the listener's test for an established link)."""
         return self.state in (LinkState.AUTHENTICATED, LinkState.UP)
