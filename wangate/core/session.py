@@ -30,10 +30,10 @@ from wangate.core.estimator import PathEstimator
 from wangate.core.events import (
     Event,
     MessageDelivered,
-    MessageFailed,
     MessageTaken,
     PathStateChanged,
     PeerStateChanged,
+    SendFailed,
 )
 from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
@@ -85,6 +85,7 @@ from wangate.core.scheduler import (
     SELECT_INTERVAL_S,
     PathScheduler,
 )
+from wangate.core.states import PATH_TRANSITIONS, PathStateKind, PeerStateKind, check_transition
 from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
@@ -117,23 +118,33 @@ class PathRecord:
     """Everything the session knows of one path, in one place.
 
     ``connected``: the shell reported the path's connection up (``path_up``) and not
-    since down; ``usable``: connected and not declared down by its own silence;
-    ``state``/``why``: what was last reported as ``PathStateChanged``.
+    since down; ``state``/``why``: what was last reported as ``PathStateChanged``.
     """
 
     sender: PathSender
     receiver: PathReceiver
     connected: bool = True
-    usable: bool = True
-    state: str = "up"  # up, degraded or down
+    state: PathStateKind = PathStateKind.UP
     why: str = "connected"
     probe_heard_at: float = -math.inf  # the peer's last keep-alive probe on this path
     credit_sent_at: float = -math.inf
 
     @property
+    def usable(self) -> bool:
+        """Not declared down: neither closed nor silent past its timeout."""
+        return self.state != PathStateKind.DOWN
+
+    @property
     def open(self) -> bool:
         """May carry data now."""
         return self.usable and self.connected
+
+    def move(self, name: str, state: PathStateKind, why: str) -> bool:
+        """The path is ``state`` for ``why`` from now on; whether that changes its state
+        (``PATH_TRANSITIONS``)."""
+        changed = check_transition(PATH_TRANSITIONS, self.state, state, f"path {name}")
+        self.state, self.why = state, why
+        return changed
 
 
 class PeerSession:
@@ -220,15 +231,14 @@ class PeerSession:
             self._paths[path] = record
         sender = record.sender
         sender.datagram_bytes = datagram_bytes
-        record.usable = record.connected = True
+        record.connected = True
         sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
         sender.estimator.on_heard(now)
         self._heard_peer(now)
         self._credit_dirty.add(path)
         self._route_dirty = True
-        if record.state == "down":
-            self._set_state(path, record, "up", "connected")
-        record.state, record.why = "up", "connected"
+        # a degraded path whose connection was replaced is not news
+        self._move_path(path, record, PathStateKind.UP, "connected", quiet=not record.usable)
         self._reselect(now)
 
     def path_down(self, path: str, now: float, reason: str) -> None:
@@ -238,10 +248,7 @@ class PeerSession:
             return
         self._gone(path, record, now)
         record.connected = False
-        if record.usable:
-            record.usable = False
-            self._events.append(PathStateChanged(path, "down", reason))
-        record.state, record.why = "down", reason
+        self._move_path(path, record, PathStateKind.DOWN, reason)
         # acks owed on the old connection die with it; the byte count carries on, and so
         # do the references the peer's truncated sequence numbers and stamps expand against
         old = record.receiver
@@ -261,18 +268,22 @@ class PeerSession:
         sender.estimator.forget_losses()
         self._replay += self._sent_frames.lost_with(path, now)
 
-    def _set_state(self, path: str, record: PathRecord, state: str, why: str) -> None:
-        """Report a change of ``path``'s state (nothing if it is unchanged)."""
-        if state != record.state:
+    def _move_path(
+        self, path: str, record: PathRecord, state: PathStateKind, why: str, *, quiet: bool = False
+    ) -> bool:
+        """Every change of a path's state: reported as ``PathStateChanged`` unless
+        ``quiet``; whether it changed."""
+        changed = record.move(path, state, why)
+        if changed and not quiet:
             self._events.append(PathStateChanged(path, state, why))
-        record.state, record.why = state, why
+        return changed
 
     def peer_restarted(self, now: float) -> None:
         """The peer came back as a new instance: it forgot everything in progress, and
         every message it held for its trainers is lost."""
         for message in self._queue.clear():
             self._events.append(
-                MessageFailed(
+                SendFailed(
                     message.msg_id,
                     f"peer {self.peer} restarted mid-message",
                     message.tag,
@@ -281,7 +292,7 @@ class PeerSession:
             )
         for msg_id, (tag, step) in self._held.items():
             self._events.append(
-                MessageFailed(
+                SendFailed(
                     msg_id,
                     f"peer {self.peer} restarted with it in its inbox, before a trainer took it",
                     tag,
@@ -309,49 +320,52 @@ class PeerSession:
         """How long nothing has been heard from the peer (since start if never)."""
         return self._liveness.silent_s(now)
 
-    def peer_state(self, now: float) -> tuple[str, str]:
+    def peer_state(self, now: float) -> tuple[PeerStateKind, str]:
         """(state, reason): the state is up, degraded, unreachable or restarted."""
-        self._query_liveness(now)
-        return self._liveness.state, self._liveness.reason(now, *self._paths_up())
+        state = self._judged_state(now)
+        return state, self._liveness.reason(now, *self._paths_up(), state)
 
     def _paths_up(self) -> tuple[int, int]:
-        up = sum(1 for record in self._paths.values() if record.open and record.state == "up")
+        up = sum(1 for r in self._paths.values() if r.connected and r.state == PathStateKind.UP)
         return up, max(self.configured_paths, len(self._paths))
 
     def _update_liveness(self, now: float) -> None:
         liveness = self._liveness
         paths = self._paths_up()
         state = liveness.classify(now, *paths)
-        if state == "unreachable" and not liveness.unreachable:
+        if state == PeerStateKind.UNREACHABLE and not liveness.unreachable:
             liveness.unreachable = True
             why = f"peer {self.peer} unreachable: {liveness.silence_reason(now)}"
             for message in self._queue.clear():
-                self._events.append(MessageFailed(message.msg_id, why, message.tag, message.step))
+                self._events.append(SendFailed(message.msg_id, why, message.tag, message.step))
             self._events.extend(self._outbox.fail_all(why))
-        if state != liveness.state:
-            liveness.state = state
+        if liveness.move(state):
             self._events.append(PeerStateChanged(state, liveness.reason(now, *paths)))
 
     def _heard_peer(self, now: float) -> None:
         if self._liveness.heard(now):
             self._update_liveness(now)  # back: traffic resumes by itself
 
-    def _query_liveness(self, now: float) -> None:
-        """The peer's state brought up to ``now`` for a question (send, status, paths),
-        unless our own timer is overdue or its work waits for a read: then the process
-        was held up, what the peer sent meanwhile may still wait unread, and the peer's
-        silence includes ours. Only the timer, after the read, judges it (LATE_TIMER_S)."""
+    def _held_up(self, now: float) -> bool:
+        """Whether our own timer is overdue or its work waits for a read: then the
+        process was held up, what the peer sent meanwhile may still wait unread, and the
+        peer's silence includes ours. Only the timer, after the read, judges the peer
+        then (LATE_TIMER_S)."""
         if self._recheck_at is not None:
-            return
-        if self._timer_at is not None and now - self._timer_at > LATE_TIMER_S:
-            return
-        self._update_liveness(now)
+            return True
+        return self._timer_at is not None and now - self._timer_at > LATE_TIMER_S
+
+    def _judged_state(self, now: float) -> PeerStateKind:
+        """The peer's state at ``now`` as the timer commits it, for a question (status,
+        paths, a send): nothing changes. While held up, the state last committed."""
+        if self._held_up(now):
+            return self._liveness.state
+        return self._liveness.classify(now, *self._paths_up())
 
     def check_reachable(self, now: float) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
-        self._query_liveness(now)
         liveness = self._liveness
-        if liveness.unreachable:
+        if self._judged_state(now) == PeerStateKind.UNREACHABLE:
             raise PeerUnreachable(
                 f"peer {self.peer} is unreachable: {liveness.silence_reason(now)} "
                 f"(limits.peer_dead_s = {liveness.peer_dead_s:g}); it fails until heard again"
@@ -359,6 +373,7 @@ class PeerSession:
 
     @property
     def unreachable(self) -> bool:
+        """Declared unreachable: its messages failed (by the timer, or a submit)."""
         return self._liveness.unreachable
 
     @property
@@ -396,6 +411,8 @@ class PeerSession:
             raise LocalProtocolError(
                 f"message of {size} bytes exceeds this gateway's limit of {self.max_message_bytes}"
             )
+        if not self._held_up(now):
+            self._update_liveness(now)  # an input: a peer found unreachable fails its messages
         self.check_reachable(now)
         msg_id = self._next_msg_id
         self._next_msg_id += 1
@@ -577,7 +594,7 @@ class PeerSession:
             self._events.append(change)
             self._route_dirty = True
             left = self._paths.get(change.previous or "")
-            if left is not None and left.sender.estimator.state(now).kind != "up":
+            if left is not None and left.sender.estimator.state(now).kind != PathStateKind.UP:
                 self._rescue_critical(left)
         self._adapt_coding(open_paths)
 
@@ -716,10 +733,8 @@ class PeerSession:
         self._heard_peer(now)
         record.sender.estimator.on_heard(now)
         if not record.usable and record.connected:
-            record.usable = True
             record.sender.back_at = now
-            self._events.append(PathStateChanged(path, "up", "heard again"))
-            record.state, record.why = "up", "heard again"
+            self._move_path(path, record, PathStateKind.UP, "heard again")
 
     def handle_control(self, path: str, frame: ControlFrame, now: float) -> None:
         """One control frame from the peer on ``path``'s stream, dispatched by its type;
@@ -766,7 +781,7 @@ class PeerSession:
         dropped = self._queue.drop(frame.msg_id)
         if dropped is not None:
             self._events.append(
-                MessageFailed(
+                SendFailed(
                     frame.msg_id,
                     f"peer {self.peer} rejected it: {frame.reason}",
                     dropped.tag,
@@ -910,11 +925,10 @@ class PeerSession:
             if not record.connected:
                 continue
             state = sender.estimator.state(now)
-            if record.usable and state.kind == "down":
-                record.usable = False
+            went_down = record.usable and state.kind == PathStateKind.DOWN
+            changed |= self._move_path(name, record, state.kind, state.reason)
+            if went_down:
                 self._gone(name, record, now)
-            changed |= state.kind != record.state
-            self._set_state(name, record, state.kind, state.reason)
         if changed or now >= self._scheduler.next_select_at:
             self._reselect(now)
         if now >= self._done_check_at:
@@ -946,16 +960,16 @@ class PeerSession:
         row["last_switch_reason"] = None if change is None else change.reason
         # A silent peer's paths are not "up" while the path's own timeout runs (it is
         # generous so a busy host does not flap): they follow the peer's silence.
-        self._query_liveness(now)
+        peer_state = self._judged_state(now)
         heard_at = sender.estimator.last_heard_at
         silent_s = math.inf if heard_at is None else now - heard_at
-        if self._liveness.unreachable:
-            row["state"] = "down"
+        if peer_state == PeerStateKind.UNREACHABLE:
+            row["state"] = PathStateKind.DOWN
             row["state_reason"] = f"peer unreachable: {self._liveness.silence_reason(now)}"
-        elif silent_s > PEER_QUIET_S and row.get("state") == "up":
-            row["state"] = "degraded"
+        elif silent_s > PEER_QUIET_S and row.get("state") == PathStateKind.UP:
+            row["state"] = PathStateKind.DEGRADED
             row["state_reason"] = f"silent for {silent_s:.1f} s"
-        row["peer_state"] = self._liveness.state
+        row["peer_state"] = peer_state
         return row
 
     @property

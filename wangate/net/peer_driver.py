@@ -32,16 +32,16 @@ from wangate.core.buffer import Buffer
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
-    MessageFailed,
     MessageProgress,
     MessageReceived,
     MessageTaken,
     PathStateChanged,
     PeerStateChanged,
+    RouteChanged,
+    SendFailed,
 )
 from wangate.core.frames import ControlFrame, Hello
 from wangate.core.message import MessageHeader
-from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError
 from wangate.localapi.inbox import Inbox
@@ -283,7 +283,7 @@ class PeerDriver:
 
     def drain_events(self) -> None:
         session = self.session
-        failed: list[MessageFailed] = []
+        failed: list[SendFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
                 if self._streams is not None and self._streams.completed(self.peer, event.msg_id):
@@ -298,7 +298,7 @@ class PeerDriver:
                 self.backlog_freed.set()
                 if self._on_acked is not None:
                     self._on_acked(event.msg_id)
-            elif isinstance(event, MessageFailed):
+            elif isinstance(event, SendFailed):
                 failed.append(event)
                 self.failures.append(
                     {
@@ -378,14 +378,14 @@ class PeerDriver:
             self._redelivery = None
 
 
-def _failure_text(peer: str, event: MessageFailed) -> str:
+def _failure_text(peer: str, event: SendFailed) -> str:
     return (
         f"message {event.msg_id} (tag {event.tag!r}, step {event.step}) to {peer} failed: "
         f"{event.reason}"
     )
 
 
-def _log_failures(peer: str, failed: list[MessageFailed]) -> None:
+def _log_failures(peer: str, failed: list[SendFailed]) -> None:
     """One line per burst: a dead peer fails hundreds of messages at once."""
     if len(failed) == 1:
         log.warning("%s", _failure_text(peer, failed[0]))
