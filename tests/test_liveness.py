@@ -8,9 +8,9 @@ import pytest
 from tests.fakelink import LinkProfile, SimulatedPair, make_header
 from wangate.core.events import (
     MessageDelivered,
-    MessageFailed,
     MessageTaken,
     PeerStateChanged,
+    SendFailed,
 )
 from wangate.core.frames import MessagesTaken
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
@@ -44,7 +44,7 @@ def test_a_silent_peer_goes_degraded_then_unreachable_and_comes_back() -> None:
     rows = [bj.path_snapshot(p, pair.now) for p in PATHS]
     assert [r["peer_state"] for r in rows] == ["degraded", "degraded"]
     assert all(r["state"] in ("degraded", "down") for r in rows)  # never "up" while silent
-    assert pair.events_of("bj", MessageFailed) == []
+    assert pair.events_of("bj", SendFailed) == []
 
     pair.run_for(DEFAULT_PEER_DEAD_S)
     changes = [
@@ -60,7 +60,7 @@ def test_a_silent_peer_goes_degraded_then_unreachable_and_comes_back() -> None:
     )
     heard_for_s = declared_at - silent_from
     assert DEFAULT_PEER_DEAD_S - 0.1 <= heard_for_s <= DEFAULT_PEER_DEAD_S
-    failed = pair.events_of("bj", MessageFailed)
+    failed = pair.events_of("bj", SendFailed)
     assert [(f.msg_id, f.tag, f.step) for f in failed] == [
         (pending, "grad", 7),
         (waiting, "grad", 8),
@@ -127,10 +127,10 @@ def test_done_messages_are_held_until_taken_and_fail_when_the_peer_restarts() ->
 
     pair.restart("sh")
     pair.run_for(0.2)
-    failed = pair.events_of("bj", MessageFailed)
+    failed = pair.events_of("bj", SendFailed)
     assert failed == [
-        MessageFailed(ids[0], RESTART_REASON, "w", 0),
-        MessageFailed(ids[2], RESTART_REASON, "w", 2),
+        SendFailed(ids[0], RESTART_REASON, "w", 0),
+        SendFailed(ids[2], RESTART_REASON, "w", 2),
     ]
     assert [bj.message_state(i) for i in ids] == [None, None, None]
     assert bj.liveness(pair.now)["messages_held"] == 0

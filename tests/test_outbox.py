@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from wangate.core.events import MessageFailed
+from wangate.core.events import SendFailed
 from wangate.core.outbound import OutboundMessage
 from wangate.core.outbox import Outbox
 
@@ -40,7 +40,7 @@ def test_a_message_over_the_peers_limit_fails_at_once() -> None:
     box.grant(10_000)
     started, failed = box.admit()
     assert [m.msg_id for m in started] == [2]
-    assert failed == [MessageFailed(1, "message of 501 bytes exceeds peer sh's limit of 500")]
+    assert failed == [SendFailed(1, "message of 501 bytes exceeds peer sh's limit of 500")]
 
 
 def test_deadlines_fail_waiting_and_started_messages_but_not_finished_ones() -> None:
@@ -58,7 +58,7 @@ def test_deadlines_fail_waiting_and_started_messages_but_not_finished_ones() -> 
     assert box.expire(10.19, in_flight, given_up.append) == []
     (failure,) = box.expire(10.2, in_flight, given_up.append)
     assert given_up == [2]
-    assert failure == MessageFailed(
+    assert failure == SendFailed(
         2, "deadline of 0.2 s passed before sh confirmed it (40 of 100 bytes acknowledged)"
     )
     del in_flight[2]

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wangate.core.estimator import PathEstimator, PathStateKind
+from wangate.core.estimator import PathEstimator
 from wangate.core.placement import BulkPathView, bulk_view, earliest_finish_s
+from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
 

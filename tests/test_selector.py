@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wangate.core.estimator import PathEstimator, PathStateKind
-from wangate.core.selector import CriticalPathSelector, PathView, RouteChanged, critical_view
+from wangate.core.estimator import PathEstimator
+from wangate.core.events import RouteChanged
+from wangate.core.selector import CriticalPathSelector, PathView, critical_view
+from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
 TICK_S = 0.01  # the transport updates the selector every 10 ms in these traces

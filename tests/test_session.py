@@ -27,9 +27,10 @@ from tests.fakelink import (
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
-    MessageFailed,
     MessageTaken,
     PathStateChanged,
+    RouteChanged,
+    SendFailed,
 )
 from wangate.core.frames import (
     DGRAM_REPAIR,
@@ -46,7 +47,6 @@ from wangate.core.frames import (
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.paths import MIN_RTO_S
-from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
@@ -91,7 +91,7 @@ def assert_exactly_once_intact(pair: SimulatedPair, site: str, sent: Sent) -> No
         assert pair.received[peer][msg_id] == (header, payload)
     delivered = [e.msg_id for e in pair.events_of(site, MessageDelivered)]
     assert sorted(delivered) == sorted(sent)
-    assert pair.events_of(site, MessageFailed) == []
+    assert pair.events_of(site, SendFailed) == []
     assert pair.events_of(peer, MessageDropped) == []
 
 
@@ -366,7 +366,7 @@ def test_every_path_blackholed_for_seconds_then_back_loses_nothing() -> None:
     pair.run_for(3.0)
     for site in SITES:
         assert {e.path for e in pair.events_of(site, PathStateChanged)} == {"a", "b"}
-    assert pair.events_of("bj", MessageFailed) == []
+    assert pair.events_of("bj", SendFailed) == []
     for name in pair.paths:
         pair.set_silent(name, False)
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=30)
@@ -439,8 +439,8 @@ def test_message_over_the_peers_limit_fails_without_touching_the_wire() -> None:
     pair.sessions["bj"].set_peer_limits(5_000)
     payload = bytes(6_000)
     msg_id = pair.submit("bj", make_header("big", payload), payload)
-    assert [e.msg_id for e in pair.events_of("bj", MessageFailed)] == [msg_id]
-    assert "exceeds peer sh's limit of 5000" in pair.events_of("bj", MessageFailed)[0].reason
+    assert [e.msg_id for e in pair.events_of("bj", SendFailed)] == [msg_id]
+    assert "exceeds peer sh's limit of 5000" in pair.events_of("bj", SendFailed)[0].reason
     sent = send_many(pair, "bj", [4_000], seed=2)
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=5)
     assert msg_id not in pair.wire["bj"].payload_sent
@@ -454,10 +454,10 @@ def test_bad_checksum_is_dropped_by_the_receiver_and_fails_at_the_sender() -> No
     bad_id = pair.submit("bj", bad, payload)
     sent = send_many(pair, "bj", [30_000], seed=1)
     assert pair.run_until(
-        lambda: all_done(pair, "bj", sent) and bool(pair.events_of("bj", MessageFailed)),
+        lambda: all_done(pair, "bj", sent) and bool(pair.events_of("bj", SendFailed)),
         max_time_s=10,
     )
-    (failed,) = pair.events_of("bj", MessageFailed)
+    (failed,) = pair.events_of("bj", SendFailed)
     assert failed.msg_id == bad_id and "rejected" in failed.reason and "checksum" in failed.reason
     (dropped,) = pair.events_of("sh", MessageDropped)
     assert dropped.msg_id == bad_id
@@ -485,7 +485,7 @@ def test_peer_restart_fails_messages_in_progress_and_later_ones_go_through() -> 
     assert not pair.received["sh"]
     assert set(waiting).isdisjoint(pair.wire["bj"].payload_sent)
     pair.restart("sh")
-    failed = pair.events_of("bj", MessageFailed)
+    failed = pair.events_of("bj", SendFailed)
     assert [e.msg_id for e in failed] == list(in_progress)
     assert "restarted" in failed[0].reason
     after = send_many(pair, "bj", [10_000, 1 << 20], seed=3)
@@ -756,9 +756,9 @@ def test_a_message_past_its_deadline_fails_once_and_is_no_longer_sent() -> None:
     submitted = pair.now
     header = make_header("g", payload)
     msg_id = session.submit(header, payload, pair.now, deadline_at=pair.now + 0.5)
-    pair.run_until(lambda: bool(pair.events_of("bj", MessageFailed)), 2.0)
+    pair.run_until(lambda: bool(pair.events_of("bj", SendFailed)), 2.0)
     (failed_at, failure), *rest = [
-        (t, e) for t, e in pair.events["bj"] if isinstance(e, MessageFailed)
+        (t, e) for t, e in pair.events["bj"] if isinstance(e, SendFailed)
     ]
     assert rest == [] and failure.msg_id == msg_id
     assert submitted + 0.5 <= failed_at < submitted + 0.5 + 0.01
@@ -787,7 +787,7 @@ def test_a_deadline_also_ends_a_message_still_waiting_for_credit() -> None:
         make_header("late", payload), payload, pair.now, deadline_at=pair.now + 0.3
     )
     pair.run_for(1.0)
-    (failure,) = pair.events_of("bj", MessageFailed)
+    (failure,) = pair.events_of("bj", SendFailed)
     assert failure.msg_id == msg_id and "(0 of " in failure.reason
     assert pair.sessions["bj"].status()["messages_waiting"] == 0
 
@@ -800,7 +800,7 @@ def test_a_message_confirmed_in_time_does_not_fail() -> None:
     )
     assert pair.run_until(lambda: msg_id in pair.received["sh"], 1.5)
     pair.run_for(3.0)
-    assert pair.events_of("bj", MessageFailed) == []
+    assert pair.events_of("bj", SendFailed) == []
 
 
 def test_an_abandoned_message_expires_at_the_receiver_and_its_credit_comes_back() -> None:
@@ -814,8 +814,8 @@ def test_an_abandoned_message_expires_at_the_receiver_and_its_credit_comes_back(
     first_id = bj.submit(make_header("a", first), first, pair.now, deadline_at=pair.now + 0.5)
     second_id = pair.submit("bj", make_header("b", second), second)  # waits for credit
     abandoned_at = pair.now + 0.5
-    pair.run_until(lambda: bool(pair.events_of("bj", MessageFailed)), 1.0)
-    assert [e.msg_id for e in pair.events_of("bj", MessageFailed)] == [first_id]
+    pair.run_until(lambda: bool(pair.events_of("bj", SendFailed)), 1.0)
+    assert [e.msg_id for e in pair.events_of("bj", SendFailed)] == [first_id]
     pair.run_for(55.0)
     assert second_id not in pair.received["sh"]  # the partial first still holds the window
     assert pair.run_until(lambda: second_id in pair.received["sh"], 20.0)
@@ -823,7 +823,7 @@ def test_an_abandoned_message_expires_at_the_receiver_and_its_credit_comes_back(
     (dropped,) = pair.events_of("sh", MessageDropped)
     assert dropped.msg_id == first_id and "no data for 60 s" in dropped.reason
     assert abandoned_at + 60.0 <= pair.now < abandoned_at + 60.0 + 3.0
-    assert [e.msg_id for e in pair.events_of("bj", MessageFailed)] == [first_id]
+    assert [e.msg_id for e in pair.events_of("bj", SendFailed)] == [first_id]
 
 
 def test_a_route_back_from_a_blackhole_is_timed_by_fresh_acks_and_taken_again() -> None:

@@ -10,15 +10,11 @@ from dataclasses import replace
 import pytest
 
 from tests.fakelink import LinkProfile, SimulatedPair, make_header
+from wangate.core.control import CREDIT_REFRESH_S
 from wangate.core.events import PathStateChanged, PeerStateChanged
 from wangate.core.frames import ControlStreamDecoder, Credit, ProbeDatagram, decode_datagram
 from wangate.core.scheduler import IDLE_SELECT_INTERVAL_S, SELECT_INTERVAL_S
-from wangate.core.session import (
-    ANSWERED_PROBE_INTERVAL_S,
-    ANSWERED_PROBE_WAIT_S,
-    CREDIT_REFRESH_S,
-    PROBE_INTERVAL_S,
-)
+from wangate.core.sending import ANSWERED_PROBE_INTERVAL_S, ANSWERED_PROBE_WAIT_S, PROBE_INTERVAL_S
 
 DELAY_S = 0.010
 CLEAN = LinkProfile(delay_s=DELAY_S)

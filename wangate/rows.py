@@ -4,7 +4,8 @@ Defined once here and read everywhere: the daemon builds them, the local API sen
 their ``to_dict()`` (``wangate paths --json`` rows and the ``status`` map, keys in
 proto/localapi.md), the CLI and the demo print them (``wangate.views``), metrics expose
 them (``wangate.metrics``), collectives weigh sites by them. Plain data: no imports
-beyond the standard library, so every layer may use it.
+beyond the standard library, the errors and the states (``wangate.core.states``, which
+imports nothing else), so every layer may use it.
 
 ``from_dict`` reads what a gateway sent: the keys it needs must be there with the
 right types (an error names the key), keys it does not know are ignored, so a newer
@@ -16,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.errors import RemoteProtocolError
 
-PathStateName = Literal["up", "degraded", "down"]
-PeerStateName = Literal["up", "degraded", "unreachable", "restarted"]
-PATH_STATES: tuple[PathStateName, ...] = ("up", "degraded", "down")
-PEER_STATES: tuple[PeerStateName, ...] = ("up", "degraded", "unreachable", "restarted")
+# every state in order, one metric label each
+PATH_STATES = tuple(PathStateKind)
+PEER_STATES = tuple(PeerStateKind)
 PATH_ROLES = ("critical", "backup", "bulk")
 
 
@@ -39,7 +40,7 @@ class PathRow:
     path: str
     local: str  # "IP:PORT" bound, or the configured bind address ("*": any) while down
     remote: str  # "IP:PORT", or "(peer dials)" for a path only the peer dials
-    state: PathStateName
+    state: PathStateKind
     state_reason: str  # why the state is what it is ("ok" when up)
     srtt_ms: float | None  # smoothed RTT (RFC 9002 5.3)
     min_rtt_ms: float | None  # minimum RTT over the last 10 s
@@ -50,7 +51,7 @@ class PathRow:
     sent_bytes: int
     recv_bytes: int
     role: str  # for our sends: critical, backup or bulk
-    peer_state: PeerStateName
+    peer_state: PeerStateKind
     rtt_p99_ms: float | None = None
     inflight_bytes: int | None = None
     acked_bytes: int | None = None
@@ -66,12 +67,18 @@ class PathRow:
 
     @classmethod
     def not_connected(
-        cls, peer: str, path: str, local: str, remote: str, peer_state: str = "up"
+        cls,
+        peer: str,
+        path: str,
+        local: str,
+        remote: str,
+        peer_state: PeerStateKind = PeerStateKind.UP,
     ) -> PathRow:
         """A path that has never had a connection: nothing measured yet."""
         return cls.from_dict(
             {
-                "peer": peer, "path": path, "local": local, "remote": remote, "state": "down",
+                "peer": peer, "path": path, "local": local, "remote": remote,
+                "state": PathStateKind.DOWN,
                 "state_reason": "not connected", "srtt_ms": None, "min_rtt_ms": None,
                 "jitter_ms": None, "loss": None, "loss_samples": 0, "rate_mbps": None,
                 "sent_bytes": 0, "recv_bytes": 0, "role": "bulk", "peer_state": peer_state,
@@ -101,7 +108,7 @@ class PathRow:
 class PeerStatus:
     """One peer as ``status`` shows it (proto/delivery.md for the states)."""
 
-    state: PeerStateName
+    state: PeerStateKind
     state_reason: str
     silent_s: float  # since anything was heard from the peer
     messages_held: int  # done, but no trainer there took them yet
@@ -192,6 +199,12 @@ _CHECKS: dict[str, tuple[type, ...]] = {
 }
 
 
+_STATE_KINDS: dict[str, type[PathStateKind] | type[PeerStateKind]] = {
+    "PathStateKind": PathStateKind,
+    "PeerStateKind": PeerStateKind,
+}
+
+
 def _from_dict(cls: type[_T], row: Mapping[str, Any], what: str) -> _T:
     if not isinstance(row, Mapping):
         raise RemoteProtocolError(f"{what} must be a map, not {type(row).__name__}")
@@ -211,11 +224,12 @@ def _checked(name: str, annotation: str, value: Any, what: str) -> Any:
     base = annotation.removesuffix(" | None")
     if value is None and optional:
         return None
-    if base.startswith(("PathStateName", "PeerStateName")):
-        allowed = PATH_STATES if base == "PathStateName" else PEER_STATES
+    kind = _STATE_KINDS.get(base)
+    if kind is not None:
+        allowed = tuple(state.value for state in kind)
         if value not in allowed:
             raise RemoteProtocolError(f"{what}: {name!r} is {value!r}, not one of {allowed}")
-        return value
+        return kind(value)
     if base.startswith("tuple"):
         if not isinstance(value, list | tuple):
             raise RemoteProtocolError(f"{what}: {name!r} must be a list")

@@ -77,8 +77,8 @@ class HandshakeAdmission(Generic[Key]):
         # insertion order is deadline order: every entry gets the same timeout
         self._deadlines: dict[Key, tuple[str, float]] = {}
         self._per_source: dict[str, int] = {}  # no zero entries: bounded by max_half_open
-        self._strangers = TokenBucket(limits.responses_per_s, limits.response_burst, now)
-        self._known_bucket = TokenBucket(
+        self._strangers = _TokenBucket(limits.responses_per_s, limits.response_burst, now)
+        self._known_bucket = _TokenBucket(
             limits.known_responses_per_s, limits.known_response_burst, now
         )
         self._known: OrderedDict[str, None] = OrderedDict()  # least recently seen first
@@ -184,7 +184,7 @@ class HandshakeAdmission(Generic[Key]):
         return False
 
 
-class TokenBucket:
+class _TokenBucket:
     def __init__(self, rate_per_s: float, burst: int, now: float) -> None:
         self.rate_per_s = rate_per_s
         self.burst = float(burst)

@@ -33,16 +33,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
 
 from wangate.core.capacity import CapacityFilter
+from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
 _DELIVERED, _LOST, _BURST_LOST = 0, 1, 2
 # Random loss of a few percent seldom loses 3 in a row (2 % loss: 1 run in 2500 losses).
 FEC_BURST_LOSSES = 3
-
-PathStateKind = Literal["up", "degraded", "down"]
 
 
 @dataclass(frozen=True)
@@ -378,15 +376,17 @@ class PathEstimator:
 
     def state(self, now: float) -> PathState:
         if self._last_heard_at is None:
-            return PathState("down", "never heard from peer")
+            return PathState(PathStateKind.DOWN, "never heard from peer")
         silent_s = now - self._last_heard_at
         if silent_s > self.silence_timeout_s():
-            return PathState("down", f"silent for {silent_s:.3g} s")
+            return PathState(PathStateKind.DOWN, f"silent for {silent_s:.3g} s")
         if self._consecutive_losses >= self._burst_losses:
-            return PathState("degraded", f"loss burst: {self._consecutive_losses} in a row")
+            return PathState(
+                PathStateKind.DEGRADED, f"loss burst: {self._consecutive_losses} in a row"
+            )
         if self.loss_samples >= self._min_loss_samples and self.loss_rate > self._loss_degraded:
             return PathState(
-                "degraded",
+                PathStateKind.DEGRADED,
                 f"loss {self.loss_rate * 100:.1f}% > {self._loss_degraded * 100:g}%"
                 f" over {self.loss_samples} datagrams",
             )
@@ -399,9 +399,10 @@ class PathEstimator:
                 else:
                     what = f"the {base * 1e3:.0f} ms floor (min {min_rtt * 1e3:.1f} ms)"
                 return PathState(
-                    "degraded", f"srtt {srtt * 1e3:.0f} ms > {self._rtt_degraded_factor:g}x {what}"
+                    PathStateKind.DEGRADED,
+                    f"srtt {srtt * 1e3:.0f} ms > {self._rtt_degraded_factor:g}x {what}",
                 )
-        return PathState("up", "ok")
+        return PathState(PathStateKind.UP, "ok")
 
     def expected_delivery_s(self, size_bytes: int, queued_bytes: int, now: float) -> float:
         """When ``size_bytes`` sent behind ``queued_bytes`` would arrive, from now.

@@ -1,11 +1,12 @@
-"""Events a ``PeerSession`` hands to the daemon (pulled with ``next_event()``)."""
+"""Events a ``PeerSession`` hands to the daemon (pulled with ``next_event()``): every
+event of the core is here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from wangate.core.message import MessageHeader
-from wangate.core.selector import RouteChanged
+from wangate.core.states import PathStateKind, PeerStateKind
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,9 @@ class MessageDelivered:
 
 
 @dataclass(frozen=True)
-class MessageFailed:
-    """One of our messages cannot be delivered; the reason says why."""
+class SendFailed:
+    """One of our messages cannot be delivered; the reason says why. (The trainer
+    waiting on it is told with ``wangate.errors.MessageFailed``.)"""
 
     msg_id: int
     reason: str
@@ -61,7 +63,7 @@ class MessageTaken:
 class PeerStateChanged:
     """The peer's liveness changed: up, degraded, unreachable or restarted."""
 
-    state: str
+    state: PeerStateKind
     reason: str
 
 
@@ -77,18 +79,28 @@ class MessageDropped:
 @dataclass(frozen=True)
 class PathStateChanged:
     path: str
-    state: str
+    state: PathStateKind
     reason: str
+
+
+@dataclass(frozen=True)
+class RouteChanged:
+    """The critical route moved (``CriticalPathSelector.update``)."""
+
+    previous: str | None
+    current: str | None
+    reason: str
+    at: float
 
 
 Event = (
     MessageReceived
     | MessageProgress
     | MessageDelivered
-    | MessageFailed
+    | SendFailed
     | MessageTaken
     | MessageDropped
     | PeerStateChanged
     | PathStateChanged
-    | RouteChanged  # the critical route moved (wangate.core.selector)
+    | RouteChanged
 )

@@ -19,7 +19,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from wangate.core.events import MessageFailed
+from wangate.core.events import SendFailed
 from wangate.core.outbound import OutboundMessage
 
 
@@ -54,17 +54,17 @@ class Outbox:
         self.granted_bytes = 0
         self.started_bytes = 0
 
-    def admit(self) -> tuple[list[OutboundMessage], list[MessageFailed]]:
+    def admit(self) -> tuple[list[OutboundMessage], list[SendFailed]]:
         """The messages that may start now, in order, and those that never can."""
         started: list[OutboundMessage] = []
-        failed: list[MessageFailed] = []
+        failed: list[SendFailed] = []
         limit = self.peer_max_message
         while self.waiting:
             message = self.waiting[0]
             if limit is not None and message.body_len > limit:
                 self.waiting.popleft()
                 failed.append(
-                    MessageFailed(
+                    SendFailed(
                         message.msg_id,
                         f"message of {message.body_len} bytes exceeds peer {self.peer}'s "
                         f"limit of {limit}",
@@ -81,9 +81,9 @@ class Outbox:
             started.append(message)
         return started, failed
 
-    def fail_all(self, reason: str) -> list[MessageFailed]:
+    def fail_all(self, reason: str) -> list[SendFailed]:
         """Give up every message still waiting for credit."""
-        failed = [MessageFailed(m.msg_id, reason, m.tag, m.step) for m in self.waiting]
+        failed = [SendFailed(m.msg_id, reason, m.tag, m.step) for m in self.waiting]
         self.waiting.clear()
         return failed
 
@@ -107,10 +107,10 @@ class Outbox:
         now: float,
         sending: Mapping[int, OutboundMessage],
         give_up: Callable[[int], object],
-    ) -> list[MessageFailed]:
+    ) -> list[SendFailed]:
         """Fail every pending message whose deadline passed; ``give_up(msg_id)`` stops
         sending one that had started."""
-        failed: list[MessageFailed] = []
+        failed: list[SendFailed] = []
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             deadline_at, msg_id, message = heapq.heappop(heap)
@@ -122,7 +122,7 @@ class Outbox:
                 give_up(msg_id)
             acked = message.acked.covered_bytes(0, message.body_len)
             failed.append(
-                MessageFailed(
+                SendFailed(
                     msg_id,
                     f"deadline of {deadline_at - message.started_at:.3g} s passed before "
                     f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)",

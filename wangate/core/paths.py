@@ -1,4 +1,5 @@
-"""Per-path transport state: what we sent and await acks for, what we received and owe acks.
+"""Per-path transport state: what we sent and await acks for, what we received and owe acks,
+and the session's record of each path (``PathRecord``: connected, its state).
 
 Loss detection follows RFC 9002 §6.1 on our own per-path sequence numbers: a datagram
 is lost when one sent at least ``PACKET_THRESHOLD`` later was acknowledged, or when it
@@ -19,11 +20,13 @@ its floor to that lateness (Eifel/F-RTO in spirit, RFC 3522/5682) and let it dec
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.frames import MAX_ACK_RANGES, STAMP_BITS, STAMP_UNIT_S, Ack, expand
 from wangate.core.rangeset import RangeSet
+from wangate.core.states import PATH_TRANSITIONS, PathStateKind, check_transition
 
 PACKET_THRESHOLD = 3  # RFC 9002 §6.1.1
 TIME_THRESHOLD = 9 / 8  # RFC 9002 §6.1.2
@@ -281,3 +284,37 @@ class PathReceiver:
             self.ack_due_at = None
         delay_us = int(max(0.0, now - self.newest_received_at) * 1e6)
         return Ack(self.newest_stamp, delay_us, tuple(ranges))
+
+
+@dataclass
+class PathRecord:
+    """Everything the session knows of one path, in one place.
+
+    ``connected``: the shell reported the path's connection up (``path_up``) and not
+    since down; ``state``/``why``: what was last reported as ``PathStateChanged``.
+    """
+
+    sender: PathSender
+    receiver: PathReceiver
+    connected: bool = True
+    state: PathStateKind = PathStateKind.UP
+    why: str = "connected"
+    probe_heard_at: float = -math.inf  # the peer's last keep-alive probe on this path
+    credit_sent_at: float = -math.inf
+
+    @property
+    def usable(self) -> bool:
+        """Not declared down: neither closed nor silent past its timeout."""
+        return self.state != PathStateKind.DOWN
+
+    @property
+    def open(self) -> bool:
+        """May carry data now."""
+        return self.usable and self.connected
+
+    def move(self, name: str, state: PathStateKind, why: str) -> bool:
+        """The path is ``state`` for ``why`` from now on; whether that changes its state
+        (``PATH_TRANSITIONS``)."""
+        changed = check_transition(PATH_TRANSITIONS, self.state, state, f"path {name}")
+        self.state, self.why = state, why
+        return changed

@@ -17,7 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wangate.core.estimator import PathEstimator, PathStateKind
+from wangate.core.estimator import PathEstimator
+from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
 
@@ -63,7 +64,7 @@ def _usable(paths: Sequence[BulkPathView]) -> list[BulkPathView]:
     names = [p.name for p in paths]
     if len(set(names)) != len(names):
         raise LocalProtocolError(f"path names are not unique: {names}")
-    return [p for p in paths if p.state != "down" and 0 < p.rate_bps < math.inf]
+    return [p for p in paths if p.state != PathStateKind.DOWN and 0 < p.rate_bps < math.inf]
 
 
 def earliest_finish_s(paths: Sequence[BulkPathView], total_bytes: int) -> float:

@@ -19,9 +19,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from wangate.core.estimator import PathEstimator
+from wangate.core.events import RouteChanged
 from wangate.core.outbound import Piece
 from wangate.core.placement import bulk_view, earliest_finish_s
-from wangate.core.selector import CriticalPathSelector, PathView, RouteChanged, critical_view
+from wangate.core.selector import CriticalPathSelector, PathView, critical_view
+from wangate.core.states import PathStateKind
 
 SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered while it is used
 # ... and while no critical data flows (a bulk worker never has any): the route then only
@@ -61,7 +63,7 @@ class PathScheduler:
         for name, estimator in estimators.items():
             view = critical_view(estimator, now, size_bytes=CRITICAL_PROBE_BYTES)
             if name not in open_paths:
-                view = PathView(math.inf, "down", view.loss_rate, "not connected")
+                view = PathView(math.inf, PathStateKind.DOWN, view.loss_rate, "not connected")
             views[name] = view
         change = self.selector.update(now, views)
         if change is not None:

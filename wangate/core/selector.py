@@ -36,7 +36,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from wangate.core.estimator import PathEstimator, PathStateKind
+from wangate.core.estimator import PathEstimator
+from wangate.core.events import RouteChanged
+from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
 SHARP_LOSS_RATE = 0.02  # a degraded route losing this much moves even to a slower path
@@ -54,14 +56,6 @@ class PathView:
     state: PathStateKind
     loss_rate: float = 0.0
     state_reason: str = ""
-
-
-@dataclass(frozen=True)
-class RouteChanged:
-    previous: str | None
-    current: str | None
-    reason: str
-    at: float
 
 
 def critical_view(
@@ -83,7 +77,7 @@ def _delivery_s(view: PathView) -> float:
 
 
 def _rank(name: str, view: PathView) -> tuple[int, float, str]:
-    return (0 if view.state == "up" else 1, _delivery_s(view), name)
+    return (0 if view.state == PathStateKind.UP else 1, _delivery_s(view), name)
 
 
 def _state_text(view: PathView) -> str:
@@ -159,7 +153,7 @@ class CriticalPathSelector:
     def update(self, now: float, candidates: Mapping[str, PathView]) -> RouteChanged | None:
         self._views = dict(candidates)
         for name, view in candidates.items():
-            if view.state == "down":
+            if view.state == PathStateKind.DOWN:
                 self._probes_ok[name] = 0  # must validate again when it comes back
         usable = self._usable()
         current = self._current
@@ -183,8 +177,10 @@ class CriticalPathSelector:
 
         current_view = usable[current]
         sharp = current_view.loss_rate >= SHARP_LOSS_RATE
-        if current_view.state != "up":
-            ups = self._not_held_down({n: v for n, v in usable.items() if v.state == "up"}, now)
+        if current_view.state != PathStateKind.UP:
+            ups = self._not_held_down(
+                {n: v for n, v in usable.items() if v.state == PathStateKind.UP}, now
+            )
             best_up = self._best(ups)
             # Degraded but still the fastest (every path slowed by the same busy host,
             # say): staying is better than a move that makes delivery later. Loss on
@@ -253,7 +249,11 @@ class CriticalPathSelector:
         return fresh or views
 
     def _usable(self) -> dict[str, PathView]:
-        return {n: v for n, v in self._views.items() if v.state != "down" and self.is_validated(n)}
+        return {
+            n: v
+            for n, v in self._views.items()
+            if v.state != PathStateKind.DOWN and self.is_validated(n)
+        }
 
     @staticmethod
     def _best(views: Mapping[str, PathView]) -> str | None:
@@ -265,7 +265,7 @@ class CriticalPathSelector:
         view = self._views.get(name)
         if view is None:
             return "gone"
-        if view.state == "down":
+        if view.state == PathStateKind.DOWN:
             return _state_text(view)
         return "not validated"
 

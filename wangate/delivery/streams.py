@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from wangate.core.frames import REJECT_CHECKSUM, REJECT_EXPIRED
 from wangate.core.message import decode_header
+from wangate.core.states import PeerStateKind
 from wangate.delivery.segments import InboundSegments
 from wangate.errors import (
     ErrorCode,
@@ -191,7 +192,7 @@ class InboundStreams:
             stream = self._open.pop(key)
             what = f"message {stream.tag!r} (step {stream.step}) from {source}"
             got = f"{stream.ready_bytes} of {stream.payload_bytes} bytes in"
-            if state == "unreachable":
+            if state == PeerStateKind.UNREACHABLE:
                 error: GatewayError = PeerUnreachable(
                     f"{what}: peer {source} is unreachable ({reason}); {got}"
                 )

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.core.states import PeerStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.inbox import Inbox
 from wangate.delivery.segments import InboundSegments
@@ -83,7 +84,7 @@ class TrainerDelivery:
         """``source`` became unreachable or restarted: its streams end, and recvs that
         can now never be satisfied fail."""
         self.streams.peer_gone(source, event.state, event.reason)
-        if event.state == "unreachable":
+        if event.state == PeerStateKind.UNREACHABLE:
             self.inbox.fail_waiters(self.hopeless)
 
     def arrived(self, delivery: Delivery) -> None:

@@ -20,6 +20,7 @@ from wangate.config import Config, PathConfig, PeerConfig
 from wangate.core.liveness import PEER_QUIET_S
 from wangate.core.message import MAX_HEADER_BYTES, MessageHeader
 from wangate.core.outbound import CodingPolicy
+from wangate.core.states import PathStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.errors import ErrorCode, GatewayError, LinkError
 from wangate.gateway.endpoint import Endpoint, StartupError
@@ -216,7 +217,7 @@ class DriverBackend:
                 if path.name in view.path_names:
                     row.update(view.path_snapshot(path.name, now))
                     if link is None:
-                        row.update(state="down", state_reason="not connected")
+                        row.update(state=PathStateKind.DOWN, state_reason="not connected")
                     rows.append(PathRow.from_dict({**row, "peer_state": peer_state}))
                 else:
                     rows.append(PathRow.not_connected(**row, peer_state=peer_state))
@@ -227,7 +228,9 @@ class DriverBackend:
         return PeerStatus.from_dict(
             {
                 **view.liveness(time.monotonic()),
-                "paths_up": sorted(r.path for r in rows if r.peer == peer and r.state != "down"),
+                "paths_up": sorted(
+                    r.path for r in rows if r.peer == peer and r.state != PathStateKind.DOWN
+                ),
                 **view.status(),
                 "recent_failures": self._book.recent_failures(peer),
             }

@@ -20,6 +20,7 @@ from typing import Any
 from wangate import __version__
 from wangate.config import Config
 from wangate.core.message import message_checksum
+from wangate.core.states import PathStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.streams import IncomingStream
 from wangate.delivery.trainers import TrainerDelivery
@@ -228,7 +229,7 @@ class Service:
 
     def status_counts(self) -> tuple[int, int, int, int, int]:
         """Peers up, peers, paths up, paths, messages in flight (for ``STATUS=``)."""
-        up = {(row.peer, row.path) for row in self.paths() if row.state != "down"}
+        up = {(row.peer, row.path) for row in self.paths() if row.state != PathStateKind.DOWN}
         paths = sum(len(peer.paths) for peer in self.config.peers)
         peers_up = len({peer for peer, _ in up})
         in_flight = self.backend.messages_in_flight()

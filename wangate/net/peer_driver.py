@@ -39,19 +39,20 @@ from wangate.core.buffer import Buffer
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
-    MessageFailed,
     MessageProgress,
     MessageReceived,
     MessageTaken,
     PathStateChanged,
     PeerStateChanged,
+    RouteChanged,
+    SendFailed,
 )
 from wangate.core.frames import ControlFrame, Hello
 from wangate.core.governor import BulkGovernor
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
-from wangate.core.selector import RouteChanged
 from wangate.core.session import PeerSession
+from wangate.core.states import PeerStateKind
 from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError, failure_text
 from wangate.metrics import GatewayMetrics
 from wangate.net.link import PathLink
@@ -130,7 +131,7 @@ class SessionView(Protocol):
 
     def silent_s(self, now: float) -> float: ...
 
-    def peer_state(self, now: float) -> tuple[str, str]: ...
+    def peer_state(self, now: float) -> tuple[PeerStateKind, str]: ...
 
     def message_state(self, msg_id: int) -> str | None: ...
 
@@ -312,10 +313,7 @@ class PeerDriver:
 
     def check_reachable(self) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
-        try:
-            self._session.check_reachable(self._clock())
-        finally:
-            self._drain_events()  # a send is an input: the peer may just have gone
+        self._session.check_reachable(self._clock())
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -392,7 +390,7 @@ class PeerDriver:
 
     def _drain(self) -> None:
         session, peer, sink, listener = self._session, self.peer, self._sink, self._listener
-        failed: list[MessageFailed] = []
+        failed: list[SendFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
                 if sink.received(peer, event):  # its trainer has it: the credit goes back
@@ -403,16 +401,17 @@ class PeerDriver:
                 self._metrics.message_delivered(peer, event.critical, event.elapsed_s)
                 listener.acked(peer, event.msg_id)
                 listener.changed(peer)
-            elif isinstance(event, MessageFailed):
+            elif isinstance(event, SendFailed):
                 failed.append(event)
                 listener.failed(peer, event.msg_id, event.tag, event.step, event.reason)
                 self._metrics.message_failed(peer)
             elif isinstance(event, MessageTaken):
                 listener.taken(peer, event.msg_id)
             elif isinstance(event, PeerStateChanged):
-                level = logging.WARNING if event.state == "unreachable" else logging.INFO
+                gone = event.state in (PeerStateKind.UNREACHABLE, PeerStateKind.RESTARTED)
+                level = logging.WARNING if gone else logging.INFO
                 log.log(level, "peer %s %s: %s", peer, event.state, event.reason)
-                if event.state in ("unreachable", "restarted"):
+                if gone:
                     sink.peer_gone(peer, event)
                 listener.changed(peer)  # a send waiting for room must fail, or may go on
             elif isinstance(event, MessageDropped):

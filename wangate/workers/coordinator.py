@@ -27,6 +27,7 @@ from typing import Any
 
 from wangate.checksum import crc32_combine
 from wangate.config import Config
+from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.trainers import TrainerDelivery
 from wangate.errors import ErrorCode, GatewayError, PeerUnreachable, RemoteProtocolError
@@ -309,7 +310,7 @@ class Coordinator:
     def _connected(self, index: int, peer: str) -> bool:
         report = self.workers[index].report
         return report is not None and any(
-            row["peer"] == peer and row["state"] != "down" for row in report["rows"]
+            row["peer"] == peer and row["state"] != PathStateKind.DOWN for row in report["rows"]
         )
 
     def _release(self, handle: WorkerHandle, sid: int) -> Stripe | None:
@@ -433,7 +434,8 @@ class Coordinator:
         reports = [h.report for h in self.workers]
         for name in self._peers:
             unreachable = all(
-                r is not None and r["states"].get(name) == "unreachable" for r in reports
+                r is not None and r["states"].get(name) == PeerStateKind.UNREACHABLE
+                for r in reports
             )
             if unreachable == (name in self._unreachable):
                 continue

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from wangate.config import Config
+from wangate.core.states import PathStateKind as Path
+from wangate.core.states import PeerStateKind as Peer
 from wangate.rows import PathRow, PeerStatus
 from wangate.workers.pool import WorkerHandle
 
@@ -64,13 +66,14 @@ def merged_peer(
     counters["messages_in_flight"] = in_flight  # messages, not stripes
     by_state = {str(info["state"]): info for info in reversed(infos)}
     if unreachable:
-        state, reason = "unreachable", by_state["unreachable"]["state_reason"]
+        state, reason = Peer.UNREACHABLE, by_state[Peer.UNREACHABLE]["state_reason"]
     elif not infos:
-        state, reason = "degraded", "workers starting"
+        state, reason = Peer.DEGRADED, "workers starting"
     else:
-        state = next(s for s in ("restarted", "up", "degraded", "unreachable") if s in by_state)
+        order = (Peer.RESTARTED, Peer.UP, Peer.DEGRADED, Peer.UNREACHABLE)
+        state = next(s for s in order if s in by_state)
         reason = by_state[state]["state_reason"]
-        state = "degraded" if state == "unreachable" else state
+        state = Peer.DEGRADED if state == Peer.UNREACHABLE else state
     return PeerStatus.from_dict(
         {
             **counters,
@@ -78,7 +81,7 @@ def merged_peer(
             "state": state,
             "state_reason": reason,
             "silent_s": min((float(i["silent_s"]) for i in infos), default=0.0),
-            "paths_up": sorted({r.path for r in rows if r.peer == name and r.state != "down"}),
+            "paths_up": sorted({r.path for r in rows if r.peer == name and r.state != Path.DOWN}),
             "recent_failures": list(failures),
         }
     )

@@ -1,0 +1,433 @@
+"""Our side of sending to one peer: messages from submit to the peer's "done", what each
+path carries next, and what a lost datagram sends again.
+
+Part of ``PeerSession`` (which owns the paths and the event queue it shares): a
+message waits in the ``Outbox`` until the peer's credit admits it, then the
+``OutboundQueue`` cuts it into pieces that the ``PathScheduler`` places, critical
+pieces on the critical route and bulk where it finishes first. Keep-alive probes go
+on a path with nothing else to carry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from wangate.core.buffer import Buffer
+from wangate.core.estimator import PathEstimator
+from wangate.core.events import Event, MessageDelivered, SendFailed
+from wangate.core.fec import parity_for_loss
+from wangate.core.frames import (
+    Ack,
+    encode_probe,
+    encode_repair,
+    encode_shard,
+    message_header_bytes,
+    stamp,
+    stamp_age_s,
+)
+from wangate.core.governor import BulkGovernor, common_delay_s
+from wangate.core.message import MessageHeader
+from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbox import Outbox
+from wangate.core.paths import PathRecord, SentDatagram, repair_horizon_bytes
+from wangate.core.scheduler import (
+    CRITICAL_ACTIVE_S,
+    IDLE_SELECT_INTERVAL_S,
+    SELECT_INTERVAL_S,
+    PathScheduler,
+)
+from wangate.core.states import PathStateKind
+
+PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
+# An idle path needs one probe per interval between the two sites, not one each way:
+# the site whose name sorts first probes; the other answers each probe at once, so each
+# side hears the other within the interval. The answering site probes only if the
+# prober's next probe is this late (two intervals: a late timer on a busy host does not
+# make both sides probe), and at least this often for its own RTT samples.
+ANSWERED_PROBE_WAIT_S = 2 * PROBE_INTERVAL_S
+ANSWERED_PROBE_INTERVAL_S = 1.0
+DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
+DONE_CHECK_S = 0.25
+
+
+class Sender:
+    """Submitted messages until done, and what each path carries next."""
+
+    def __init__(
+        self,
+        local_site: str,
+        peer: str,
+        paths: dict[str, PathRecord],
+        events: deque[Event],
+        now: float,
+        coding: CodingPolicy | None,
+        governor: BulkGovernor | None,
+    ) -> None:
+        self.local_site = local_site
+        self.peer = peer
+        self._paths = paths  # the session's, shared
+        self._events = events  # the session's, shared
+        self._next_msg_id = 1
+        self.outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
+        self.queue = OutboundQueue(coding)
+        self.queue.waiting = self.outbox.waiting
+        self.queue.header_bytes = message_header_bytes
+        self.scheduler = PathScheduler()
+        self.route_dirty = False  # tell the peer our critical route
+        self.last_critical_at = -CRITICAL_ACTIVE_S
+        # without one, bulk is never slowed for critical traffic ([critical] in config)
+        self.governor = governor or BulkGovernor(target_delay_s=math.inf)
+        self._done_check_at = now + DONE_CHECK_S
+
+        self.messages_sent = 0
+        self.bytes_sent = 0
+        self.repair_datagrams = 0
+        # paths left without data between one message's last byte and the next one's
+        self._dry_since: float | None = None
+        self.send_gaps = 0
+        self.send_gap_s = 0.0
+
+    @property
+    def last_msg_id(self) -> int:
+        return self._next_msg_id - 1
+
+    def knows(self, msg_id: int) -> bool:
+        """Whether ``msg_id`` is still being sent (waiting for credit, or in flight)."""
+        return msg_id in self.queue.messages or any(m.msg_id == msg_id for m in self.outbox.waiting)
+
+    def add(
+        self,
+        header: MessageHeader,
+        head: bytes,
+        payload: Buffer,
+        now: float,
+        deadline_at: float | None,
+    ) -> int:
+        """Queue a message (``head``: its header encoded); its id."""
+        msg_id = self._next_msg_id
+        self._next_msg_id += 1
+        message = OutboundMessage(msg_id, head, payload, header.critical)
+        message.tag = header.tag
+        message.step = header.step
+        message.started_at = now
+        if header.critical:
+            self.last_critical_at = now
+        self.outbox.add(message, deadline_at)
+        self.admit(now)
+        return msg_id
+
+    def fail_all(self, why: str) -> None:
+        """Every message not yet done fails for ``why``."""
+        for message in self.queue.clear():
+            self._events.append(SendFailed(message.msg_id, why, message.tag, message.step))
+        self._events.extend(self.outbox.fail_all(why))
+
+    def peer_restarted(self) -> None:
+        """The peer forgot every message in progress: they fail; its credit starts afresh."""
+        for message in self.queue.clear():
+            self._events.append(
+                SendFailed(
+                    message.msg_id,
+                    f"peer {self.peer} restarted mid-message",
+                    message.tag,
+                    message.step,
+                )
+            )
+        self.outbox.reset()
+
+    def expire(self, now: float) -> None:
+        """Messages past their deadline fail."""
+        self._events.extend(self.outbox.expire(now, self.queue.messages, self.queue.drop))
+
+    def check_done(self, now: float) -> None:
+        """Ask again about messages acked long ago but never reported done."""
+        if now < self._done_check_at:
+            return
+        self._done_check_at = now + DONE_CHECK_S
+        timeout_s = max(
+            [DONE_TIMEOUT_S, *(4 * r.sender.estimator.srtt_s for r in self._paths.values())]
+        )
+        for message in list(self.queue.messages.values()):
+            if message.acked_at is not None and now - message.acked_at > timeout_s:
+                self.queue.poke(message.msg_id)
+
+    def deadlines(self) -> list[float]:
+        """When sending needs the timer next (with ``probe_due_at`` and the paths' own)."""
+        deadlines = [self.scheduler.next_select_at]
+        message_deadline = self.outbox.next_deadline(self.queue.messages)
+        if message_deadline is not None:
+            deadlines.append(message_deadline)
+        if self.queue.messages:
+            deadlines.append(self._done_check_at)
+            bulk_at = self.governor.next_allowed_at()
+            if bulk_at is not None and self.queue.has_bulk_work:
+                deadlines.append(bulk_at)
+        return deadlines
+
+    def set_peer_limits(self, max_message_bytes: int) -> None:
+        self.outbox.peer_max_message = max_message_bytes
+
+    def admit(self, now: float) -> None:
+        started, failed = self.outbox.admit()
+        if started and self._dry_since is not None:
+            # the paths had nothing to send since the last message's end: a gap, from
+            # the trainer (nothing submitted) or from the peer's credit (nothing admitted)
+            self.send_gaps += 1
+            self.send_gap_s += now - self._dry_since
+            self._dry_since = None
+        for message in started:
+            self.queue.add(message)
+        if started:
+            # route and coding may have been chosen while idle, long ago: afresh now
+            # (before the first piece is placed), then as often as while sending
+            scheduler = self.scheduler
+            scheduler.next_select_at = min(
+                scheduler.next_select_at, scheduler.selected_at + SELECT_INTERVAL_S
+            )
+            if now >= scheduler.next_select_at:
+                self.reselect(now)
+        self._events.extend(failed)
+
+    def pending_bytes(self) -> int:
+        return self.outbox.waiting_bytes() + sum(m.body_len for m in self.queue.messages.values())
+
+    def datagram_to_send(self, path: str, now: float) -> bytes | None:
+        record = self._paths.get(path)
+        if record is None or not record.connected:
+            return None
+        sender = record.sender
+        if record.usable:
+            piece = self._next_piece(path, sender.datagram_bytes, now)
+            if piece is not None:
+                message = piece.message
+                if piece.is_repair_symbol:
+                    data = self.queue.repair_symbol_data(piece)
+                    seq = sender.record(
+                        SentDatagram(
+                            message.msg_id, 0, 0, now, len(data), piece.block, piece.symbol
+                        )
+                    )
+                    assert message.shape is not None
+                    return encode_repair(
+                        seq,
+                        stamp(now),
+                        message.msg_id,
+                        message.body_len,
+                        piece.block,
+                        piece.symbol,
+                        message.shape.k,
+                        data,
+                        message.critical,
+                    )
+                sent = SentDatagram(
+                    message.msg_id,
+                    piece.start,
+                    piece.end,
+                    now,
+                    piece.end - piece.start,
+                    piece.block,
+                    piece.symbol,
+                )
+                seq = sender.record(sent)
+                if piece.repair:
+                    self.repair_datagrams += 1
+                return encode_shard(
+                    seq,
+                    stamp(now),
+                    message.msg_id,
+                    message.body_len,
+                    piece.start,
+                    message.read(piece.start, piece.end),
+                    message.critical,
+                )
+        # asked for a datagram and nothing to carry: the path is not the limit now
+        sender.estimator.on_app_limited(now)
+        if now >= self.probe_due_at(path, record):
+            seq = sender.record(SentDatagram(0, 0, 0, now, 0))
+            return encode_probe(seq, stamp(now))
+        return None
+
+    def probe_due_at(self, path: str, record: PathRecord) -> float:
+        """When ``path``'s keep-alive probe is due if nothing else is sent on it: an
+        interval after our last datagram; at the answering site (the later name), on a
+        validated path where the peer probed since (answered at once: it heard us), when
+        its next probe is overdue, but at least every ``ANSWERED_PROBE_INTERVAL_S`` for
+        our own RTT samples."""
+        last_sent_at = record.sender.last_sent_at
+        if (
+            self.local_site > self.peer
+            and record.probe_heard_at > last_sent_at
+            and self.scheduler.selector.is_validated(path)
+        ):
+            return min(
+                record.probe_heard_at + ANSWERED_PROBE_WAIT_S,
+                last_sent_at + ANSWERED_PROBE_INTERVAL_S,
+            )
+        return last_sent_at + PROBE_INTERVAL_S
+
+    def has_critical_for(self, path: str) -> bool:
+        """Whether critical work (or a duplicate of it) waits that ``path`` would carry."""
+        queue, scheduler = self.queue, self.scheduler
+        if queue.has_critical_work and scheduler.takes_critical(path, self.usable()):
+            return True
+        return bool(scheduler.duplicates) and scheduler.duplicate_target() == path
+
+    def usable(self) -> dict[str, bool]:
+        return {n: r.open for n, r in self._paths.items()}
+
+    def _estimators(self) -> dict[str, PathEstimator]:
+        return {n: r.sender.estimator for n, r in self._paths.items()}
+
+    def _next_piece(self, path: str, max_bytes: int, now: float) -> Piece | None:
+        """What ``path`` should carry next: critical work if it is the critical route,
+        duplicates if it backs up a lossy route, bulk if it finishes it earliest."""
+        queue, scheduler = self.queue, self.scheduler
+        if not queue.has_work() and not scheduler.duplicates:
+            if self._dry_since is None and queue.messages:
+                self._dry_since = now  # all sent, some not confirmed: the next may be late
+            return None  # the common idle case: nothing to decide
+        usable = self.usable()  # once per datagram, not once per question
+        if queue.has_critical_work and scheduler.takes_critical(path, usable):
+            piece = queue.take(max_bytes, critical=True)
+            if piece is not None:
+                scheduler.offer_duplicate(piece)
+                return piece
+        piece = scheduler.take_duplicate(path)
+        if piece is not None:
+            return piece
+        if not queue.has_bulk_work:
+            return None
+        critical_active = now - self.last_critical_at < CRITICAL_ACTIVE_S
+        governor = self.governor
+        if now >= governor.next_update_at:
+            paths = self._paths
+            delay_s = common_delay_s(paths[n].sender.estimator for n, ok in usable.items() if ok)
+            governor.update(now, delay_s, critical_active)
+        if governor.allows(now) and scheduler.bulk_helps(
+            path,
+            self._estimators(),
+            usable,
+            queue.bulk_backlog_bytes,
+            max_bytes,
+            now,
+            critical_active,
+        ):
+            piece = queue.take(max_bytes, critical=False)
+            if piece is not None:
+                governor.on_bulk_sent(max_bytes)  # CPU is spent per datagram, full or not
+            return piece
+        return None
+
+    def _sending(self, now: float) -> bool:
+        """Messages in flight or critical traffic lately: the route and the coding
+        follow the paths closely; otherwise nothing uses them until a submit."""
+        return bool(self.queue.messages) or now - self.last_critical_at < CRITICAL_ACTIVE_S
+
+    def reselect(self, now: float) -> None:
+        usable = self.usable()
+        open_paths = {n for n, ok in usable.items() if ok}
+        interval_s = SELECT_INTERVAL_S if self._sending(now) else IDLE_SELECT_INTERVAL_S
+        change = self.scheduler.update(now, self._estimators(), open_paths, interval_s)
+        if change is not None:
+            self._events.append(change)
+            self.route_dirty = True
+            left = self._paths.get(change.previous or "")
+            if left is not None and left.sender.estimator.state(now).kind != PathStateKind.UP:
+                self._rescue_critical(left)
+        self._adapt_coding(open_paths)
+
+    def _rescue_critical(self, record: PathRecord) -> None:
+        """The critical route left a path that went bad: the critical data still on it
+        is repaired on the new route now, not after the old path's timeout (a late
+        arrival is harmless; the receiver keeps the first copy)."""
+        messages = self.queue.messages
+        seqs = [
+            seq
+            for seq, sent in record.sender.inflight.items()
+            if sent.msg_id in messages and messages[sent.msg_id].critical
+        ]
+        if seqs:
+            self.requeue(record, record.sender.give_up(seqs), outage=True)
+
+    def _adapt_coding(self, open_paths: set[str]) -> None:
+        """Symbol size fits every open path; repair count follows the measured loss,
+        and where it is spent (``OutboundQueue.round_trip_costs``) what the paths send
+        while a loss is found and repaired."""
+        queue, policy = self.queue, self.queue.coding
+        if not policy.k or not open_paths:
+            queue.symbol_bytes = 0
+            return
+        senders = [self._paths[n].sender for n in open_paths]
+        queue.symbol_bytes = min(s.datagram_bytes for s in senders)  # less each one's header
+        queue.largest_datagram_bytes = max(s.datagram_bytes for s in senders)
+        # random loss seen by a block spread over the paths in proportion to their rates
+        rates = [s.estimator.planning_rate_bps for s in senders]
+        loss = sum(s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True))
+        loss /= sum(rates)
+        queue.repair_count = parity_for_loss(
+            loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
+        )
+        queue.loss_rate = loss
+        queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
+
+    def requeue(
+        self, record: PathRecord, lost: Iterable[SentDatagram], *, outage: bool = False
+    ) -> None:
+        """Send elsewhere what ``record``'s path lost (or swallowed in an outage)."""
+        sender = record.sender
+        estimator = sender.estimator
+        for sent in lost:
+            if outage or not record.usable or sent.sent_at < sender.back_at:  # the outage
+                estimator.on_abandoned(sent.size_bytes, sent.sent_at)
+            else:
+                estimator.on_lost(sent.size_bytes, sent.sent_at)
+            if sent.msg_id:
+                self.queue.mark_lost(sent.msg_id, sent.start, sent.end, sent.block, sent.symbol)
+
+    def on_ack(self, path: str, ack: Ack, now: float) -> None:
+        record = self._paths.get(path)
+        if record is None:
+            return
+        sender = record.sender
+        est = sender.estimator
+        acked, late_acked = sender.acknowledge(ack, now)
+        if acked:
+            # Only an ack of something still in flight times the path (RFC 9002 §5.1):
+            # one of datagrams given up long ago may have waited out an outage behind
+            # lost stream data, and a sample of seconds would hold the path back.
+            rtt_s = stamp_age_s(now, ack.echo_stamp)
+            if 0.0 < rtt_s < 60.0:
+                est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
+            self.scheduler.selector.record_probe_ok(path, now)
+        for sent in acked:
+            est.on_acked(sent.size_bytes, now, sent_at=sent.sent_at)
+        for sent in acked:
+            if sent.msg_id:
+                self.queue.mark_acked(
+                    sent.msg_id, sent.start, sent.end, sent.block, sent.symbol, now
+                )
+        for sent in late_acked:
+            if sent.msg_id:
+                self.queue.mark_acked(
+                    sent.msg_id,
+                    sent.start,
+                    sent.end,
+                    sent.block,
+                    sent.symbol,
+                    now,
+                    declared_lost=True,
+                )
+        self.requeue(record, sender.detect_lost(now, alone=self.alone(path)))
+
+    def alone(self, path: str) -> bool:
+        """Whether no path but ``path`` may carry data now."""
+        return not any(r.open for n, r in self._paths.items() if n != path)
+
+    def confirmed(self, done: OutboundMessage, now: float) -> None:
+        self.messages_sent += 1
+        self.bytes_sent += done.body_len
+        self._events.append(
+            MessageDelivered(done.msg_id, done.body_len, now - done.started_at, done.critical)
+        )
