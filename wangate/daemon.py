@@ -1,6 +1,6 @@
 """The gateway daemon: one site's parts, composed.
 
-``Gateway`` builds and owns them (see docs/architecture.md):
+``Gateway`` builds and owns them (ARCHITECTURE.md has the map):
 
 - a backend that moves messages: ``DriverBackend`` (every peer driven in this
   process; its ``Endpoint`` listens, dials, authenticates and attaches links) or,
