@@ -1,6 +1,7 @@
 """The collectives behind ``Client`` and ``AsyncClient``: inputs checked, plan chosen, run driven.
 
-Each collective is one script (``steps.py``) that both clients execute. The arithmetic
+Each collective is one script (a generator of ``steps.py``'s steps) that both clients
+carry out (``steps.run_sync``, ``steps.run_async``). The arithmetic
 runs here, in the trainer's process: the daemon's core stays with the transport
 (bench/collectives/loopback.py measures what the arithmetic costs).
 """
@@ -19,13 +20,13 @@ from wangate.errors import LocalProtocolError
 from .allreduce import AllreduceRun
 from .arith import check_reducible
 from .capacity import Reports, out_rates_mbps
-from .driver import Deadline, timeout_error
+from .driver import collect_joins, drive_steps, send_all, timeout_error
 from .exchange import CollectiveTimeout, Expected
 from .feedback import HopFeedback
 from .membership import Membership
 from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
-from .steps import DriveRun, Joins, PathRows, RecvOne, Script, Send, Step, run_async, run_sync
+from .steps import Deadline, PathRows, RecvOne, Script, Step, run_async, run_sync
 from .tags import check_collective_tag
 
 __all__ = ["CollectiveState", "PartialResult", "run_async", "run_sync"]
@@ -153,7 +154,7 @@ def allreduce_script(
     elif measured and not plan.direct(array.nbytes):
         plan = yield from _announced(site, plan, state, tag, step, deadline, what)
     run = _allreduce_run(site, plan, state, choose, tag, array, op, codec, critical)
-    yield DriveRun(run, deadline, what)
+    yield from drive_steps(run, step, deadline, what, site)
     if partial:
         return PartialResult(run.result(), plan.sites)
     return run.result()
@@ -171,15 +172,15 @@ def _membership(
     measured: bool,
 ) -> Generator[Step, Any, Plan]:
     member = Membership(site=site, plan=plan, tag=tag)
-    yield Send(member.start(), best_effort=True)
-    for source in (yield Joins(member.joins_wanted(), Deadline(timeout / 2))):
+    yield from send_all(member.start(), step, best_effort=True)
+    for source in (yield from collect_joins(member.joins_wanted(), step, Deadline(timeout / 2))):
         member.joined(source)
     if len(member.present) < 2 and member.peers:
         raise timeout_error(what, site, timeout, list(member.peers))
     reports = Reports(site, plan, tag)
     if member.leader != site:
         if measured:
-            yield Send(reports.report(member.leader, (yield PathRows())))
+            yield from send_all(reports.report(member.leader, (yield PathRows())), step)
         word = yield RecvOne(Expected(member.leader, member.plan_tag), step, deadline.left())
         if word is None:
             raise _no_plan(what, site, member.leader, timeout)
@@ -187,7 +188,7 @@ def _membership(
     if measured:
         member.plan = yield from _measure(reports, state, plan)
     agreed, messages = member.decide()
-    yield Send(messages)
+    yield from send_all(messages, step)
     return agreed
 
 
@@ -205,9 +206,9 @@ def _announced(
     leader = plan.sites[0]
     if site == leader:
         measured = yield from _measure(reports, state, plan)
-        yield Send(reports.announce(measured))
+        yield from send_all(reports.announce(measured), step)
         return measured
-    yield Send(reports.report(leader, (yield PathRows())))
+    yield from send_all(reports.report(leader, (yield PathRows())), step)
     word = yield RecvOne(Expected(leader, reports.plan_tag), step, deadline.left())
     if word is None:
         raise _no_plan(what, site, leader, deadline.timeout_s)
@@ -253,7 +254,7 @@ def broadcast_script(
     run = BroadcastRun(
         site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
-    yield DriveRun(run, Deadline(timeout), _what("broadcast", tag, step))
+    yield from drive_steps(run, step, Deadline(timeout), _what("broadcast", tag, step), site)
     return run.result()
 
 
@@ -269,4 +270,4 @@ def barrier_script(
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BarrierRun(site=site, sites=plan.sites, tag=tag)
-    yield DriveRun(run, Deadline(timeout), _what("barrier", tag, step))
+    yield from drive_steps(run, step, Deadline(timeout), _what("barrier", tag, step), site)

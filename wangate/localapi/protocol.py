@@ -170,23 +170,25 @@ def encode_prefix(header_bytes: int, payload_bytes: int, flags: int = 0) -> byte
 def decode_prefix(data: bytes | bytearray | memoryview, max_payload_bytes: int) -> FramePrefix:
     """Check the 16-byte prefix; every failure here is fatal for the connection."""
     if len(data) != PREFIX_BYTES:
-        raise FrameError("bad_magic", f"frame prefix must be {PREFIX_BYTES} bytes")
+        raise FrameError(ErrorCode.BAD_MAGIC, f"frame prefix must be {PREFIX_BYTES} bytes")
     magic, version, flags, header_bytes, payload_bytes = PREFIX.unpack(data)
     if magic != MAGIC:
-        raise FrameError("bad_magic", f"not a wangate frame (starts with {bytes(magic)!r})")
+        raise FrameError(ErrorCode.BAD_MAGIC, f"not a wangate frame (starts with {bytes(magic)!r})")
     if version != VERSION:
         raise FrameError(
-            "bad_version", f"protocol version {version} not supported (this side speaks {VERSION})"
+            ErrorCode.BAD_VERSION,
+            f"protocol version {version} not supported (this side speaks {VERSION})",
         )
     if flags != 0:
-        raise FrameError("bad_flags", f"unknown frame flags 0x{flags:02x}")
+        raise FrameError(ErrorCode.BAD_FLAGS, f"unknown frame flags 0x{flags:02x}")
     if header_bytes == 0 or header_bytes > MAX_HEADER_BYTES:
         raise FrameError(
-            "header_too_large", f"header length {header_bytes} outside 1..{MAX_HEADER_BYTES}"
+            ErrorCode.HEADER_TOO_LARGE,
+            f"header length {header_bytes} outside 1..{MAX_HEADER_BYTES}",
         )
     if payload_bytes > max_payload_bytes:
         raise FrameError(
-            "too_large",
+            ErrorCode.TOO_LARGE,
             f"payload of {payload_bytes} bytes exceeds the gateway's limit of "
             f"{max_payload_bytes} bytes (max_message_bytes)",
         )
@@ -211,11 +213,13 @@ def _unpack_map(data: bytes | bytearray | memoryview) -> dict[str, Any]:
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated classes
-        raise FrameError("bad_header", f"header is not valid msgpack: {exc}") from None
+        raise FrameError(ErrorCode.BAD_HEADER, f"header is not valid msgpack: {exc}") from None
     if not isinstance(obj, dict):
-        raise FrameError("bad_header", f"header must be a msgpack map, got {type(obj).__name__}")
+        raise FrameError(
+            ErrorCode.BAD_HEADER, f"header must be a msgpack map, got {type(obj).__name__}"
+        )
     if not all(type(key) is str for key in obj):  # strict_map_key lets bin keys through
-        raise FrameError("bad_header", "header keys must be msgpack strings")
+        raise FrameError(ErrorCode.BAD_HEADER, "header keys must be msgpack strings")
     return obj
 
 
@@ -227,7 +231,9 @@ def encode_header(header: dict[str, Any], payload_bytes: int = 0) -> bytes:
     """Prefix plus msgpack header; the caller writes the payload bytes after it."""
     body = _pack(header)
     if len(body) > MAX_HEADER_BYTES:
-        raise FrameError("header_too_large", f"header of {len(body)} bytes exceeds the limit")
+        raise FrameError(
+            ErrorCode.HEADER_TOO_LARGE, f"header of {len(body)} bytes exceeds the limit"
+        )
     return encode_prefix(len(body), payload_bytes) + body
 
 
@@ -242,7 +248,7 @@ def _name(header: dict[str, Any], key: str, rid: int, *, optional: bool = False)
         return None
     if type(value) is not str or not value or len(value.encode()) > MAX_NAME_BYTES:
         raise FrameError(
-            "bad_request",
+            ErrorCode.BAD_REQUEST,
             f"{key!r} must be a non-empty string of at most {MAX_NAME_BYTES} UTF-8 bytes",
             rid,
         )
@@ -254,7 +260,7 @@ def _int(header: dict[str, Any], key: str, rid: int, high: int, *, optional: boo
     if value is None and optional:
         return None
     if type(value) is not int or not 0 <= value <= high:
-        raise FrameError("bad_request", f"{key!r} must be an integer in 0..{high}", rid)
+        raise FrameError(ErrorCode.BAD_REQUEST, f"{key!r} must be an integer in 0..{high}", rid)
     return value
 
 
@@ -266,7 +272,9 @@ def segment_field(value: Any, rid: int | None) -> tuple[int, int]:
         or not all(type(v) is int and 0 <= v <= MAX_STEP for v in value)
     ):
         raise FrameError(
-            "bad_request", f"'segment' must be [offset, length], integers in 0..{MAX_STEP}", rid
+            ErrorCode.BAD_REQUEST,
+            f"'segment' must be [offset, length], integers in 0..{MAX_STEP}",
+            rid,
         )
     return value[0], value[1]
 
@@ -277,43 +285,45 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
     rid = _request_id(header)
     op = header.get("op")
     if type(op) is not str:
-        raise FrameError("bad_request", "'op' must be a string", rid)
+        raise FrameError(ErrorCode.BAD_REQUEST, "'op' must be a string", rid)
     if op not in REQUEST_KEYS:
-        raise FrameError("unknown_op", f"unknown op {op!r}; known: {', '.join(OPS)}", rid)
+        raise FrameError(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; known: {', '.join(OPS)}", rid)
     expected = REQUEST_KEYS[op]
     allowed = expected | OPTIONAL_KEYS.get(op, frozenset())
     if not expected <= header.keys() <= allowed:
         missing = sorted(expected - header.keys())
         extra = sorted(header.keys() - allowed)
         raise FrameError(
-            "bad_request", f"{op}: missing keys {missing}, unexpected keys {extra}", rid
+            ErrorCode.BAD_REQUEST, f"{op}: missing keys {missing}, unexpected keys {extra}", rid
         )
     if rid is None:
-        raise FrameError("bad_request", f"'id' must be an integer in 0..{MAX_ID}")
+        raise FrameError(ErrorCode.BAD_REQUEST, f"'id' must be an integer in 0..{MAX_ID}")
     if op != "send" and payload_bytes != 0:
-        raise FrameError("bad_request", f"{op} carries no payload", rid)
+        raise FrameError(ErrorCode.BAD_REQUEST, f"{op} carries no payload", rid)
     if op == "send":
         meta = header["meta"]
         if type(meta) is not bytes:
-            raise FrameError("bad_request", "'meta' must be msgpack bin", rid)
+            raise FrameError(ErrorCode.BAD_REQUEST, "'meta' must be msgpack bin", rid)
         if type(header["critical"]) is not bool:
-            raise FrameError("bad_request", "'critical' must be a boolean", rid)
+            raise FrameError(ErrorCode.BAD_REQUEST, "'critical' must be a boolean", rid)
         deadline_s = header.get("deadline_s")
         if deadline_s is not None and (
             type(deadline_s) not in (int, float) or not math.isfinite(deadline_s) or deadline_s <= 0
         ):
-            raise FrameError("bad_request", "'deadline_s' must be a number > 0 or nil", rid)
+            raise FrameError(ErrorCode.BAD_REQUEST, "'deadline_s' must be a number > 0 or nil", rid)
         segment = header.get("segment")
         if segment is not None:
             segment = segment_field(segment, rid)
             if payload_bytes != 0:
-                raise FrameError("bad_request", "a send with a segment carries no payload", rid)
+                raise FrameError(
+                    ErrorCode.BAD_REQUEST, "a send with a segment carries no payload", rid
+                )
         segment_id = header.get("segment_id")
         if segment_id is not None and (
             type(segment_id) is not int or not 1 <= segment_id <= MAX_ID or segment is None
         ):
             raise FrameError(
-                "bad_request", f"'segment_id' must be 1..{MAX_ID}, with a 'segment'", rid
+                ErrorCode.BAD_REQUEST, f"'segment_id' must be 1..{MAX_ID}, with a 'segment'", rid
             )
         return SendRequest(
             rid,
@@ -332,7 +342,7 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
         if timeout_s is not None and (
             type(timeout_s) not in (int, float) or not math.isfinite(timeout_s) or timeout_s < 0
         ):
-            raise FrameError("bad_request", "'timeout_s' must be a number >= 0 or nil", rid)
+            raise FrameError(ErrorCode.BAD_REQUEST, "'timeout_s' must be a number >= 0 or nil", rid)
     if op == "wait":
         return WaitRequest(
             rid,
@@ -343,11 +353,11 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
     if op == "recv":
         segments = header.get("segments", False)
         if type(segments) is not bool:
-            raise FrameError("bad_request", "'segments' must be a boolean", rid)
+            raise FrameError(ErrorCode.BAD_REQUEST, "'segments' must be a boolean", rid)
         stream = header.get("stream", False)
         if type(stream) is not bool or (stream and not segments):
             raise FrameError(
-                "bad_request", "'stream' must be a boolean, true only with 'segments'", rid
+                ErrorCode.BAD_REQUEST, "'stream' must be a boolean, true only with 'segments'", rid
             )
         return RecvRequest(
             rid,
@@ -439,13 +449,15 @@ def decode_reply(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     ok = header.get("ok")
     rid = header.get("id")
     if type(ok) is not bool or not (rid is None or (type(rid) is int and 0 <= rid <= MAX_ID)):
-        raise FrameError("bad_header", "reply needs a boolean 'ok' and an integer or nil 'id'")
+        raise FrameError(
+            ErrorCode.BAD_HEADER, "reply needs a boolean 'ok' and an integer or nil 'id'"
+        )
     if not ok and (
         header.keys() != ERROR_KEYS
         or type(header["code"]) is not str
         or type(header["error"]) is not str
     ):
-        raise FrameError("bad_header", "error reply must be exactly {ok, id, code, error}")
+        raise FrameError(ErrorCode.BAD_HEADER, "error reply must be exactly {ok, id, code, error}")
     return header
 
 
@@ -471,7 +483,7 @@ def decode_progress(reply: dict[str, Any], payload_bytes: int) -> StreamProgress
         or (done and ready != payload_bytes)
     ):
         raise FrameError(
-            "bad_header",
+            ErrorCode.BAD_HEADER,
             f"a streaming recv's progress must be {{ok, id, ready 0..{payload_bytes}, "
             f"done}} with ready = {payload_bytes} when done, got {sorted(reply)}",
         )
