@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wangate.lab.forge import (
@@ -32,7 +32,6 @@ from wangate.lab.forge import (
     validated_initials,
 )
 
-KINDS = ("one-source", "spoofed", "bad-token", "garbage", "validated")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # holds this wangate
 
 
@@ -114,7 +113,7 @@ def flood(kind: str, target: tuple[str, int], count: int, rate_pps: float) -> di
         return _flood_spoofed(target, count, rate_pps)
     if kind == "validated":
         return _flood_validated(target, count, rate_pps)
-    make = {
+    make: Callable[[], bytes] = {
         "one-source": forged_initial,
         "bad-token": lambda: forged_initial(token=looks_like_token()),
         "garbage": short_header_garbage,
