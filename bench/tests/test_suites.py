@@ -3,7 +3,9 @@ shipped scenario is measured by some suite, ``bench.collectives`` or ``bench run
 
 from __future__ import annotations
 
-from bench.suite import SUITES, codecs_lab, fair
+from bench.codecs import lab as codecs_lab
+from bench.suite import SUITES
+from bench.transport import fair
 from wangate.lab.scenario import SCENARIO_DIR, load_scenario
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import tree as trees
-from bench.common import RESULTS, fec_overhead, fmt, load_record, met
+from bench.common import RESULTS, ROOT, fec_overhead, fmt, load_record, met
 from bench.runner.budget import PARTS, loss_budget
 from wangate.lab.scenario import SCENARIO_DIR, load_scenario
 
@@ -392,7 +392,7 @@ def _sim(args: argparse.Namespace) -> int:
     """``controller_sim`` of each tree, each in a process of its own: that tree's
     ``wangate``, this tree's tests and bench."""
     for tree in trees.trees(args):
-        env = tree.environ({**os.environ, "PYTHONPATH": str(trees.ROOT)})
+        env = tree.environ({**os.environ, "PYTHONPATH": str(ROOT)})
         code = "from bench.transport.loss import controller_sim; print(controller_sim())"
         table = subprocess.run(
             [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
