@@ -37,6 +37,7 @@ from bench import tree as trees
 from bench.tree import Tree
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.client import Client
+from wangate.loopback import process_cpu_s
 
 
 def status_bytes(pid: int, field: str) -> int:
@@ -119,11 +120,6 @@ def start_daemon(source: Tree, directory: Path) -> tuple[subprocess.Popen[bytes]
     return daemon, socket_path
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def small_message_cost(
     sources: list[Tree], messages: int = 4000, rounds: int = 6
 ) -> list[tuple[float, float]]:
@@ -139,7 +135,7 @@ def small_message_cost(
                 order = list(enumerate(clients))
                 for index, gw in order if round_index % 2 == 0 else order[::-1]:
                     pid = daemons[index][0].pid
-                    cpu_before = cpu_seconds(pid)
+                    cpu_before = process_cpu_s(pid)
                     started = time.perf_counter()
                     for step in range(messages):
                         gw.send("bj", "small", small, step=step)
@@ -147,7 +143,7 @@ def small_message_cost(
                         gw.recv("small", source="bj", step=step, timeout=10)
                     elapsed_us = (time.perf_counter() - started) * 1e6 / messages
                     best[index] = min(best[index], elapsed_us)
-                    cpu[index] += cpu_seconds(pid) - cpu_before
+                    cpu[index] += process_cpu_s(pid) - cpu_before
             for gw in clients:
                 gw.close()
             return [(c * 1e6 / (messages * rounds), b) for c, b in zip(cpu, best, strict=True)]
