@@ -1,129 +1,86 @@
-"""python -m bench {run,suite,cpu,plots,lab}
+"""python -m bench COMMAND ... : every benchmark, by subject (python -m bench COMMAND -h).
 
-    python -m bench run multipath_clean3 [loss_1 ...]   # or: run all
-    python -m bench suite loss [critical ...]           # or: suite all (python -m bench suite -h)
-    python -m bench cpu                        # gateway vs plain aioquic, CPU per byte
-    python -m bench workers                    # CPU per GiB with 1, 2, 4 worker processes
-    python -m bench plots results/multipath_clean3/run.json
-    python -m bench lab ...                    # the same as python -m bench.lab ...
-
-The other benchmarks keep their own modules: python -m bench.loopback, bench.codecs,
-bench.fec, bench.convergence, bench.collectives, bench.probe (the link probe against the lab).
+The lab runs (run, suite, baselines, lab, and what says "lab") need root and
+/dev/net/tun. Whatever starts gateway daemons takes ``--tree PATH_OR_COMMIT``
+(repeatable): the same measurement again with that tree's daemons, alternately
+(bench/tree.py). Results go to results/.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import sys
-from pathlib import Path
 
 from wangate.errors import WangateError
 
+# command -> module with main(argv) -> int, and what it is for
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("bench.runner.cli", "lab scenarios through the runner: gateways, baselines, records"),
+    "suite": ("bench.suite", "named suites by subject: loss, fair, critical, failover, ..."),
+    "baselines": ("bench.runner.baselines", "TCP cubic, TCP BBR, aioquic stream alone, lab"),
+    "budget": ("bench.runner.budget", "where the link rate went in a run.json"),
+    "plots": ("bench.runner.plots", "redraw PNGs from results/<scenario>/run.json"),
+    "lab": ("wangate.lab.__main__", "the WAN lab: check, up, selftest, cleanup"),
+}
+# subject -> command -> (module, what)
+SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
+    "transport": {
+        "loss": ("bench.transport.loss", "lossy paths against TCP BBR, repair trade, controller"),
+        "critical": ("bench.transport.critical", "the lab floor of a critical message"),
+        "cpu": ("bench.transport.cpu", "CPU per byte against plain aioquic, loopback"),
+        "workers": ("bench.transport.workers", "CPU per GiB with worker processes, loopback"),
+        "throughput": ("bench.transport.throughput", "goodput of two daemons on loopback"),
+        "datagram": ("bench.transport.datagram", "CPU of writing a DATAGRAM frame"),
+        "fec": ("bench.transport.fec", "FEC coding speed; congestion controllers in the lab"),
+        "probe": ("bench.transport.probe", "wangate probe's readings against the lab's truth"),
+    },
+    "codecs": {
+        "speed": ("bench.codecs.speed", "codec throughput and compression ratio"),
+        "convergence": ("bench.codecs.convergence", "training loss under each codec"),
+    },
+    "localapi": {
+        "idle": ("bench.localapi.idle", "what an idle trainer connection costs the daemon"),
+        "shm": ("bench.localapi.shm", "shared-memory payloads: hand-over, streaming, memory"),
+    },
+    "robustness": {
+        "flood": ("bench.robustness.flood", "forged QUIC packets against a daemon pair"),
+        "faults": ("bench.robustness.faults", "kills, restarts, deadlines as a trainer sees them"),
+        "watchdog": ("bench.robustness.watchdog", "event-loop stalls as systemd's watchdog sees"),
+    },
+    "training": {
+        "fidelity": ("bench.training.fidelity", "PyTorch DDP and DiLoCo over real gateways"),
+        "search": ("bench.training.search", "training fidelity over searched settings"),
+    },
+    "collectives": {
+        "lab": ("bench.collectives.lab", "allreduce in the lab against Gloo and all-to-all"),
+        "loopback": ("bench.collectives.loopback", "allreduce against all-to-all, loopback"),
+    },
+}
 
-def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from bench.lab.scenario import SCENARIO_DIR, load_scenario
-    from bench.runner.record import combined_table
-    from bench.runner.run import BASELINE_NAMES, command_line, run_scenario
 
-    names = list(args.scenario)
-    if names == ["all"]:
-        names = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
-    # every file is checked before anything runs
-    scenarios = [(name, load_scenario(name)) for name in names]
-    if args.scenario == ["all"]:
-        for name, scenario in scenarios:
-            if not scenario.flows:
-                print(f"skipping {name}: no [workload] (another tool drives it)")
-        scenarios = [(name, scenario) for name, scenario in scenarios if scenario.flows]
-    baselines = () if args.no_baselines else tuple(args.baseline or BASELINE_NAMES)
-    records = []
-    extra = [a for a in argv if a not in args.scenario]
-    for name, scenario in scenarios:
-        records.append(
-            run_scenario(
-                scenario,
-                Path(args.results),
-                baselines=baselines,
-                timeout_s=args.timeout_s,
-                baseline_timeout_s=args.baseline_timeout_s,
-                run_id=args.run_id,
-                plots=not args.no_plots,
-                gateway_src=args.gateway_src,
-                command=command_line(["run", *extra, name]),
-            )
-        )
-    print()
-    print("time for the workload (ratio to the ideal bound):")
-    print(combined_table(records))
-    return (
-        0
-        if all(
-            r["wangate"]["complete"] and r["wangate"]["intact"] == r["wangate"]["messages"]
-            for r in records
-        )
-        else 1
-    )
+def usage() -> str:
+    lines = [__doc__.strip(), "", "commands:"]
+    lines += [f"  {name:12} {what}" for name, (_, what) in COMMANDS.items()]
+    for subject, commands in SUBJECTS.items():
+        lines += ["", f"{subject}:"]
+        lines += [f"  {subject} {name:12} {what}" for name, (_, what) in commands.items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["lab"]:
-        from bench.lab.__main__ import main as lab_main
-
-        return int(lab_main(argv[1:]))
-    if argv[:1] == ["cpu"]:
-        from bench.cpu import main as cpu_main
-
-        return cpu_main(argv[1:])
-    if argv[:1] == ["workers"]:
-        from bench.workers import main as workers_main
-
-        return workers_main(argv[1:])
-    if argv[:1] == ["suite"]:
-        from bench.suite.run import main as suite_main
-
-        return suite_main(argv[1:])
-    if argv[:1] == ["plots"]:
-        from bench.plots import main as plots_main
-
-        return plots_main(argv[1:])
-    parser = argparse.ArgumentParser(
-        prog="python -m bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="real gateways in the WAN lab, baselines, results/")
-    run.add_argument(
-        "scenario",
-        nargs="+",
-        help="names in bench/scenarios/, files, or 'all' (every scenario there with a [workload])",
-    )
-    run.add_argument("--results", default=str(Path(__file__).resolve().parent.parent / "results"))
-    run.add_argument("--timeout-s", type=float, help="time wangate gets for the workload")
-    run.add_argument("--baseline-timeout-s", type=float, help="time each baseline gets")
-    run.add_argument(
-        "--baseline",
-        action="append",
-        help="only these (repeatable): tcp-cubic, tcp-bbr, aioquic-stream",
-    )
-    run.add_argument("--no-baselines", action="store_true")
-    run.add_argument("--no-plots", action="store_true")
-    run.add_argument(
-        "--gateway-src",
-        type=Path,
-        help="folder with the wangate package the "
-        "gateways run (e.g. git archive HEAD wangate | tar -x -C DIR)",
-    )
-    run.add_argument("--run-id", help="lab run id (1-6 of [0-9a-z]); random by default")
-    sub.add_parser("suite", help="named suites by subject (python -m bench suite -h)")
-    sub.add_parser("cpu", help="gateway vs plain aioquic on loopback (python -m bench cpu -h)")
-    sub.add_parser("workers", help="CPU per GiB with worker processes (python -m bench workers -h)")
-    sub.add_parser("plots", help="redraw PNGs from results/<scenario>/run.json")
-    sub.add_parser("lab", help="the WAN lab (python -m bench lab -h)")
-    args = parser.parse_args(argv)
+    if argv[:1] in ([], ["-h"], ["--help"]):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] in COMMANDS:
+        module, rest = COMMANDS[argv[0]][0], argv[1:]
+    elif argv[0] in SUBJECTS and argv[1:2] and argv[1] in SUBJECTS[argv[0]]:
+        module, rest = SUBJECTS[argv[0]][argv[1]][0], argv[2:]
+    else:
+        print(f"python -m bench: no command {' '.join(argv[:2])!r}\n\n{usage()}", file=sys.stderr)
+        return 2
     try:
-        return _run(args, argv[1:])
+        return int(importlib.import_module(module).main(rest) or 0)
     except WangateError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ Two daemons on loopback (sh dials bj on two paths); bj's listening socket, which
 carries an accepted real path, takes forged Initials from one address and from
 spoofed ones, Initials with forged tokens, short-header garbage, and Initials with
 valid Retry tokens (half-open connections). Meanwhile messages flow both ways and are
-checked byte for byte. The full-size run is ``python -m bench.flood``.
+checked byte for byte. The full-size run is ``python -m bench robustness flood``.
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.flood import (
-    RssSampler,
-    Traffic,
-    flood_in_subprocess,
-    listen_address,
-    rss_mib,
-)
-from bench.forge import validated_initials
 from wangate.core.admission import AdmissionLimits
+from wangate.lab.flood import RssSampler, flood_in_subprocess, listen_address, rss_mib
+from wangate.lab.forge import validated_initials
+from wangate.lab.traffic import Traffic
 from wangate.loopback import LoopbackSites
 
 pytestmark = pytest.mark.timeout(180)

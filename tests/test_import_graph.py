@@ -34,7 +34,7 @@ CORE_MODULES = sorted(
 
 
 def test_the_core_loads_no_io_no_arrays_and_no_client() -> None:
-    # DESIGN.md: the core imports no asyncio, socket or time; it is driven with `now`
+    # the core imports no asyncio, socket or time; it is driven with `now`
     code = "import wangate.core\n" + "\n".join(f"import {m}" for m in CORE_MODULES)
     loaded = roots(loaded_after(code))
     assert len(CORE_MODULES) > 10 and set(CORE_MODULES) <= loaded
@@ -230,3 +230,38 @@ def test_no_module_is_over_600_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 600
     }
     assert long == {}
+
+
+# ---------------------------------------------------------------- bench and the lab
+
+
+def _imported_roots(file: Path) -> set[str]:
+    """Every module ``file`` imports, anywhere in it (top level or inside functions)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_tests_import_nothing_of_bench_and_the_gateway_nothing_of_the_lab() -> None:
+    tests = Path(__file__).resolve().parent
+    from_tests = {
+        str(f.relative_to(tests)): m
+        for f in tests.rglob("*.py")
+        for m in _imported_roots(f)
+        if m == "bench" or m.startswith("bench.")
+    }
+    assert from_tests == {}
+    lab = PACKAGE / "lab"
+    assert (lab / "__init__.py").is_file()
+    into_lab = {
+        str(f.relative_to(PACKAGE)): m
+        for f in PACKAGE.rglob("*.py")
+        if lab not in f.parents
+        for m in _imported_roots(f)
+        if m == "wangate.lab" or m.startswith("wangate.lab.")
+    }
+    assert into_lab == {}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.lab.baselines import ideal_time_s, schedule
-from bench.lab.gilbert import GilbertElliott, GilbertElliottParams
-from bench.lab.link import LinkEmulator, LinkParams
-from bench.lab.scenario import SCENARIO_DIR, load_scenario, parse_scenario
 from wangate.errors import ConfigError
+from wangate.lab.bound import ideal_time_s, schedule
+from wangate.lab.gilbert import GilbertElliott, GilbertElliottParams
+from wangate.lab.link import LinkEmulator, LinkParams
+from wangate.lab.scenario import SCENARIO_DIR, load_scenario, parse_scenario
 
 
 def packet(index: int, size: int = 1250) -> bytes:
@@ -278,7 +278,7 @@ def test_scenario_errors_name_the_key(data: dict[str, object], message: str) -> 
 def test_refuses_clearly_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from bench.lab import netns
+    from wangate.lab import netns
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(netns.LabUnavailable, match="needs root"):
@@ -286,7 +286,7 @@ def test_refuses_clearly_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_forwarder_plays_the_timeline_on_its_directions() -> None:
-    from bench.lab.forwarder import Forwarder
+    from wangate.lab.forwarder import Forwarder
 
     forwarder = Forwarder(
         {

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab import netns
-from bench.lab.lab import Lab, cleanup
-from bench.lab.scenario import TimelineEvent
-from bench.lab.selftest import blast, measure_accuracy, two_site_scenario
+from wangate.lab import netns
+from wangate.lab.lab import Lab, cleanup
+from wangate.lab.scenario import TimelineEvent
+from wangate.lab.selftest import blast, measure_accuracy, two_site_scenario
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 _problem = netns.environment_problem()
@@ -90,7 +90,7 @@ def test_addresses_bind_their_own_path_and_cleanup_leaves_nothing() -> None:
 def test_sigterm_tears_down_and_cleanup_removes_orphans() -> None:
     run_id, orphan = _run_id(), _run_id()
     up = subprocess.Popen(
-        [sys.executable, "-m", "bench.lab", "up", "critical_jitter_rounds", "--run-id", run_id],
+        [sys.executable, "-m", "wangate.lab", "up", "critical_jitter_rounds", "--run-id", run_id],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from bench.lab import netns
-from bench.lab.lab import Lab
-from bench.lab.selftest import two_site_scenario
+from wangate.lab import netns
+from wangate.lab.lab import Lab
+from wangate.lab.selftest import two_site_scenario
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 _problem = netns.environment_problem()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab import netns, siteroutes
-from bench.lab.lab import Lab
-from bench.lab.scenario import load_scenario
 from wangate.errors import WangateError
+from wangate.lab import netns, siteroutes
+from wangate.lab.lab import Lab
+from wangate.lab.scenario import load_scenario
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
 _problem = netns.environment_problem()

@@ -15,9 +15,14 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, HandshakeCompleted, QuicEvent
 
-from bench.forge import forged_initial, looks_like_token, short_header_garbage, validated_initials
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.core.admission import AdmissionLimits
+from wangate.lab.forge import (
+    forged_initial,
+    looks_like_token,
+    short_header_garbage,
+    validated_initials,
+)
 from wangate.net.drain import open_draining_endpoint
 from wangate.net.listener import PeerListener, listen_for_peers
 

@@ -347,7 +347,7 @@ def test_supplementary_groups_are_read_from_proc_only_when_needed(tmp_path: Path
 
 def test_an_idle_connection_costs_the_server_a_few_kib(tmp_path: Path) -> None:
     """Python memory the server holds per idle connection (tracemalloc, the server's own
-    allocations): it was 256 KiB of read buffer each; `python -m bench.localapi_idle`
+    allocations): it was 256 KiB of read buffer each; `python -m bench.localapi.idle`
     measures the daemon's RSS."""
     import tracemalloc
 

@@ -1,6 +1,7 @@
 """Allreduce across loopback sites against a naive all-to-all over send/recv.
 
-    python -m bench.collectives.loopback [--sites 3] [--elements 8388608] [--repeat 3] [--paths 2]
+    python -m bench collectives loopback [--sites 3] [--elements 8388608] [--repeat 3]
+        [--paths 2]
 
 Real daemons (``LoopbackSites``), one trainer process per site. Each trial starts with a
 barrier, then every site reduces the same float32 tensor (``--elements``) either with
@@ -69,8 +70,8 @@ def worker(conn: Connection, socket_path: str, site: str, sites: list[str], n: i
             conn.send((wall, cpu, zlib.crc32(np.ascontiguousarray(result).view(np.uint8))))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.collectives.loopback")
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench collectives loopback")
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--paths", type=int, default=2)
     parser.add_argument("--elements", type=int, default=8 << 20)
@@ -152,7 +153,3 @@ def report(args: Any, rows: dict[str, list[tuple[float, float, float]]], n: int,
         f"{reduce_s * 1e3:.0f} ms CPU; an int8 encode + decode of one tensor: "
         f"{codec_s * 1e3:.0f} ms CPU"
     )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,13 +18,16 @@ from typing import IO, Any
 
 import wangate
 from bench.collectives import bound
-from bench.lab import siteroutes
-from bench.lab.lab import Lab
-from bench.lab.scenario import Scenario
-from bench.runner.run import RESULTS_ROOT, _wait_paths_up, machine_description, process_cpu_s
+from bench.common import RESULTS
+from bench.runner.gateways import process_cpu_s, start_gateways, stop_gateways
+from bench.runner.run import machine_description
+from bench.tree import THIS, Tree
 from wangate.collective.plan import capacity_weights
 from wangate.collective.routes import mesh_weights
 from wangate.errors import WangateError
+from wangate.lab import siteroutes
+from wangate.lab.lab import Lab
+from wangate.lab.scenario import Scenario
 
 ELEMENTS = 8 * 1024 * 1024  # float32: 32 MiB
 GLOO_PORT = 29500
@@ -38,7 +41,7 @@ class Variant:
     name: str
     gateway_config: str = ""
     options: dict[str, Any] = field(default_factory=dict)
-    gateway_src: Path | None = None  # run the gateways from this tree (a baseline)
+    tree: Tree = THIS  # whose gateways it runs on
 
 
 def allreduce_variants(scenario: Scenario) -> tuple[Variant, ...]:
@@ -233,49 +236,24 @@ def _link_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dic
     return deltas
 
 
-def _start_gateways(
+def start_variant_gateways(
     lab: Lab,
     configs: dict[str, tuple[Path, str]],
     extra_config: str,
     logs_dir: Path,
     name: str,
-    gateway_src: Path | None = None,
-) -> dict[str, Any]:
-    """Gateways on the lab's configs (certificates made once) plus ``extra_config``; with
-    ``gateway_src``, running that folder's ``wangate`` package (a baseline tree)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    where: dict[str, Any] = {}
-    if gateway_src is not None:
-        env["PYTHONPATH"] = str(gateway_src)
-        # and run from there: `python -m` puts the working folder first on sys.path, and
-        # the lab's default one is this repository, whose wangate would shadow it
-        where["cwd"] = str(gateway_src)
-    gateways: dict[str, subprocess.Popen[bytes]] = {}
-    logs: dict[str, Path] = {}
-    for site, (config, text) in configs.items():
+    tree: Tree = THIS,
+) -> dict[str, subprocess.Popen[bytes]]:
+    """Gateways of ``tree`` on the lab's configs (certificates made once) plus
+    ``extra_config``."""
+    for config, text in configs.values():
         config.write_text(text + "\n" + extra_config + "\n")
-        logs[site] = logs_dir / f"gateway-{name}-{site}.log"
-        with logs[site].open("wb") as log:
-            gateways[site] = lab.run_in(
-                site,
-                [sys.executable, "-m", "wangate", "run", "-c", str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                **where,
-            )
-    _wait_paths_up(lab, gateways, logs)
-    return gateways
+    paths = {site: config for site, (config, _) in configs.items()}
+    return start_gateways(lab, paths, logs_dir, prefix=f"{name}-", tree=tree)[0]
 
 
 def _cpu_s(processes: dict[str, subprocess.Popen[bytes]]) -> dict[str, float]:
     return {site: process_cpu_s(p.pid) or 0.0 for site, p in processes.items()}
-
-
-def _stop(processes: dict[str, subprocess.Popen[bytes]]) -> None:
-    from bench.lab import netns
-
-    netns.terminate(list(processes.values()))
 
 
 def run_collectives(
@@ -289,16 +267,17 @@ def run_collectives(
     cubic_runs: int | None = None,
     wangate_timeout_s: float = 60.0,
     variants: tuple[str, ...] | None = None,
-    gateway_src: Path | None = None,
+    trees: tuple[Tree, ...] = (THIS,),
     label: str = "",
     alternate: bool = False,
     warmup_runs: int = 0,
     warmup_elements: int | None = None,
-    measured_baseline: Path | None = None,
     idle_s: float = 0.0,
-    before: Path | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
+    """Gloo (cubic, BBR) and every wangate method and variant in one lab; each wangate
+    one again over the gateways of every other tree of ``trees``, as
+    ``<name>@<tree>``."""
     size_bytes = 4 * elements
     record: dict[str, Any] = {
         "scenario": scenario.name,
@@ -307,16 +286,14 @@ def run_collectives(
         "runs": runs,
         "machine": machine_description(),
         "bounds": bounds(scenario, size_bytes),
-        "gateway_src": str(gateway_src) if gateway_src else None,
+        "trees": [tree.label for tree in trees],
         "alternate": alternate,
         "warmup_runs": warmup_runs,
         "warmup_elements": warmup_elements or elements,
-        "measured_baseline": str(measured_baseline) if measured_baseline else None,
         "idle_s": idle_s,
-        "before": str(before) if before else None,
         "methods": {},
     }
-    logs_dir = RESULTS_ROOT / "collectives" / scenario.name / "logs"
+    logs_dir = RESULTS / "collectives" / scenario.name / "logs"
     logs_dir.mkdir(parents=True, exist_ok=True)
     sites = list(scenario.sites)
     base = {"sites": sites, "elements": elements, "seed": scenario.seed, "runs": runs}
@@ -367,18 +344,13 @@ def run_collectives(
                 for v in allreduce_variants(scenario)
                 if (v.name in variants if variants else v.name not in OPT_IN_VARIANTS)
             ]
-            if measured_baseline is not None:
-                # the measured plan over gateways of another tree (their path rows)
-                chosen_variants.append(
-                    Variant("allreduce-measured-baseline", gateway_src=measured_baseline)
-                )
-            if before is not None:
-                # each variant again over gateways of another tree: "<name>-before"
-                chosen_variants += [
-                    Variant(f"{v.name}-before", v.gateway_config, v.options, gateway_src=before)
-                    for v in chosen_variants
-                ]
             runs_on_wangate += [("allreduce", v) for v in chosen_variants]
+        # each again over the gateways of every other tree: "<name>@<tree>"
+        runs_on_wangate += [
+            (m, Variant(f"{v.name}@{tree.slug}", v.gateway_config, v.options, tree))
+            for tree in trees[1:]
+            for m, v in list(runs_on_wangate)
+        ]
         configs = {
             site: (path, path.read_text()) for site, path in lab.write_gateway_configs().items()
         }
@@ -391,10 +363,9 @@ def run_collectives(
         )
         for offset, block_runs, method, variant in blocks:
             name = variant.name
-            gateways = _start_gateways(
-                lab, configs, variant.gateway_config, logs_dir, name,
-                variant.gateway_src or gateway_src,
-            )  # fmt: skip
+            gateways = start_variant_gateways(
+                lab, configs, variant.gateway_config, logs_dir, name, variant.tree
+            )
             try:
                 specs = {
                     site: dict(
@@ -429,8 +400,8 @@ def run_collectives(
                     f"{result['load_average_1min']:.1f})"
                 )
             finally:
-                _stop(gateways)
-    out = RESULTS_ROOT / "collectives" / f"{scenario.name}{label}.json"
+                stop_gateways(gateways)
+    out = RESULTS / "collectives" / f"{scenario.name}{label}.json"
     out.write_text(json.dumps(record, indent=1))
     record["file"] = str(out)
     return record

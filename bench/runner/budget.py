@@ -1,6 +1,6 @@
 """Where the link rate goes: a budget of one wangate run that sums to rate x time.
 
-    python -m bench.runner.budget results/loss_long_1/run.json [more run.json ...]
+    python -m bench budget results/loss_long_1/run.json [more run.json ...]
 
 For a scenario with one flow, the capacity of its paths over the workload's time
 (first hand-over to last delivery) is split into:
@@ -29,12 +29,12 @@ messages, and the gateways' CPU.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from bench.lab.scenario import Scenario, load_scenario
+from wangate.lab.scenario import Scenario, load_scenario
 
 START_FRACTION = 0.9  # start-up ends with the first 100 ms sample at this share of the rate
 TAIL_FRACTION = 0.5  # the tail starts after the last sample at this share
@@ -246,15 +246,10 @@ def budget_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        print(__doc__)
-        return 2
-    records = [json.loads(Path(a).read_text()) for a in argv]
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench budget", description=__doc__)
+    parser.add_argument("run_json", nargs="+", type=Path, help="a run.json of the runner")
+    args = parser.parse_args(argv)
+    records = [json.loads(file.read_text()) for file in args.run_json]
     print(budget_table(records))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

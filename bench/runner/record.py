@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.lab.scenario import Flow, Scenario
+from wangate.lab.scenario import Flow, Scenario
 
 RECORD_KEYS = (
     "scenario",

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -23,18 +22,20 @@ from pathlib import Path
 from typing import IO, Any
 
 import wangate
-from bench.lab.baselines import BASELINES, ideal_time_s, run_baselines
-from bench.lab.lab import Lab
-from bench.lab.scenario import Scenario
+from bench.common import RESULTS
 from bench.runner import record as rec
+from bench.runner.baselines import BASELINES, run_baselines
 from bench.runner.budget import loss_budget
+from bench.runner.gateways import process_cpu_s, start_gateways, stop_gateways
 from bench.runner.monitor import PathMonitor, read_log_events, wall_to_monotonic_offset_ns
+from bench.tree import THIS, Tree, version
 from wangate.config import MIN_MTU
 from wangate.errors import ConfigError, WangateError
+from wangate.lab.bound import ideal_time_s
+from wangate.lab.lab import Lab
+from wangate.lab.scenario import Scenario
 
-RESULTS_ROOT = Path(__file__).resolve().parent.parent.parent / "results"
 BASELINE_NAMES = tuple(name for name, _, _ in BASELINES)
-PATHS_UP_TIMEOUT_S = 20.0
 
 
 def default_timeout_s(bound_s: float) -> float:
@@ -63,35 +64,6 @@ def machine_description() -> str:
     )
 
 
-def gateway_version(root: Path) -> str:
-    """The commit of the gateway's source, and whether its wangate/ differs from it."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "wangate"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return f"{root} (not a git checkout)"
-    return f"{head}{' with uncommitted changes to wangate/' if dirty else ''} ({root})"
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User+system CPU seconds of a live process (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def check_scenario(scenario: Scenario) -> None:
     if not scenario.flows:
         raise ConfigError(f"scenario {scenario.name!r} has no [workload] flows to run")
@@ -112,43 +84,6 @@ class _Progress:
     def __call__(self, text: str) -> None:
         if not self.quiet:
             print(f"[{time.monotonic() - self.started:6.1f} s] {text}", flush=True)
-
-
-def _wait_paths_up(
-    lab: Lab, gateways: dict[str, subprocess.Popen[bytes]], logs: dict[str, Path]
-) -> None:
-    expected = {site: len(lab.site_addresses(site)) for site in gateways}
-    deadline = time.monotonic() + PATHS_UP_TIMEOUT_S
-    for site, process in gateways.items():
-        up = 0
-        while True:
-            rows: list[dict[str, object]] = []
-            try:
-                with wangate.Client(lab.gateway_socket(site)) as gw:
-                    rows = gw.paths()
-            except (WangateError, OSError):
-                pass
-            up = sum(1 for row in rows if row["state"] != "down")
-            # with [workers] count = N a path has a row per worker: every one up
-            if up == len(rows) >= expected[site]:
-                break
-            if process.poll() is not None:
-                raise WangateError(
-                    f"gateway {site} exited ({process.returncode}): {_tail(logs[site])}"
-                )
-            if time.monotonic() > deadline:
-                raise WangateError(
-                    f"gateway {site}: {up} of {expected[site]} paths up after "
-                    f"{PATHS_UP_TIMEOUT_S:.0f} s: {_tail(logs[site])}"
-                )
-            time.sleep(0.1)
-
-
-def _tail(file: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(file.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def _read_json_line(process: subprocess.Popen[bytes], what: str) -> dict[str, Any]:
@@ -192,7 +127,7 @@ def _stats_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
 
 def run_scenario(
     scenario: Scenario,
-    results_root: Path = RESULTS_ROOT,
+    results_root: Path = RESULTS,
     *,
     baselines: tuple[str, ...] = BASELINE_NAMES,
     timeout_s: float | None = None,
@@ -201,12 +136,10 @@ def run_scenario(
     plots: bool = True,
     quiet: bool = False,
     command: str | None = None,
-    gateway_src: Path | None = None,
+    tree: Tree = THIS,
 ) -> dict[str, Any]:
-    """Run ``scenario``; write ``results_root/<name>/`` and return the record.
-
-    ``gateway_src``: a folder holding another ``wangate`` package for the gateway
-    daemons (e.g. an exported commit); by default the one this runner imports."""
+    """Run ``scenario`` with the gateways of ``tree``; write ``results_root/<name>/`` and
+    return the record."""
     check_scenario(scenario)
     say = _Progress(quiet)
     bound_s = max(ideal_time_s(scenario, flow) for flow in scenario.flows)
@@ -218,7 +151,6 @@ def run_scenario(
     for old in logs_dir.glob("*"):
         old.unlink()
     started_at = datetime.now().astimezone().isoformat(timespec="seconds")
-    gateway_root = (gateway_src or Path(wangate.__file__).resolve().parent.parent).resolve()
     offset_ns = wall_to_monotonic_offset_ns()
     sent: dict[str, dict[str, Any]] = {}
     received: dict[str, dict[str, Any]] = {}
@@ -226,22 +158,8 @@ def run_scenario(
     gateway_paths: dict[str, Any] = {}
     with Lab(scenario, run_id=run_id) as lab:
         say(f"{scenario.name}: lab {lab.run_id} up ({len(scenario.paths)} paths)")
-        configs = lab.write_gateway_configs()
-        gateways: dict[str, subprocess.Popen[bytes]] = {}
-        logs: dict[str, Path] = {}
-        for site, config in configs.items():
-            logs[site] = logs_dir / f"gateway-{site}.log"
-            with logs[site].open("wb") as log:
-                gateways[site] = lab.run_in(
-                    site,
-                    [sys.executable, "-m", "wangate", "run", "-c", str(config)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=str(gateway_root),
-                    env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                )
-        _wait_paths_up(lab, gateways, logs)
-        say("gateways up, every path connected")
+        gateways, logs = start_gateways(lab, lab.write_gateway_configs(), logs_dir, tree=tree)
+        say(f"gateways of {tree.label} up, every path connected")
 
         trainers: list[tuple[str, str, subprocess.Popen[bytes], IO[bytes]]] = []
         try:
@@ -312,14 +230,7 @@ def run_scenario(
                     gateway_paths[site] = gw.paths()
             except WangateError as exc:
                 gateway_status[site] = {"error": str(exc)}
-        for process in gateways.values():
-            process.terminate()
-        for process in gateways.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_gateways(gateways)
         baseline_report: dict[str, Any] | None = None
         if baselines:
             say(f"baselines {', '.join(baselines)} (timeout {baseline_timeout_s:.0f} s each)")
@@ -368,7 +279,7 @@ def run_scenario(
         "machine": machine_description(),
         "command": command or f"python -m bench run {scenario.name}",
         "run_id": lab.run_id,
-        "gateway_version": gateway_version(gateway_root),
+        "gateway_version": version(tree),
         "started_at": started_at,
         "bound_s": bound_s,
         "bound_is_multipath": any(
@@ -409,7 +320,7 @@ def run_scenario(
     (out_dir / "run.json").write_text(json.dumps(record, indent=1))
     (out_dir / "summary.md").write_text(rec.markdown_summary(record))
     if plots:
-        from bench.plots import write_plots
+        from bench.runner.plots import write_plots
 
         written = write_plots(record, out_dir)
         if not written:
@@ -419,7 +330,3 @@ def run_scenario(
             )
     say(f"written {out_dir}/run.json, summary.md")
     return record
-
-
-def command_line(argv: list[str]) -> str:
-    return "python -m bench " + " ".join(shlex.quote(a) for a in argv)
