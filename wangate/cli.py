@@ -25,7 +25,8 @@ log = logging.getLogger("wangate")
 # collections 100 times rarer (as the daemon once did) bought nothing measurable: CPU per
 # GiB was the same and critical latency within noise either way round, and in one run
 # with unpaced traffic the tuned daemon's RSS grew 65 -> 247 MiB against 65 -> 84 MiB
-# (bench/RESULTS.md, "Hostile traffic"; bench/robustness/flood_daemon.py --tuned-gc to compare again).
+# (bench/RESULTS.md, "Hostile traffic"; bench/robustness/flood_daemon.py --tuned-gc to
+# compare again).
 
 
 def _setup_logging(verbose: int) -> None:

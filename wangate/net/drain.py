@@ -4,9 +4,9 @@ asyncio's selector loop reads one datagram per readiness event and uvloop (libuv
 so a socket gets a fixed number of reads per turn of the loop however long the turn
 took. Under a flood the kernel's queue then stays full and drops datagrams, a peer's
 as often as a forger's: the peer's path goes silent though the daemon has CPU to spare
-(python -m bench robustness flood: 91 % of 100 000 forged Initials dropped, real paths down). Read here
-until the queue is empty (at most ``MAX_DATAGRAMS_PER_TURN``, so that a flood cannot
-hold the loop), the queue stays short, and with it the delay of real datagrams queued
+(python -m bench robustness flood: 91 % of 100 000 forged Initials dropped, real paths
+down). Read here until the queue is empty (at most ``MAX_DATAGRAMS_PER_TURN``, so that
+a flood cannot hold the loop), the queue stays short, and with it the delay of real datagrams queued
 behind forged ones.
 """
 
