@@ -88,13 +88,43 @@ def test_a_trainer_served_first_after_a_stall_does_not_find_the_peer_unreachable
     assert [e for e in events if isinstance(e, PeerStateChanged) and e.state == "unreachable"] == []
 
 
-def test_a_peer_silent_through_the_stall_is_unreachable_once_the_read_found_nothing() -> None:
+def test_a_peer_silent_through_the_stall_is_unreachable_once_it_had_time_to_answer() -> None:
+    # nothing waited for the read: the peer may have stopped sending into a window we
+    # left unacknowledged, so it has three round trips (srtt 0.1 s here) to answer the
+    # probes we send on waking
     session = held_up_session()
     session.check_reachable(6.0)
     session.handle_timer(6.0)
-    session.handle_timer(6.0 + LATE_TIMER_RECHECK_S)  # nothing came: the peer was silent
-    with pytest.raises(PeerUnreachable, match=r"peer sh is unreachable: silent for 6\.0 s"):
-        session.check_reachable(6.0 + LATE_TIMER_RECHECK_S)
+    now = 6.0 + LATE_TIMER_RECHECK_S
+    session.handle_timer(now)  # nothing came
+    while not session.unreachable:  # from here every timer on time; nothing heard
+        session.check_reachable(now)  # not yet: the silence may be ours
+        while session.datagram_to_send("a", now) is not None:
+            pass
+        timer = session.get_timer()
+        assert timer is not None
+        now = max(now + 0.001, timer)
+        session.handle_timer(now)
+    assert now == pytest.approx(6.0 + 3 * 0.1)
+    with pytest.raises(PeerUnreachable, match=r"peer sh is unreachable: silent for 6\.3 s"):
+        session.check_reachable(now)
+
+
+def test_a_peer_that_answers_on_waking_is_never_unreachable() -> None:
+    session = held_up_session()
+    session.handle_timer(6.0)
+    session.handle_timer(6.0 + LATE_TIMER_RECHECK_S)  # nothing waited for the read
+    session.handle_datagram("a", encode_probe(1, stamp(6.02)), 6.02)  # its answer
+    now = 6.02
+    while now < 7.0:
+        timer = session.get_timer()
+        assert timer is not None
+        now = max(now + 0.001, timer)
+        session.handle_timer(now)
+        while session.datagram_to_send("a", now) is not None:
+            pass
+    session.check_reachable(now)
+    assert session.peer_state(now)[0] != "unreachable" and not session.unreachable
 
 
 def test_a_peer_silent_past_peer_dead_s_on_a_punctual_host_is_unreachable() -> None:

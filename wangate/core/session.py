@@ -70,6 +70,10 @@ from wangate.errors import LocalProtocolError, PeerUnreachable
 # the sockets first (no timer is armed sooner than 1 ms: uvloop polls before it fires).
 LATE_TIMER_S = 0.005
 LATE_TIMER_RECHECK_S = 0.001
+# After a late timer the peer has this many of its best path's round trips (at least
+# ANSWER_MIN_S) to answer what we send on waking before it can be judged unreachable.
+ANSWER_RTTS = 3
+ANSWER_MIN_S = 0.05
 MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
 
 
@@ -117,6 +121,7 @@ class PeerSession:
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
         self._timer_at: float | None = None  # what get_timer last asked for
         self._recheck_at: float | None = None  # a late timer's work, after a read
+        self._answer_by: float | None = None  # a late timer's judgement of the peer
         self.late_timers = 0  # timers that fired late enough to wait for a read first
 
     # ------------------------------------------------------------------- paths
@@ -226,13 +231,22 @@ class PeerSession:
             self._update_liveness(now)  # back: traffic resumes by itself
 
     def _held_up(self, now: float) -> bool:
-        """Whether our own timer is overdue or its work waits for a read: then the
-        process was held up, what the peer sent meanwhile may still wait unread, and the
-        peer's silence includes ours. Only the timer, after the read, judges the peer
-        then (LATE_TIMER_S)."""
+        """Whether our own timer is overdue, or fired late not long ago: then the process
+        was held up and the peer's silence includes ours. What the peer sent meanwhile
+        may wait unread, or it may have sent nothing (no DATAGRAM gets through a window
+        full of ours unacknowledged). So the timer judges the peer only once it had the
+        time to answer what we send on waking (LATE_TIMER_S, ``_answer_wait_s``)."""
         if self._recheck_at is not None:
             return True
+        if self._answer_by is not None and now < self._answer_by:
+            return True
         return self._timer_at is not None and now - self._timer_at > LATE_TIMER_S
+
+    def _answer_wait_s(self) -> float:
+        """How long the peer may take to answer: a few round trips of its best path."""
+        srtts = [r.sender.estimator.srtt_s for r in self._paths.values() if r.connected]
+        wait_s = max(ANSWER_MIN_S, ANSWER_RTTS * min(srtts, default=0.0))
+        return min(wait_s, self._liveness.peer_dead_s)
 
     def _judged_state(self, now: float) -> PeerStateKind:
         """The peer's state at ``now`` as the timer commits it, for a question (status,
@@ -374,7 +388,10 @@ class PeerSession:
 
     def get_timer(self) -> float | None:
         deadlines = self._send.deadlines()
-        deadlines.append(self._liveness.next_change_at())
+        liveness_at = self._liveness.next_change_at()
+        if self._answer_by is not None:  # the peer is not judged before then
+            liveness_at = max(liveness_at, self._answer_by)
+        deadlines.append(liveness_at)
         if self._inbound.inbound and self._hearing_peer():  # get_timer runs per datagram
             expiry = self._inbound.next_expiry()
             if expiry is not None:
@@ -418,10 +435,14 @@ class PeerSession:
         late_s = 0.0 if self._timer_at is None else now - self._timer_at
         if self._recheck_at is None and late_s > LATE_TIMER_S:
             self._recheck_at = now + LATE_TIMER_RECHECK_S
+            self._answer_by = now + self._answer_wait_s()
             self.late_timers += 1
             return
         self._recheck_at = None
-        self._update_liveness(now)
+        if self._answer_by is not None and now >= self._answer_by:
+            self._answer_by = None
+        if self._answer_by is None:
+            self._update_liveness(now)
         send = self._send
         send.expire(now)
         self._expire_inbound(now)
