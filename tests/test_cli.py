@@ -1,4 +1,5 @@
-"""The `wangate` command against real daemons: paths (table, JSON, watch), status, certs."""
+"""The `wangate` command against real daemons: paths (table, JSON, watch), status, certs,
+demo."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from wangate.demo import BUCKET_BYTES, plan_workers, run_demo
 from wangate.loopback import LoopbackSites
 from wangate.rows import GatewayStatus, PathRow
 
@@ -105,3 +107,38 @@ def test_certs_commands_make_a_ca_and_a_site(tmp_path: Path) -> None:
     assert (tmp_path / "bj.key").stat().st_mode & 0o777 == 0o600
     again = wangate("certs", "ca", str(tmp_path))
     assert again.returncode == 2 and "ca.pem" in again.stderr  # no silent overwrite
+
+
+# ------------------------------------------------------------------ wangate demo
+
+
+@pytest.mark.parametrize(
+    ("cores", "sites", "count"),
+    [(2, 3, 1), (8, 3, 1), (12, 3, 3), (16, 2, 4), (64, 3, 4)],
+)
+def test_the_demo_sizes_each_gateway_to_its_share_of_the_host(
+    cores: int, sites: int, count: int
+) -> None:
+    plan = plan_workers(cores, sites, paths=3)
+    assert plan.count == count
+    assert f"{cores} cores for {sites} gateways" in plan.why
+    assert plan.why.startswith("none" if count == 1 else f"{count} per gateway")
+
+
+def test_the_demo_moves_every_array_and_says_what_moved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_demo(sites=2, paths=1, size_mib=1) == 0
+    out = capsys.readouterr().out
+    assert "worker processes: " in out
+    assert "site bj: wangate paths" in out and "site sh: wangate paths" in out
+    buckets = (1 << 20) // BUCKET_BYTES
+    for pair in ("bj -> sh", "sh -> bj"):  # per pair: arrays, bytes, time, rate
+        line = next(line for line in out.splitlines() if line.strip().startswith(pair))
+        assert f"{2 * buckets} of {2 * buckets} arrays" in line and "Mbit/s" in line
+    assert "Mbit/s aggregate" in out
+    assert "critical arrays, handed to the gateway to received: median" in out
+    assert "paths after the run: " in out
+    for name in ("bj", "sh"):
+        assert f"  {name} daemon: " in out
+    assert "demo OK: every array arrived bit for bit" in out

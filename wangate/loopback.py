@@ -8,6 +8,7 @@ would in production. The site later in the list dials; the earlier one listens.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -25,7 +26,7 @@ from typing import Any
 
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.client import Client
-from wangate.errors import WangateError
+from wangate.errors import LocalProtocolError, WangateError
 from wangate.rows import PathRow
 
 SITE_NAMES = ("bj", "sh", "gz", "sz", "hz", "cd")
@@ -92,7 +93,7 @@ def write_site_configs(
 ) -> list[SiteProcess]:
     """Certificates and one config per site; ``extra_toml`` is added to every config, or
     per site name when it is a mapping. ``workers``: the ``[workers] count`` of every
-    site (default: $WANGATE_TEST_WORKERS, else none)."""
+    site (default: $WANGATE_TEST_WORKERS, else 1: no workers, whatever the host has)."""
     if not 2 <= sites <= len(SITE_NAMES) or not 1 <= paths <= len(PATH_NAMES):
         raise WangateError(f"sites must be 2..{len(SITE_NAMES)} and paths 1..{len(PATH_NAMES)}")
     certs = directory / "certs"
@@ -119,7 +120,7 @@ def write_site_configs(
             "",
             extra_toml if isinstance(extra_toml, str) else extra_toml.get(name, ""),
         ]
-        if workers > 1 and "[workers]" not in lines[-1]:
+        if "[workers]" not in lines[-1]:  # always: the daemon's default follows the host
             lines += ["[workers]", f"count = {workers}", ""]
         for j, peer in enumerate(names):
             if peer == name:
@@ -141,7 +142,16 @@ def write_site_configs(
 
 
 class LoopbackSites:
-    """Start real gateway daemons for ``sites`` sites; stop them on exit."""
+    """Real gateway daemons for ``sites`` sites, every one of them stopped afterwards.
+
+    ``with LoopbackSites(...) as lab:`` starts the daemons and stops them when the block
+    ends, however it ends (an exception, KeyboardInterrupt); without a with-block, call
+    :meth:`start` and then :meth:`close`. Daemons still running when the interpreter
+    exits are stopped then (atexit). The daemons run once at a time: :meth:`start`
+    while they run (inside the with-block, say) raises :class:`LocalProtocolError`, as
+    :meth:`restart` of a site whose daemon runs does, rather than start a second set on
+    the same ports; after :meth:`stop` they may start again.
+    """
 
     def __init__(
         self,
@@ -164,6 +174,8 @@ class LoopbackSites:
         )
         self.paths = paths
         self.verbose = verbose
+        # every daemon launched and not yet stopped, replaced handles included (restart)
+        self._launched: list[subprocess.Popen[bytes]] = []
 
     def __getitem__(self, name: str) -> SiteProcess:
         for site in self.sites:
@@ -172,22 +184,37 @@ class LoopbackSites:
         raise KeyError(name)
 
     def start(self, timeout_s: float = 20.0) -> None:
-        for site in self.sites:
-            site.process = self.launch(site, log_mode="wb")
-        self.wait_all_paths_up(timeout_s)
+        """Start every site's daemon; returns once every path is up. Should that fail,
+        the daemons it started are stopped before the error is raised."""
+        if any(p.poll() is None for p in self._launched):
+            raise LocalProtocolError(
+                "the loopback daemons are already running (`with LoopbackSites(...)` "
+                "starts them): call start() only without a with-block, or after stop()"
+            )
+        try:
+            for site in self.sites:
+                site.process = self.launch(site, log_mode="wb")
+            self.wait_all_paths_up(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
 
     def launch(
         self, site: SiteProcess, *, log_mode: str = "ab", env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """Start a daemon for ``site`` (its log appended to unless ``log_mode="wb"``)."""
         argv = [sys.executable, "-m", "wangate"] + (["-v"] if self.verbose else [])
+        if not self._launched:
+            atexit.register(self.close)  # for a lab nobody closes; stop() unregisters it
         with site.log_path.open(log_mode) as log:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 [*argv, "run", "-c", str(site.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
             )
+        self._launched.append(process)
+        return process
 
     def kill(self, name: str) -> float:
         """SIGKILL ``name``'s daemon; returns when it is gone (``time.monotonic()``)."""
@@ -199,6 +226,9 @@ class LoopbackSites:
 
     def restart(self, name: str, timeout_s: float = 20.0) -> float:
         """Start ``name``'s daemon again (a new instance); returns once every path is up."""
+        process = self[name].process
+        if process is not None and process.poll() is None:
+            raise LocalProtocolError(f"{name}'s daemon is still running: kill it first")
         self[name].process = self.launch(self[name])
         self.wait_all_paths_up(timeout_s)
         return time.monotonic()
@@ -229,34 +259,46 @@ class LoopbackSites:
         except OSError:
             return "(no log)"
 
+    def pids(self, site: SiteProcess) -> list[int]:
+        """The site's daemon first, then its worker processes (Linux /proc)."""
+        assert site.process is not None
+        pid = site.process.pid
+        return [pid, *_children(pid)]
+
     def cpu_seconds(self, site: SiteProcess) -> float:
         """User+system CPU time the site's daemon and its worker processes have used so
         far (Linux /proc; a worker that has exited is not counted)."""
-        assert site.process is not None
-        pid = site.process.pid
-        return sum(process_cpu_s(p) for p in (pid, *_children(pid)))
+        return sum(process_cpu_s(p) for p in self.pids(site))
 
     def stop(self) -> dict[str, int | None]:
-        codes: dict[str, int | None] = {}
-        for site in self.sites:
-            if site.process is not None and site.process.poll() is None:
-                site.process.send_signal(signal.SIGTERM)
-        for site in self.sites:
-            if site.process is None:
-                continue
-            try:
-                codes[site.name] = site.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                site.process.kill()
-                codes[site.name] = site.process.wait()
-        return codes
+        """SIGTERM every daemon launched (SIGKILL to one still there 10 s later) and wait
+        for them; returns each site's exit status. Workers go with their daemon."""
+        launched = self._launched
+        for process in launched:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        try:
+            for process in launched:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        finally:  # a stop interrupted (KeyboardInterrupt) still leaves none running
+            for process in launched:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        launched.clear()
+        atexit.unregister(self.close)
+        return {s.name: s.process.returncode for s in self.sites if s.process is not None}
+
+    def close(self) -> None:
+        """Stop the daemons and remove the directory, if this lab made it."""
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> LoopbackSites:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
+        self.start()
         return self
 
     def __exit__(
@@ -265,9 +307,10 @@ class LoopbackSites:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.stop()
-        if self._own_dir and exc is None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        if exc is None:
+            self.close()
+        else:
+            self.stop()  # the configs and logs stay to be read
 
 
 def process_cpu_s(pid: int) -> float:
