@@ -203,7 +203,7 @@ class LoopbackSites:
         self, site: SiteProcess, *, log_mode: str = "ab", env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """Start a daemon for ``site`` (its log appended to unless ``log_mode="wb"``)."""
-        argv = [sys.executable, "-m", "wangate"] + (["-v"] if self.verbose else [])
+        argv = self.daemon_command()
         if not self._launched:
             atexit.register(self.close)  # for a lab nobody closes; stop() unregisters it
         with site.log_path.open(log_mode) as log:
@@ -215,6 +215,10 @@ class LoopbackSites:
             )
         self._launched.append(process)
         return process
+
+    def daemon_command(self) -> list[str]:
+        """The daemon's command line before ``run -c CONFIG``."""
+        return [sys.executable, "-m", "wangate"] + (["-v"] if self.verbose else [])
 
     def kill(self, name: str) -> float:
         """SIGKILL ``name``'s daemon; returns when it is gone (``time.monotonic()``)."""

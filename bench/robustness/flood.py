@@ -52,7 +52,7 @@ from wangate.lab.flood import (
     socket_drops,
 )
 from wangate.lab.traffic import Traffic, TrafficResult
-from wangate.loopback import LoopbackSites
+from wangate.loopback import LoopbackSites, SiteProcess
 
 MiB = 1 << 20
 COLLECTOR_VARIANTS = (("tuned gc", ["--tuned-gc"]), ("default gc", []))
@@ -66,21 +66,15 @@ class VariantSites(LoopbackSites):
         super().__init__(**kwargs)
         self.options = options
 
-    def start(self, timeout_s: float = 20.0) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        for site in self.sites:
-            with site.log_path.open("wb") as log:
-                daemon = "bench.robustness.flood_daemon"
-                argv = [sys.executable, "-m", daemon, *self.options, "--", "-v"]
-                site.process = subprocess.Popen(
-                    [*argv, "run", "-c", str(site.config_path)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-        self.wait_all_paths_up(timeout_s)
+    def daemon_command(self) -> list[str]:
+        return [sys.executable, "-m", "bench.robustness.flood_daemon", *self.options, "--", "-v"]
+
+    def launch(
+        self, site: SiteProcess, *, log_mode: str = "ab", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        root = str(Path(__file__).resolve().parents[2])  # bench importable by the daemon
+        path = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+        return super().launch(site, log_mode=log_mode, env={**(env or {}), "PYTHONPATH": path})
 
 
 # ------------------------------------------------------------------- phases
