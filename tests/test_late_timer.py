@@ -142,3 +142,20 @@ def test_a_peer_silent_past_peer_dead_s_on_a_punctual_host_is_unreachable() -> N
     assert 5.0 <= now < 5.0 + LATE_TIMER_S
     with pytest.raises(PeerUnreachable, match=r"silent for 5\.0 s"):
         session.check_reachable(now)
+
+
+def test_timers_late_one_after_another_still_find_a_silent_peer_unreachable() -> None:
+    # a host so busy that every timer fires 20 ms late: each is a stall, but the peer's
+    # time to answer is not extended by the next one
+    session = held_up_session()
+    now = 0.0
+    while not session.unreachable and now < 30.0:
+        timer = session.get_timer()
+        assert timer is not None
+        now = max(now + 0.001, timer + 0.020)
+        session.handle_timer(now)
+        while session.datagram_to_send("a", now) is not None:
+            pass
+    assert session.unreachable
+    assert 5.0 <= now < 5.0 + 3 * 0.1 + 0.1
+    assert session.status()["late_timers"] > 10

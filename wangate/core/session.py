@@ -435,13 +435,13 @@ class PeerSession:
         late_s = 0.0 if self._timer_at is None else now - self._timer_at
         if self._recheck_at is None and late_s > LATE_TIMER_S:
             self._recheck_at = now + LATE_TIMER_RECHECK_S
-            self._answer_by = now + self._answer_wait_s()
+            if self._answer_by is None:  # never extended: late timers may come in a row
+                self._answer_by = now + self._answer_wait_s()
             self.late_timers += 1
             return
         self._recheck_at = None
-        if self._answer_by is not None and now >= self._answer_by:
+        if self._answer_by is None or now >= self._answer_by:
             self._answer_by = None
-        if self._answer_by is None:
             self._update_liveness(now)
         send = self._send
         send.expire(now)
