@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wangate.core.buffer import Buffer
+from wangate.core.events import MessageReceived
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,19 @@ class Delivery:
     # the sealed shared-memory segment that holds the body (the payload ends it), now
     # the delivery's: handed to a trainer that takes segments, else closed
     segment_fd: int | None = None
+
+    @classmethod
+    def received(cls, source: str, event: MessageReceived) -> Delivery:
+        """What ``source``'s session reported whole and verified, as a delivery."""
+        header = event.header
+        return cls(
+            source=source,
+            tag=header.tag,
+            step=header.step,
+            critical=header.critical,
+            meta=header.meta,
+            payload=event.payload,
+            checksum=header.checksum,
+            msg_id=event.msg_id,
+            body_bytes=event.body_bytes,
+        )

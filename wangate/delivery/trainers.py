@@ -58,20 +58,7 @@ class TrainerDelivery:
         arrived (a stream): the caller gives its credit back now."""
         if self.streams.completed(source, event.msg_id):
             return True
-        header = event.header
-        self.arrived(
-            Delivery(
-                source=source,
-                tag=header.tag,
-                step=header.step,
-                critical=header.critical,
-                meta=header.meta,
-                payload=event.payload,
-                checksum=header.checksum,
-                msg_id=event.msg_id,
-                body_bytes=event.body_bytes,
-            )
-        )
+        self.arrived(Delivery.received(source, event))
         return False
 
     def progress(self, source: str, event: MessageProgress) -> None:

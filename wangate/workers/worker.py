@@ -91,20 +91,7 @@ class ForwardingSink:
         return (lambda size, start: bytearray(size)), (lambda body: None), PRIVATE_BODIES
 
     def received(self, source: str, event: MessageReceived) -> bool:
-        header = event.header
-        self._forward(
-            Delivery(
-                source=source,
-                tag=header.tag,
-                step=header.step,
-                critical=header.critical,
-                meta=header.meta,
-                payload=event.payload,
-                checksum=header.checksum,
-                msg_id=event.msg_id,
-                body_bytes=event.body_bytes,
-            )
-        )
+        self._forward(Delivery.received(source, event))
         return False
 
     def progress(self, source: str, event: MessageProgress) -> None:
