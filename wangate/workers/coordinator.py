@@ -1,8 +1,10 @@
-"""The coordinator: the daemon process when ``[workers] count >= 2``.
+"""The coordinator: the daemon's backend (wangate.gateway.backend) when ``[workers]
+count >= 2``, under the same ``Service`` as a gateway without workers.
 
-It keeps what must be global (the local API, peers known and their state, message
-ids, backpressure, delivery to trainers in order, outcomes, metrics, ``status`` and
-``paths``) and does no per-datagram work: messages are cut into stripes
+It keeps what must be global below the service (peers known and their state, message
+ids, bytes pending per peer, stripes and their outcomes, which it tells the
+``OutcomeBook``, merged ``status`` and ``paths``) and does no per-datagram work:
+messages are cut into stripes
 (wangate.workers.stripes) and handed to the worker processes (wangate.workers.worker)
 as shared-memory segments. Worker 0 carries the critical messages, so bulk work cannot
 make them wait behind it; the bulk stripes go to workers 1..N-1 by their queue depth.
