@@ -100,6 +100,23 @@ def test_a_path_goes_down_and_reconnects_with_data_intact(tmp_path: Path) -> Non
     run(_up_down_reconnect(tmp_path))
 
 
+async def _shutdown_told(directory: Path) -> None:
+    bj, sh = await pair(directory, paths=2)  # bj answers: its links use its listener
+    try:
+        dialed = [link(sh, "bj", path) for path in PATH_NAMES[:2]]
+        await bj.close()
+        # told by bj's CONNECTION_CLOSE, long before any silence or idle timeout
+        await poll(lambda: all(d is not None and d.state is LinkState.CLOSED for d in dialed), 1.0)
+        assert [d.refused for d in dialed if d is not None] == [None, None]
+        assert sh.peers["bj"].links == {}
+    finally:
+        await sh.close()
+
+
+def test_a_gateway_shutting_down_tells_its_peers_on_every_link(tmp_path: Path) -> None:
+    run(_shutdown_told(tmp_path))
+
+
 async def _stale_replaced(directory: Path) -> None:
     bj, sh = await pair(directory)
     try:

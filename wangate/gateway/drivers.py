@@ -94,9 +94,12 @@ class DriverBackend:
         await self.endpoint.start()
 
     async def close(self) -> None:
-        await self.endpoint.close()
+        await self.endpoint.stop()
+        # peers are told first: an accepted link's close frame leaves by the listener's
+        # socket, which closes after it
         for driver in self.peers.values():
             driver.close(LinkError.SHUTDOWN, "gateway shutting down")
+        self.endpoint.close()
 
     def apply_reload(self, plan: ReloadPlan) -> None:
         """Switch to ``plan.effective``: peers and paths come and go without a restart."""

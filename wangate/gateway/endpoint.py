@@ -126,12 +126,16 @@ class Endpoint:
             for path in peer.paths:
                 self.start_dialing(peer.name, path)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """Dial no more: every dial loop ends."""
         self._closing = True
         tasks = list(self._dial_tasks.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        """Close the listening sockets (after the links they carry said goodbye)."""
         for server in self._servers:
             server.close()
 
