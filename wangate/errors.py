@@ -41,6 +41,9 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "timeout"
     INTERNAL = "internal"
     ERROR = "error"
+    UNKNOWN_JOB = "unknown_job"  # a job the gateway's config does not declare
+    JOB_DENIED = "job_denied"  # the job's allow lists do not admit the process
+    COLLISION = "collision"  # a second trainer of the job entered the same collective
     BAD_SEGMENT = "bad_segment"  # a shared-memory segment that cannot be used as named
     CHECKSUM = "checksum"  # a segment's bytes (within the site) do not match the checksum
     # raised by the client or the daemon itself, never sent on the socket

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from wangate.core.buffer import Buffer
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.streams import IncomingStream
 from wangate.rows import GatewayStatus, PathRow
@@ -31,6 +32,15 @@ class Submission:
     # (descriptor, offset of the payload in it) when the payload is a trainer's
     # shared-memory segment: open while the payload lives; dup it, never close it
     segment: tuple[int, int] | None = None
+    job: str = DEFAULT_JOB  # the trainer connection's job: its namespace and its share
+
+
+@dataclass(frozen=True)
+class Claimant:
+    """One trainer connection: its number in this gateway, and its process id."""
+
+    connection: int
+    pid: int
 
 
 class GatewayService(Protocol):
@@ -51,17 +61,42 @@ class GatewayService(Protocol):
         """``submit`` when it need not wait: the message id, or None to ``submit`` later."""
         ...
 
+    def join(self, job: str, uid: int, gids: tuple[int, ...]) -> str:
+        """Admit a trainer process to ``job``; returns it. Raises ``GatewayError``
+        (``unknown_job``, ``job_denied``) naming the job and why not."""
+        ...
+
+    def claim(self, job: str, call: str, step: int, by: Claimant) -> None:
+        """``by`` enters collective ``call`` at ``step`` in ``job``; raises
+        ``GatewayError`` (``collision``) while another connection is in it."""
+        ...
+
+    def left(self, connection: int) -> None:
+        """A trainer connection closed: what it held at the gateway ends."""
+        ...
+
     async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery:
-        """Wait for a message matching tag (and source/step when given); oldest first.
+        """Wait for a message of ``job`` matching tag (and source/step when given);
+        oldest first.
 
         Raises ``RecvTimeout`` when ``timeout_s`` passes first.
         """
         ...
 
     async def receive_stream(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery | IncomingStream:
         """``receive``, or a large message still arriving whose header is in (its
         segment's descriptor and progress with it; ``wangate.delivery.streams``)."""
@@ -83,8 +118,9 @@ class GatewayService(Protocol):
         """Site name, version, uptime, peers and their state, message counters."""
         ...
 
-    def client_settings(self) -> dict[str, Any]:
-        """What a client needs on connect: compression policy, size limits."""
+    def client_settings(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
+        """What a client of ``job`` needs on connect: compression policy, size limits,
+        the sites its collectives span."""
         ...
 
     def reset_path(self, peer: str, path: str) -> None:

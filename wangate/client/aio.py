@@ -55,9 +55,10 @@ class AsyncClient:
         path: str | os.PathLike[str] | None = None,
         *,
         timeout: float | None = CONNECT_TIMEOUT_S,
+        job: str | None = None,
     ) -> None:
         """``timeout`` bounds ``connect()``: connecting and the hello exchange, in all."""
-        self._session = ClientProtocol(socket_path(path))
+        self._session = ClientProtocol(socket_path(path), job)
         self._timeout_s = checked_timeout(timeout)
         self._sock: socket.socket | None = None
         self._reader: AsyncFrameReader | None = None
@@ -73,6 +74,11 @@ class AsyncClient:
     @property
     def site(self) -> str:
         return self._session.site
+
+    @property
+    def job(self) -> str:
+        """The job every call on this connection is in (``default`` unless named)."""
+        return self._session.job
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -250,6 +256,10 @@ class AsyncClient:
 
     async def ping(self) -> None:
         await self._run(self._session.ping())
+
+    async def claim(self, call: str, step: int) -> None:
+        """As ``Client.claim``."""
+        await self._run(self._session.claim(call, step))
 
     async def close(self) -> None:
         if self._reader_task is not None:

@@ -45,11 +45,12 @@ class Client:
         path: str | os.PathLike[str] | None = None,
         *,
         timeout: float | None = CONNECT_TIMEOUT_S,
+        job: str | None = None,
     ) -> None:
         """Connect and say hello, within ``timeout`` seconds in all (None: no bound);
         ``GatewayUnavailable`` says what timed out. Later calls have their own bounds."""
         timeout = checked_timeout(timeout)
-        self._session = ClientProtocol(socket_path(path))
+        self._session = ClientProtocol(socket_path(path), job)
         self._lock = threading.Lock()
         deadline = None if timeout is None else time.monotonic() + timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -96,6 +97,11 @@ class Client:
     def site(self) -> str:
         """The name of the site whose gateway this is."""
         return self._session.site
+
+    @property
+    def job(self) -> str:
+        """The job every call on this connection is in (``default`` unless named)."""
+        return self._session.job
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -264,6 +270,12 @@ class Client:
 
     def ping(self) -> None:
         self._run(self._session.ping())
+
+    def claim(self, call: str, step: int) -> None:
+        """Enter collective ``call`` (``kind/tag``) at ``step`` (the collectives do it
+        first): ``GatewayError`` ``collision`` while another trainer of the job at this
+        site is in it."""
+        self._run(self._session.claim(call, step))
 
     def close(self) -> None:
         with self._lock:

@@ -41,6 +41,7 @@ from wangate.localapi.protocol import (
     RecvRequest,
     Request,
     ResetPathRequest,
+    ClaimRequest,
     SendRequest,
     StatusRequest,
     StreamProgress,
@@ -170,7 +171,7 @@ class ClientProtocol(Session):
     # ---------------------------------------------------------------- the calls
 
     def hello(self) -> Call[None]:
-        answer = yield Exchange(HelloRequest(self.next_id()), first=True)
+        answer = yield Exchange(HelloRequest(self.next_id(), self._requested_job), first=True)
         self.accept_hello(_expect(answer, HelloReply))
 
     def send(
@@ -270,6 +271,9 @@ class ClientProtocol(Session):
 
     def ping(self) -> Call[None]:
         _expect((yield Exchange(PingRequest(self.next_id()))), DoneReply)
+
+    def claim(self, call: str, step: int) -> Call[None]:
+        _expect((yield Exchange(ClaimRequest(self.next_id(), call, step))), DoneReply)
 
     # ---------------------------------------------------------------- collectives
     # Scripts of collective steps, which the shells carry out through their own calls.

@@ -19,7 +19,8 @@ from wangate.checksum import checksum_with_prefix
 from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor, read_meta
 from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
-from wangate.errors import ErrorCode, GatewayError
+from wangate.core.jobs import DEFAULT_JOB, job_name_error
+from wangate.errors import ErrorCode, GatewayError, LocalProtocolError
 from wangate.localapi.protocol import MAX_ID
 from wangate.localapi.replies import HelloReply
 from wangate.localapi.segments import SegmentPool
@@ -27,8 +28,12 @@ from wangate.tensorlike import as_wire_array, mark_bfloat16
 
 
 class Session:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, job: str | None = None) -> None:
+        if job is not None and job_name_error(job) is not None:
+            raise LocalProtocolError(str(job_name_error(job)))
         self.path = path
+        self.job = job or DEFAULT_JOB  # every call on the connection is in it
+        self._requested_job = job
         self._ids = count(1)
         self.site = ""
         self.settings: dict[str, Any] = {}
@@ -46,6 +51,7 @@ class Session:
         settings = reply.client_settings
         compression = settings.get("compression", {})
         self.site = reply.site
+        self.job = reply.job
         self.settings = settings
         self.max_message_bytes = int(settings["max_message_bytes"])
         self._policy = CodecPolicy(

@@ -26,7 +26,7 @@ from .feedback import HopFeedback
 from .membership import Membership
 from .plan import DEFAULT_CHUNK_BYTES, DEFAULT_LATENCY_S, DEFAULT_RATE_BPS, Plan
 from .small import BarrierRun, BroadcastRun
-from .steps import Deadline, PathRows, RecvOne, Script, Step, run_async, run_sync
+from .steps import Claim, Deadline, PathRows, RecvOne, Script, Step, run_async, run_sync
 from .tags import check_collective_tag
 
 __all__ = ["CollectiveState", "PartialResult", "run_async", "run_sync"]
@@ -146,6 +146,7 @@ def allreduce_script(
     check_collective_tag(tag)  # the inputs are checked before anything is sent
     check_reducible(array.dtype, op)
     deadline = Deadline(timeout)
+    yield Claim(f"allreduce/{tag}", step)
     what = _what("allreduce", tag, step)
     if partial:
         plan = yield from _membership(
@@ -254,6 +255,7 @@ def broadcast_script(
     run = BroadcastRun(
         site=site, sites=plan.sites, tag=tag, root=root, array=array, chunk_bytes=plan.chunk_bytes
     )
+    yield Claim(f"broadcast/{tag}", step)
     yield from drive_steps(run, step, Deadline(timeout), _what("broadcast", tag, step), site)
     return run.result()
 
@@ -270,4 +272,5 @@ def barrier_script(
     _check_common(tag, step, timeout)
     plan = call_sites(site, settings, sites)
     run = BarrierRun(site=site, sites=plan.sites, tag=tag)
+    yield Claim(f"barrier/{tag}", step)
     yield from drive_steps(run, step, Deadline(timeout), _what("barrier", tag, step), site)

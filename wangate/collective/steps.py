@@ -79,7 +79,15 @@ class NextArrivals:
     deadline: Deadline
 
 
-Step = SendOne | RecvOne | PathRows | RecvEach | NextArrivals
+@dataclass(frozen=True)
+class Claim:  # -> None; raises the gateway's ``collision``
+    """Enter the call before sending anything for it (proto/collective.md, "Claims")."""
+
+    call: str  # kind/tag
+    step: int
+
+
+Step = SendOne | RecvOne | PathRows | RecvEach | NextArrivals | Claim
 Script = Generator[Step, Any, T]
 Arrival = tuple[Expected, np.ndarray]
 
@@ -103,6 +111,8 @@ class SyncTransport(Protocol):
 
     def paths(self) -> list[dict[str, Any]]: ...
 
+    def claim(self, call: str, step: int) -> None: ...
+
 
 class AsyncTransport(Protocol):
     async def send_encoded(
@@ -122,6 +132,8 @@ class AsyncTransport(Protocol):
     ) -> np.ndarray: ...
 
     async def paths(self) -> list[dict[str, Any]]: ...
+
+    async def claim(self, call: str, step: int) -> None: ...
 
 
 # ---------------------------------------------------------------- blocking
@@ -149,6 +161,8 @@ def _blocking(gw: SyncTransport, todo: Step) -> Any:
         return _recv_or_none(gw, todo.want, todo.step, todo.timeout_s)
     if isinstance(todo, PathRows):
         return PathRow.from_dicts(gw.paths())
+    if isinstance(todo, Claim):
+        return gw.claim(todo.call, todo.step)
     if isinstance(todo, RecvEach):
         outcomes: list[np.ndarray | GatewayError] = []
         for want in todo.wants:
@@ -209,6 +223,8 @@ async def _asyncio(gw: AsyncTransport, todo: Step, outstanding: Outstanding) -> 
             return None
     if isinstance(todo, PathRows):
         return PathRow.from_dicts(await gw.paths())
+    if isinstance(todo, Claim):
+        return await gw.claim(todo.call, todo.step)
     if isinstance(todo, RecvEach):
 
         async def one(want: Expected) -> np.ndarray | GatewayError:

@@ -84,6 +84,7 @@ __all__ = [
     "REJECT_EXPIRED",
     "REJECT_MALFORMED",
     "REJECT_TOO_LARGE",
+    "REJECT_UNKNOWN_JOB",
     "REPAIR_HEADER_MAX_BYTES",
     "SEQ_BITS",
     "SHARD_FLAG_CRITICAL",
@@ -120,7 +121,7 @@ __all__ = [
     "varint_bytes",
 ]
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3  # 3: message headers name their job (proto/wire.md, "Versioning")
 
 
 # control frame types
@@ -237,6 +238,7 @@ REJECT_TOO_LARGE = 1
 REJECT_CHECKSUM = 2
 REJECT_MALFORMED = 3
 REJECT_EXPIRED = 4  # no byte arrived for the receiver's idle timeout: sender gone quiet
+REJECT_UNKNOWN_JOB = 5  # the receiving gateway serves no job of that name
 
 ControlFrame = (
     Hello

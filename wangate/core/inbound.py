@@ -26,6 +26,7 @@ from wangate.core.frames import (
     REJECT_EXPIRED,
     REJECT_MALFORMED,
     REJECT_TOO_LARGE,
+    REJECT_UNKNOWN_JOB,
     MessageRejected,
     RepairDatagram,
     RepairRequested,
@@ -106,6 +107,7 @@ class Reassembly:
         # the shell's last word on a whole, verified message: why it must not be
         # delivered (rejected to its sender with that reason), or None
         self._screen = screen
+        self.jobs: frozenset[str] | None = None  # the jobs this site serves; None: any
         # in progress, least recently progressed first (``_progressed`` moves to the end),
         # so the first one is the next to expire: expire/next_expiry are O(1) amortised
         self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
@@ -265,6 +267,11 @@ class Reassembly:
         refused = None if self._screen is None else self._screen(header)
         if refused is not None:
             self._drop(msg_id, message, REJECT_MALFORMED, refused)
+            return
+        if self.jobs is not None and header.job not in self.jobs:
+            served = ", ".join(sorted(self.jobs))
+            reason = f"no job {header.job!r} here (its jobs: {served})"
+            self._drop(msg_id, message, REJECT_UNKNOWN_JOB, reason)
             return
         del self.inbound[msg_id]
         self.completed.add(msg_id, msg_id + 1)

@@ -13,17 +13,19 @@ from dataclasses import dataclass
 
 from wangate.checksum import crc32
 from wangate.core.buffer import Buffer
+from wangate.core.jobs import DEFAULT_JOB, JOB_NAME, MAX_JOB_BYTES
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
-MESSAGE_VERSION = 1
+MESSAGE_VERSION = 2  # 2: the job's name after the fixed head (version 1 had none)
 MAX_TAG_BYTES = 1024
 MAX_META_BYTES = 64 * 1024
 FLAG_CRITICAL = 0x01
 
-# version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32
-_HEAD = struct.Struct("!BBHqII")
-HEAD_BYTES = _HEAD.size  # 20
-MAX_HEADER_BYTES = HEAD_BYTES + MAX_TAG_BYTES + MAX_META_BYTES  # a body's bytes before the payload
+# version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32, job_len u8
+_HEAD = struct.Struct("!BBHqIIB")
+HEAD_BYTES = _HEAD.size  # 21
+# a body's bytes before the payload, at most
+MAX_HEADER_BYTES = HEAD_BYTES + MAX_JOB_BYTES + MAX_TAG_BYTES + MAX_META_BYTES
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,12 @@ class MessageHeader:
     critical: bool
     checksum: int  # CRC-32 of meta followed by payload
     meta: bytes
+    job: str = DEFAULT_JOB  # the namespace: messages of other jobs never match
 
     def encode(self) -> bytes:
+        if JOB_NAME.fullmatch(self.job) is None:
+            raise LocalProtocolError(f"job {self.job!r} is not a job name")
+        job = self.job.encode()
         tag = self.tag.encode()
         if not 0 < len(tag) <= MAX_TAG_BYTES:
             raise LocalProtocolError(f"tag must be 1..{MAX_TAG_BYTES} bytes of UTF-8")
@@ -44,29 +50,41 @@ class MessageHeader:
             raise LocalProtocolError("step must fit in a signed 64-bit integer")
         flags = FLAG_CRITICAL if self.critical else 0
         head = _HEAD.pack(
-            MESSAGE_VERSION, flags, len(tag), self.step, self.checksum & 0xFFFFFFFF, len(self.meta)
+            MESSAGE_VERSION,
+            flags,
+            len(tag),
+            self.step,
+            self.checksum & 0xFFFFFFFF,
+            len(self.meta),
+            len(job),
         )
-        return head + tag + self.meta
+        return head + job + tag + self.meta
 
 
 def decode_header(body: Buffer) -> tuple[MessageHeader, int]:
     """Parse the header at the start of ``body``; returns it and the payload offset."""
     if len(body) < HEAD_BYTES:
         raise RemoteProtocolError(f"message of {len(body)} bytes is shorter than its header")
-    version, flags, tag_len, step, checksum, meta_len = _HEAD.unpack_from(body)
+    version, flags, tag_len, step, checksum, meta_len, job_len = _HEAD.unpack_from(body)
     if version != MESSAGE_VERSION:
         raise RemoteProtocolError(f"message version {version} is not supported")
     if not 0 < tag_len <= MAX_TAG_BYTES or meta_len > MAX_META_BYTES:
         raise RemoteProtocolError("message header declares an impossible tag or meta size")
-    end = HEAD_BYTES + tag_len + meta_len
+    if not 0 < job_len <= MAX_JOB_BYTES:
+        raise RemoteProtocolError(f"message header declares a job name of {job_len} bytes")
+    tag_at = HEAD_BYTES + job_len
+    end = tag_at + tag_len + meta_len
     if end > len(body):
         raise RemoteProtocolError("message header runs past the end of the message")
+    job = bytes(body[HEAD_BYTES:tag_at]).decode("latin-1")
+    if JOB_NAME.fullmatch(job) is None:
+        raise RemoteProtocolError(f"message job {job!r} is not a job name")
     try:
-        tag = bytes(body[HEAD_BYTES : HEAD_BYTES + tag_len]).decode()
+        tag = bytes(body[tag_at : tag_at + tag_len]).decode()
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError("message tag is not UTF-8") from exc
-    meta = bytes(body[HEAD_BYTES + tag_len : end])
-    return MessageHeader(tag, step, bool(flags & FLAG_CRITICAL), checksum, meta), end
+    meta = bytes(body[tag_at + tag_len : end])
+    return MessageHeader(tag, step, bool(flags & FLAG_CRITICAL), checksum, meta, job), end
 
 
 def payload_offset(first_bytes: Buffer) -> int | None:
@@ -74,10 +92,10 @@ def payload_offset(first_bytes: Buffer) -> int | None:
     do not hold the fixed head (or it is not one): a hint, checked again on delivery."""
     if len(first_bytes) < HEAD_BYTES:
         return None
-    version, _flags, tag_len, _step, _checksum, meta_len = _HEAD.unpack_from(first_bytes)
+    version, _flags, tag_len, _step, _checksum, meta_len, job_len = _HEAD.unpack_from(first_bytes)
     if version != MESSAGE_VERSION:
         return None
-    return int(HEAD_BYTES + tag_len + meta_len)
+    return int(HEAD_BYTES + job_len + tag_len + meta_len)
 
 
 def message_checksum(meta: Buffer, payload: Buffer) -> int:

@@ -309,6 +309,11 @@ class PeerSession:
         self.check_reachable(now)
         return self._send.add(header, head, payload, now, deadline_at)
 
+    def set_served_jobs(self, jobs: frozenset[str] | None) -> None:
+        """The jobs whose messages this site takes; a message of another is rejected to
+        its sender (``REJECT_UNKNOWN_JOB``). None: every job."""
+        self._inbound.jobs = jobs
+
     def set_peer_limits(self, max_message_bytes: int) -> None:
         self._send.outbox.peer_max_message = max_message_bytes
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from wangate.core.buffer import Buffer
 from wangate.core.events import MessageReceived
+from wangate.core.jobs import DEFAULT_JOB
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class Delivery:
     # the sealed shared-memory segment that holds the body (the payload ends it), now
     # the delivery's: handed to a trainer that takes segments, else closed
     segment_fd: int | None = None
+    job: str = DEFAULT_JOB  # the sender's job: only a recv of the same job matches
 
     @classmethod
     def received(cls, source: str, event: MessageReceived) -> Delivery:
@@ -39,4 +41,5 @@ class Delivery:
             checksum=header.checksum,
             msg_id=event.msg_id,
             body_bytes=event.body_bytes,
+            job=header.job,
         )

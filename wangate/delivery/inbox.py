@@ -5,32 +5,40 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.delivery.delivered import Delivery
-from wangate.delivery.mailbox import HandedToWaiter, Mailbox, OfferResult, Refused
+from wangate.delivery.mailbox import Box, HandedToWaiter, Mailbox, OfferResult, Refused, box_of
 from wangate.errors import ErrorCode, RecvTimeout, WangateError
+
+# why no message can come for (tag, source, job): an error to raise, or None to wait
+Hopeless = Callable[[str, str | None, str], WangateError | None]
+
+
+def _never(tag: str, source: str | None, job: str) -> WangateError | None:
+    return None
 
 
 class Inbox:
     def __init__(self, peer_inbox_bytes: int) -> None:
         self.mailbox = Mailbox(peer_inbox_bytes)
         self._waiters: dict[int, asyncio.Future[Delivery]] = {}
-        self._space_freed: dict[str, asyncio.Event] = {}
+        self._space_freed: dict[Box, asyncio.Event] = {}
 
     def try_deliver(self, delivery: Delivery) -> bool:
-        """Hand over or queue ``delivery``; False when its source's inbox is full.
+        """Hand over or queue ``delivery``; False when its (source, job) budget is full.
 
-        On False the transport holds the source back and calls again after
-        ``wait_for_space(source)`` returns.
+        On False the caller holds that box back and calls again after
+        ``wait_for_space(box)`` returns.
         """
         return not isinstance(self._settle(self.mailbox.offer(delivery)), Refused)
 
     async def deliver(self, delivery: Delivery) -> None:
-        """Deliver, waiting while the source's inbox is full (backpressure)."""
+        """Deliver, waiting while its (source, job) budget is full (backpressure)."""
         while not self.try_deliver(delivery):
-            await self.wait_for_space(delivery.source)
+            await self.wait_for_space(box_of(delivery))
 
-    async def wait_for_space(self, source: str) -> None:
-        await self._space_freed.setdefault(source, asyncio.Event()).wait()
+    async def wait_for_space(self, box: Box) -> None:
+        await self._space_freed.setdefault(box, asyncio.Event()).wait()
 
     async def receive(
         self,
@@ -38,17 +46,18 @@ class Inbox:
         source: str | None,
         step: int | None,
         timeout_s: float | None,
-        hopeless: Callable[[str, str | None], WangateError | None] = lambda tag, source: None,
+        hopeless: Hopeless = _never,
+        job: str = DEFAULT_JOB,
     ) -> Delivery:
-        """The oldest matching delivery; waits for one unless ``hopeless(tag, source)``
-        names why none can come (then raises that)."""
-        delivery = self._take(tag, source, step)
+        """The oldest matching delivery; waits for one unless ``hopeless(tag, source,
+        job)`` names why none can come (then raises that)."""
+        delivery = self._take(tag, source, step, job)
         if delivery is not None:
             return delivery
-        error = hopeless(tag, source)
+        error = hopeless(tag, source, job)
         if error is not None:
             raise error
-        waiter_id = self.mailbox.register(tag, source, step)
+        waiter_id = self.mailbox.register(tag, source, step, job)
         future: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         self._waiters[waiter_id] = future
         try:
@@ -68,11 +77,11 @@ class Inbox:
                 ) from None
             raise
 
-    def fail_waiters(self, hopeless: Callable[[str, str | None], WangateError | None]) -> int:
-        """Fail every waiting recv for which ``hopeless(tag, source)`` gives an error."""
+    def fail_waiters(self, hopeless: Hopeless) -> int:
+        """Fail every waiting recv for which ``hopeless(tag, source, job)`` gives an error."""
         failed = 0
-        for waiter_id, tag, source, _step in self.mailbox.waiters():
-            error = hopeless(tag, source)
+        for waiter_id, tag, source, _step, job in self.mailbox.waiters():
+            error = hopeless(tag, source, job)
             future = self._waiters.get(waiter_id)
             if error is None or future is None or future.done():
                 continue
@@ -87,14 +96,16 @@ class Inbox:
         to the next matching recv, or first in line again."""
         self._settle(self.mailbox.put_back(delivery))
 
-    def take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
+    def take(
+        self, tag: str, source: str | None, step: int | None, job: str = DEFAULT_JOB
+    ) -> Delivery | None:
         """The oldest matching delivery waiting, if any (no waiting)."""
-        return self._take(tag, source, step)
+        return self._take(tag, source, step, job)
 
-    def _take(self, tag: str, source: str | None, step: int | None) -> Delivery | None:
-        delivery = self.mailbox.take(tag, source, step)
+    def _take(self, tag: str, source: str | None, step: int | None, job: str) -> Delivery | None:
+        delivery = self.mailbox.take(tag, source, step, job)
         if delivery is not None:
-            event = self._space_freed.pop(delivery.source, None)
+            event = self._space_freed.pop(box_of(delivery), None)
             if event is not None:
                 event.set()
         return delivery

@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass
 
 from wangate.core.frames import REJECT_CHECKSUM, REJECT_EXPIRED
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.message import decode_header
 from wangate.core.states import PeerStateKind
 from wangate.delivery.segments import InboundSegments
@@ -55,6 +56,7 @@ class IncomingStream:
     error: GatewayError | None = None  # failed: why
     fd: int | None = None  # the segment's sealed descriptor, until it goes to the trainer
     taken: bool = False
+    job: str = DEFAULT_JOB
 
     def __post_init__(self) -> None:
         self.changed = asyncio.Event()  # ready bytes grew, or it finished
@@ -94,10 +96,12 @@ class _Waiter:
     source: str | None
     step: int | None
     future: asyncio.Future[IncomingStream]
+    job: str = DEFAULT_JOB
 
     def matches(self, stream: IncomingStream) -> bool:
         return (
             stream.tag == self.tag
+            and stream.job == self.job
             and (self.source is None or stream.source == self.source)
             and (self.step is None or stream.step == self.step)
         )
@@ -156,6 +160,7 @@ class InboundStreams:
             body,
             start,
             ready_bytes,
+            job=header.job,
         )
 
     def completed(self, source: str, msg_id: int) -> bool:
@@ -206,9 +211,11 @@ class InboundStreams:
 
     # ------------------------------------------------------- from recvs
 
-    def take(self, tag: str, source: str | None, step: int | None) -> IncomingStream | None:
+    def take(
+        self, tag: str, source: str | None, step: int | None, job: str = DEFAULT_JOB
+    ) -> IncomingStream | None:
         """The oldest open message that matches and nobody took, now taken."""
-        probe = _Waiter(tag, source, step, asyncio.get_running_loop().create_future())
+        probe = _Waiter(tag, source, step, asyncio.get_running_loop().create_future(), job)
         for stream in self._open.values():
             if not stream.taken and probe.matches(stream):
                 self._take(stream)
@@ -221,10 +228,10 @@ class InboundStreams:
         self.streamed += 1
 
     def wait(
-        self, tag: str, source: str | None, step: int | None
+        self, tag: str, source: str | None, step: int | None, job: str = DEFAULT_JOB
     ) -> asyncio.Future[IncomingStream]:
         future: asyncio.Future[IncomingStream] = asyncio.get_running_loop().create_future()
-        self._waiters.append(_Waiter(tag, source, step, future))
+        self._waiters.append(_Waiter(tag, source, step, future, job))
         return future
 
     def cancel_wait(self, future: asyncio.Future[IncomingStream]) -> None:

@@ -2,12 +2,13 @@
 
 The gateway wires one ``TrainerDelivery`` to every peer driver (as the driver's
 ``DeliverySink``, wangate.net.peer_driver) and to the service. What arrives goes to
-the inbox (``Inbox``: matching, per-source budgets, waiting recvs); a large message is
-assembled in a shared-memory segment (``InboundSegments``) and can be taken while it
-arrives (``InboundStreams``). A delivery the inbox refuses (its source's budget is
-full) waits here, in arrival order, behind which later ones from that source wait too:
-messages from one source reach trainers in the order they completed, and the credit
-they hold keeps that peer's sender back meanwhile.
+the inbox (``Inbox``: matching, per-(source, job) budgets, waiting recvs); a large
+message is assembled in a shared-memory segment (``InboundSegments``) and can be taken
+while it arrives (``InboundStreams``). A delivery the inbox refuses (its (source, job)
+budget is full) waits here, in arrival order, behind which later ones of that job from
+that source wait too: one job's messages from one source reach trainers in the order
+they completed, and the credit they hold keeps that job's sender back meanwhile (its
+share of the peer's window is capped, wangate.core.jobs), not the other jobs.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
 from wangate.core.states import PeerStateKind
 from wangate.delivery.delivered import Delivery
-from wangate.delivery.inbox import Inbox
+from wangate.delivery.inbox import Hopeless, Inbox, _never
+from wangate.delivery.mailbox import Box, box_of
 from wangate.delivery.segments import InboundSegments
 from wangate.delivery.streams import InboundStreams, IncomingStream
-from wangate.errors import ErrorCode, RecvTimeout, WangateError
-
-# why no message can come for (tag, source): an error to raise, or None to wait
-Hopeless = Callable[[str, str | None], WangateError | None]
+from wangate.errors import ErrorCode, RecvTimeout
 # where message bodies are assembled: allocate(size, payload offset), free, min size
 BodyBuffers = tuple[
     Callable[[int, int | None], bytearray | memoryview],
@@ -34,18 +34,14 @@ BodyBuffers = tuple[
 ]
 
 
-def _never(tag: str, source: str | None) -> WangateError | None:
-    return None
-
-
 class TrainerDelivery:
     def __init__(self, peer_inbox_bytes: int) -> None:
         self.segments = InboundSegments()
         self.streams = InboundStreams(self.segments)
         self.inbox = Inbox(peer_inbox_bytes)
         self.hopeless: Hopeless = _never  # set by the service: it knows the peers' states
-        self._refused: dict[str, deque[Delivery]] = {}  # by source, in arrival order
-        self._redelivery: dict[str, asyncio.Task[None]] = {}
+        self._refused: dict[Box, deque[Delivery]] = {}  # by (source, job), in arrival order
+        self._redelivery: dict[Box, asyncio.Task[None]] = {}
 
     # ------------------------------------------------------ the drivers' side
 
@@ -75,46 +71,57 @@ class TrainerDelivery:
             self.inbox.fail_waiters(self.hopeless)
 
     def arrived(self, delivery: Delivery) -> None:
-        """Into the inbox, or behind what waits for room from the same source."""
-        waiting = self._refused.get(delivery.source)
+        """Into the inbox, or behind what waits for room from the same source and job."""
+        box = box_of(delivery)
+        waiting = self._refused.get(box)
         if waiting is None and self.inbox.try_deliver(delivery):
             return
         if waiting is None:
-            waiting = self._refused[delivery.source] = deque()
-            task = asyncio.get_running_loop().create_task(self._redeliver(delivery.source))
-            self._redelivery[delivery.source] = task
+            waiting = self._refused[box] = deque()
+            task = asyncio.get_running_loop().create_task(self._redeliver(box))
+            self._redelivery[box] = task
         waiting.append(delivery)
 
-    async def _redeliver(self, source: str) -> None:
-        waiting = self._refused[source]
+    async def _redeliver(self, box: Box) -> None:
+        waiting = self._refused[box]
         try:
             while waiting:
                 await self.inbox.deliver(waiting[0])  # waits for room
                 waiting.popleft()
         finally:
-            del self._refused[source]
-            del self._redelivery[source]
+            del self._refused[box]
+            del self._redelivery[box]
 
     # ------------------------------------------------------ the service's side
 
     async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery:
-        return await self.inbox.receive(tag, source, step, timeout_s, self.hopeless)
+        return await self.inbox.receive(tag, source, step, timeout_s, self.hopeless, job)
 
     async def receive_stream(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery | IncomingStream:
         """``receive``, or sooner: a large message whose header is in, still arriving
         (proto/localapi.md, "Streamed delivery"). A whole one waiting comes first."""
-        delivery = self.inbox.take(tag, source, step)
+        delivery = self.inbox.take(tag, source, step, job)
         if delivery is not None:
             return delivery
-        stream = self.streams.take(tag, source, step)
+        stream = self.streams.take(tag, source, step, job)
         if stream is not None:
             return stream
-        whole = asyncio.ensure_future(self.receive(tag, source, step, None))
-        early = self.streams.wait(tag, source, step)
+        whole = asyncio.ensure_future(self.receive(tag, source, step, None, job))
+        early = self.streams.wait(tag, source, step, job)
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.wait((whole, early), return_when=asyncio.FIRST_COMPLETED)

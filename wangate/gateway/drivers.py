@@ -165,6 +165,7 @@ class DriverBackend:
             submission.critical,
             submission.checksum,
             submission.meta,
+            submission.job,
         )
         deadline_s = submission.deadline_s
         return self.peers[submission.peer].submit(

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 from wangate import __version__
 from wangate.config import Config
+from wangate.config.jobs import job_admission_error, unknown_job_error
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.message import message_checksum
 from wangate.core.states import PathStateKind
 from wangate.delivery.delivered import Delivery
@@ -34,8 +37,9 @@ from wangate.errors import (
 )
 from wangate.gateway.backend import Backend
 from wangate.gateway.outcomes import MAX_OUTCOMES, OutcomeBook
+from wangate.gateway.claims import CollectiveClaims
 from wangate.rows import GatewayStatus, PathRow
-from wangate.service import Submission
+from wangate.service import Claimant, Submission
 
 
 class Service:
@@ -53,12 +57,38 @@ class Service:
         self.book = book
         self.started_at = time.monotonic()
         self.local_messages = 0
+        self.claims = CollectiveClaims()
         delivery.hopeless = self._hopeless_recv
+
+    # --------------------------------------------------------------- jobs
+
+    def join(self, job: str, uid: int, gids: tuple[int, ...]) -> str:
+        """Admit a trainer process (``uid``, ``gids``) to ``job``; raises
+        ``GatewayError`` naming the job and why not (``unknown_job``, ``job_denied``)."""
+        declared = self.config.jobs.job(job)
+        if declared is None:
+            raise GatewayError(unknown_job_error(job, self.config), code=ErrorCode.UNKNOWN_JOB)
+        refused = job_admission_error(declared, uid, gids, os.getuid())
+        if refused is not None:
+            raise GatewayError(refused, code=ErrorCode.JOB_DENIED)
+        return job
+
+    def claim(self, job: str, call: str, step: int, by: Claimant) -> None:
+        self.claims.claim(job, call, step, by)
+
+    def left(self, connection: int) -> None:
+        self.claims.release(connection)
+
+    def _job_declared(self, job: str) -> None:
+        """A job removed by a reload takes no new messages."""
+        if self.config.jobs.job(job) is None:
+            raise GatewayError(unknown_job_error(job, self.config), code=ErrorCode.UNKNOWN_JOB)
 
     # ------------------------------------------------------------ sending
 
     def submit_now(self, submission: Submission) -> int | None:
         arrived_at = time.monotonic()
+        self._job_declared(submission.job)
         if submission.peer == self.site_name:
             delivery = self._local_delivery(submission)
             if not self.delivery.inbox.try_deliver(delivery):
@@ -74,6 +104,7 @@ class Service:
 
     async def submit(self, submission: Submission) -> int:
         arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
+        self._job_declared(submission.job)
         if submission.peer == self.site_name:
             delivery = self._local_delivery(submission)
             try:
@@ -163,14 +194,24 @@ class Service:
     # ---------------------------------------------------------- receiving
 
     async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery:
-        return self._taken(await self.delivery.receive(tag, source, step, timeout_s))
+        return self._taken(await self.delivery.receive(tag, source, step, timeout_s, job))
 
     async def receive_stream(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery | IncomingStream:
-        got = await self.delivery.receive_stream(tag, source, step, timeout_s)
+        got = await self.delivery.receive_stream(tag, source, step, timeout_s, job)
         return self._taken(got) if isinstance(got, Delivery) else got
 
     def _taken(self, delivery: Delivery) -> Delivery:
@@ -180,7 +221,7 @@ class Service:
         fd = self.delivery.segments.claim(memoryview(delivery.payload))
         return delivery if fd is None else dataclasses.replace(delivery, segment_fd=fd)
 
-    def _hopeless_recv(self, tag: str, source: str | None) -> PeerUnreachable | None:
+    def _hopeless_recv(self, tag: str, source: str | None, job: str) -> PeerUnreachable | None:
         """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
 
         With a source: that peer is unreachable. Without: every source that has sent
@@ -195,7 +236,7 @@ class Service:
                 f"recv {tag!r} from {source}: peer {source} is unreachable "
                 f"(silent for {backend.silent_s(source):.1f} s)"
             )
-        sources = sorted(self.delivery.inbox.mailbox.sources_of(tag) or peers)
+        sources = sorted(self.delivery.inbox.mailbox.sources_of(tag, job) or peers)
         if not sources or any(n not in peers or not backend.unreachable(n) for n in sources):
             return None
         silent = ", ".join(f"{name} silent for {backend.silent_s(name):.1f} s" for name in sources)
@@ -245,8 +286,17 @@ class Service:
             )
         self.backend.reset_path(peer, path)
 
-    def client_settings(self) -> dict[str, Any]:
+    def client_settings(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
         compression = self.config.compression
+        collective = self.config.collective_settings()
+        declared = self.config.jobs.job(job)
+        if declared is not None and declared.sites is not None:
+            # the job's collectives span its sites only
+            sites = set(declared.sites)
+            collective["peers"] = [p for p in collective["peers"] if p in sites]
+            collective["weights"] = {
+                s: w for s, w in collective["weights"].items() if s in sites
+            }
         return {
             "compression": {
                 "default": compression.default,
@@ -254,7 +304,7 @@ class Service:
                 "min_lossy_bytes": compression.min_lossy_bytes,
             },
             "max_message_bytes": self.config.limits.max_message_bytes,
-            "collective": self.config.collective_settings(),
+            "collective": collective,
             "segments": {
                 "min_bytes": self.delivery.segments.min_bytes,
                 "pool_bytes": self.config.limits.client_budget_bytes,
@@ -301,4 +351,5 @@ def local_delivery(
         meta=submission.meta,
         payload=payload,
         checksum=submission.checksum,
+        job=submission.job,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -28,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from wangate.core.buffer import Buffer
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.streams import IncomingStream
 from wangate.errors import ErrorCode, GatewayError
@@ -40,10 +42,12 @@ from wangate.localapi.dispatch import (
     recv_reply,
     submission,
 )
+from wangate.localapi.access import peer_credentials, supplementary_groups
 from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler, sock_sendall_with_fd
 from wangate.localapi.protocol import (
     FrameError,
     FramePrefix,
+    HelloRequest,
     RecvRequest,
     Request,
     SendRequest,
@@ -53,7 +57,7 @@ from wangate.localapi.protocol import (
 )
 from wangate.localapi.replies import ErrorReply, ProgressReply, Reply, SendReply, reply_header
 from wangate.localapi.segments import FrameDescriptors, recv_with_fds
-from wangate.service import GatewayService
+from wangate.service import Claimant, GatewayService
 from wangate.shm import SegmentError, keep_source, map_segment
 
 log = logging.getLogger("wangate.localapi")
@@ -61,6 +65,7 @@ log = logging.getLogger("wangate.localapi")
 MAX_REQUESTS_IN_FLIGHT = 64  # per connection
 MAX_PENDING_FDS = MAX_REQUESTS_IN_FLIGHT  # descriptors received, not yet named by a frame
 MAX_RELEASED = 4096  # hand-overs to report at once: a client that never asks learns no more
+_numbers = itertools.count(1)  # connections, for what they hold at the gateway
 
 
 class Connection:
@@ -94,6 +99,21 @@ class Connection:
         self.fds = FrameDescriptors(MAX_PENDING_FDS)  # for sends naming a segment
         # hand-overs (``segment_id``) whose mapping is gone, for the next success reply
         self.released: list[int] = []
+        # the job every call is in: named by hello, else "default" from the first call
+        # (either way admitted by the job's allow lists first)
+        self.job: str | None = None
+        self.claimant = Claimant(next(_numbers), 0)
+
+    def _join(self, job: str) -> str:
+        """Join ``job`` (raises ``GatewayError`` naming why not); the connection's job."""
+        peer = peer_credentials(self.sock)
+        gids = (peer.gid, *supplementary_groups(peer.pid))
+        self.job = self.service.join(job, peer.uid, gids)
+        self.claimant = Claimant(self.claimant.connection, peer.pid)
+        return self.job
+
+    def _job(self) -> str:
+        return self.job if self.job is not None else self._join(DEFAULT_JOB)
 
     async def run(self) -> None:
         self._listen(True)
@@ -104,6 +124,7 @@ class Connection:
             for task in self.tasks:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
+            self.service.left(self.claimant.connection)
             self.fds.close()
             self.sock.close()
 
@@ -257,7 +278,7 @@ class Connection:
         if isinstance(request, SendRequest):
             rid = request.request_id
             try:
-                message_id = self.service.submit_now(submission(request, payload))
+                message_id = self.service.submit_now(submission(request, payload, self._job()))
             except Exception as exc:
                 self._release(payload_bytes)
                 self._spawn(self._reply(failure_reply(rid, exc, request)))
@@ -297,7 +318,13 @@ class Connection:
         reply_payload: ReplyPayload = b""
         try:
             try:
-                reply, reply_payload = await dispatch(self.service, request, payload)
+                if isinstance(request, HelloRequest):
+                    job = self._join(request.job or DEFAULT_JOB)
+                else:
+                    job = self._job()
+                reply, reply_payload = await dispatch(
+                    self.service, request, payload, job, self.claimant
+                )
             finally:
                 self._release(payload_bytes)  # the service owns the payload now
         except Exception as exc:
@@ -311,7 +338,7 @@ class Connection:
         rid = request.request_id
         try:
             got = await self.service.receive_stream(
-                request.tag, request.source, request.step, request.timeout_s
+                request.tag, request.source, request.step, request.timeout_s, self._job()
             )
         except Exception as exc:
             await self._reply(failure_reply(rid, exc, request))

@@ -17,6 +17,7 @@ from wangate.delivery.streams import IncomingStream
 from wangate.errors import ErrorCode, GatewayError
 from wangate.localapi.protocol import (
     VERSION,
+    ClaimRequest,
     HelloRequest,
     PathsRequest,
     RecvRequest,
@@ -37,7 +38,7 @@ from wangate.localapi.replies import (
     StatusReply,
     WaitReply,
 )
-from wangate.service import GatewayService, Submission
+from wangate.service import Claimant, GatewayService, Submission
 from wangate.shm import source_of
 
 log = logging.getLogger("wangate.localapi")
@@ -62,7 +63,7 @@ def failure_reply(request_id: int | None, exc: Exception, what: object) -> Error
     return ErrorReply(request_id, ErrorCode.INTERNAL, f"gateway error: {exc}")
 
 
-def submission(request: SendRequest, payload: Buffer) -> Submission:
+def submission(request: SendRequest, payload: Buffer, job: str) -> Submission:
     return Submission(
         peer=request.peer,
         tag=request.tag,
@@ -73,6 +74,7 @@ def submission(request: SendRequest, payload: Buffer) -> Submission:
         checksum=request.checksum,
         deadline_s=request.deadline_s,
         segment=source_of(payload),
+        job=job,
     )
 
 
@@ -103,24 +105,33 @@ def recv_reply(rid: int, delivery: Delivery, segments: bool) -> tuple[RecvReply,
 
 
 async def dispatch(
-    service: GatewayService, request: Request, payload: Buffer
+    service: GatewayService,
+    request: Request,
+    payload: Buffer,
+    job: str,
+    claimant: Claimant,
 ) -> tuple[Reply, ReplyPayload]:
-    """Carry out every request but a streaming recv; raises what the service raised."""
+    """Carry out every request but a streaming recv, in ``job`` (the connection's,
+    admitted already); raises what the service raised."""
     rid = request.request_id
     if isinstance(request, SendRequest):
-        return SendReply(rid, await service.submit(submission(request, payload))), b""
+        return SendReply(rid, await service.submit(submission(request, payload, job))), b""
     if isinstance(request, RecvRequest):
         delivery = await service.receive(
-            request.tag, request.source, request.step, request.timeout_s
+            request.tag, request.source, request.step, request.timeout_s, job
         )
         return recv_reply(rid, delivery, request.segments)
     if isinstance(request, HelloRequest):
-        hello = HelloReply(rid, VERSION, service.site_name, __version__, service.client_settings())
+        settings = service.client_settings(job)
+        hello = HelloReply(rid, VERSION, service.site_name, __version__, settings, job)
         return hello, b""
     if isinstance(request, PathsRequest):
         return PathsReply(rid, [row.to_dict() for row in service.paths()]), b""
     if isinstance(request, StatusRequest):
         return StatusReply(rid, service.status().to_dict()), b""
+    if isinstance(request, ClaimRequest):
+        service.claim(job, request.call, request.step, claimant)
+        return DoneReply(rid), b""
     if isinstance(request, ResetPathRequest):
         service.reset_path(request.peer, request.path)
         return DoneReply(rid), b""

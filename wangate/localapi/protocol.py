@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from wangate.core.jobs import job_name_error
 from wangate.errors import ErrorCode, RemoteProtocolError
 
 MAGIC = b"WG"
@@ -33,7 +34,7 @@ MAX_ID = 2**32 - 1
 MAX_STEP = 2**63 - 1
 MAX_CHECKSUM = 2**32 - 1
 
-OPS = ("hello", "send", "recv", "paths", "status", "ping", "reset_path", "wait")
+OPS = ("hello", "send", "recv", "paths", "status", "ping", "reset_path", "wait", "claim")
 REQUEST_KEYS: dict[str, frozenset[str]] = {
     "hello": frozenset({"op", "id"}),
     "send": frozenset({"op", "id", "peer", "tag", "step", "critical", "meta", "checksum"}),
@@ -43,8 +44,10 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
     "ping": frozenset({"op", "id"}),
     "reset_path": frozenset({"op", "id", "peer", "path"}),
     "wait": frozenset({"op", "id", "peer", "message_id", "timeout_s"}),
+    "claim": frozenset({"op", "id", "call", "step"}),
 }
 OPTIONAL_KEYS: dict[str, frozenset[str]] = {
+    "hello": frozenset({"job"}),
     "send": frozenset({"deadline_s", "segment", "segment_id"}),
     "recv": frozenset({"segments", "stream"}),
 }
@@ -84,6 +87,7 @@ class FramePrefix:
 @dataclass(frozen=True)
 class HelloRequest:
     request_id: int
+    job: str | None = None  # the job this connection's calls are in; None: "default"
 
 
 @dataclass(frozen=True)
@@ -148,8 +152,19 @@ class WaitRequest:
     timeout_s: float | None
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Enter collective ``call`` (``kind/tag``) at ``step``: fails with ``collision``
+    while another trainer of the job at this site is in it (proto/collective.md)."""
+
+    request_id: int
+    call: str
+    step: int
+
+
 Request = (
     HelloRequest
+    | ClaimRequest
     | SendRequest
     | RecvRequest
     | PathsRequest
@@ -369,7 +384,14 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             stream,
         )
     if op == "hello":
-        return HelloRequest(rid)
+        job = header.get("job")
+        if job is not None:
+            refused = job_name_error(job)
+            if refused is not None:
+                raise FrameError(ErrorCode.BAD_REQUEST, refused, rid)
+        return HelloRequest(rid, job)
+    if op == "claim":
+        return ClaimRequest(rid, _name(header, "call", rid), _int(header, "step", rid, MAX_STEP))
     if op == "paths":
         return PathsRequest(rid)
     if op == "status":
@@ -425,6 +447,10 @@ def request_header(request: Request) -> dict[str, Any]:
             "peer": request.peer,
             "path": request.path,
         }
+    if isinstance(request, ClaimRequest):
+        return {"op": "claim", "id": request.request_id, "call": request.call, "step": request.step}
+    if isinstance(request, HelloRequest) and request.job is not None:
+        return {"op": "hello", "id": request.request_id, "job": request.job}
     op = {HelloRequest: "hello", PathsRequest: "paths", StatusRequest: "status"}.get(
         type(request), "ping"
     )

@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.errors import ErrorCode
 from wangate.localapi.protocol import (
+    ClaimRequest,
     MAX_CHECKSUM,
     MAX_ID,
     FrameError,
@@ -52,6 +54,7 @@ class HelloReply:
     site: str
     version: str
     client_settings: dict[str, Any]
+    job: str = DEFAULT_JOB  # the job the connection is in
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ def _fields(reply: Reply) -> dict[str, Any]:
             "site": reply.site,
             "version": reply.version,
             "client_settings": reply.client_settings,
+            "job": reply.job,
         }
     if isinstance(reply, SendReply):
         return {"message_id": reply.message_id}
@@ -217,17 +221,19 @@ def _keys(header: dict[str, Any], required: frozenset[str], optional: frozenset[
 
 
 _NONE: frozenset[str] = frozenset()
+_JOB = frozenset({"job"})  # a gateway before jobs leaves it out
 _MESSAGE_KEYS = frozenset({"source", "tag", "step", "critical", "meta", "checksum"})
 
 
 def _hello(header: dict[str, Any], rid: int) -> HelloReply:
-    _keys(header, frozenset({"protocol", "site", "version", "client_settings"}), _NONE)
+    _keys(header, frozenset({"protocol", "site", "version", "client_settings"}), _JOB)
     return HelloReply(
         rid,
         _value(header, "protocol", int),
         _value(header, "site", str),
         _value(header, "version", str),
         _value(header, "client_settings", dict),
+        _value(header, "job", str) if "job" in header else DEFAULT_JOB,
     )
 
 
@@ -291,6 +297,7 @@ _DECODERS: dict[type[Request], Callable[[dict[str, Any], int], Reply]] = {
     WaitRequest: _wait,
     PingRequest: _done,
     ResetPathRequest: _done,
+    ClaimRequest: _done,
 }
 
 

@@ -41,6 +41,7 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "offset": int,  # of the stripe in the descriptor's file
             "length": int,
             "deadline_s": _NUMBER,  # negative: none
+            "job": str,
         },
         1,
     ),
@@ -65,6 +66,7 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
             "checksum": int,
             "length": int,
             "seq": int,  # the worker's number for this arrival
+            "job": str,
         },
         0,
     ),

@@ -244,6 +244,7 @@ class Coordinator:
             left=len(ranges),
             segment=submission.segment,
             payload=view if submission.segment is not None else None,
+            job=submission.job,
         )
         self._out[(peer, msg_id)] = message
         self._pending[peer] = self._pending.get(peer, 0) + total
@@ -305,6 +306,7 @@ class Coordinator:
                     "offset": offset,
                     "length": stripe.length,
                     "deadline_s": remaining_s,
+                    "job": message.job,
                 },
                 [os.dup(fd)],
             )

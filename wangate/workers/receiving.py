@@ -51,6 +51,7 @@ class _In:
     fd: int  # the buffer's segment, which workers write the stripes into
     payload_offset: int  # of the buffer (the payload) in that segment
     own_fd: bool  # not the delivery's: closed when the message is done
+    job: str
 
 
 @dataclass
@@ -164,7 +165,17 @@ class StripeReceiver:
             buffer, offset = memoryview(mapping)[:total], 0
         else:
             offset = memoryview(memoryview(buffer).obj).nbytes - len(buffer)  # payload ends it
-        return _In(buffer, fields["tag"], fields["step"], fields["critical"], meta, fd, offset, own)
+        return _In(
+            buffer,
+            fields["tag"],
+            fields["step"],
+            fields["critical"],
+            meta,
+            fd,
+            offset,
+            own,
+            fields["job"],
+        )
 
     def placed(self, handle: WorkerHandle, seq: int) -> None:
         """The worker wrote the stripe it numbered ``seq`` into the message's segment."""
@@ -214,6 +225,7 @@ class StripeReceiver:
             payload=assembly.buffer,
             checksum=descriptor.checksum,
             msg_id=descriptor.msg_id,
+            job=assembly.job,
         )
         held = (handle, handle.generation, fields["msg_id"], fields["body_bytes"], fields["seq"])
         previous = self._held.pop((peer, descriptor.msg_id), None)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from wangate.checksum import crc32, crc32_combine
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.message import MAX_META_BYTES, MessageHeader
 from wangate.errors import ErrorCode, GatewayError, LocalProtocolError
 from wangate.service import Submission
@@ -45,6 +46,7 @@ class OutMessage:
     # the payload's mapping, which keeps that descriptor open until the message is done
     segment: tuple[int, int] | None = None
     payload: memoryview | None = None
+    job: str = DEFAULT_JOB
 
 
 @dataclass
@@ -86,7 +88,9 @@ def stage_payload(
     the bytes do not give the declared checksum; nothing is kept then.
     """
     try:
-        MessageHeader(submission.tag, submission.step, submission.critical, 0, meta).encode()
+        MessageHeader(
+            submission.tag, submission.step, submission.critical, 0, meta, submission.job
+        ).encode()
     except LocalProtocolError as exc:
         raise GatewayError(str(exc), code=ErrorCode.BAD_REQUEST) from None
     if len(meta) + DESCRIPTOR_BYTES > MAX_META_BYTES:

@@ -209,6 +209,7 @@ class Worker:
             payload=payload,
             checksum=fields["checksum"],
             deadline_s=None if deadline_s < 0 else float(deadline_s),
+            job=fields["job"],
         )
         self._sizes[sid] = len(payload)
         self._queued_bytes += len(payload)
@@ -296,6 +297,7 @@ class Worker:
                 "checksum": delivery.checksum,
                 "length": memoryview(delivery.payload).nbytes,
                 "seq": seq,
+                "job": delivery.job,
             },
         )
 
