@@ -3,9 +3,11 @@
 ``plan_reload`` compares the running configuration with a newly loaded, already
 validated one. Peers and paths are added and removed live; a path whose settings
 changed is removed and added again (it reconnects). Compression applies to trainers
-that connect from then on. Every other setting is fixed at start-up (bound sockets,
-TLS contexts, per-peer sessions): a change to it is reported and the running value is
-kept until the daemon restarts.
+that connect from then on. Jobs (``[jobs]``) are added, changed and removed live: the
+gateway recomputes every job's policy from the new section (``Config.job_policies``).
+Every other setting is fixed at start-up (bound sockets, TLS contexts, per-peer
+sessions): a change to it is reported and the running value is kept until the daemon
+restarts.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from wangate.config import Config, PathConfig, PeerConfig, load_config
+from wangate.config import Config, JobsConfig, PathConfig, PeerConfig, load_config
 from wangate.errors import ConfigError
 
 log = logging.getLogger("wangate.reload")
@@ -36,6 +38,10 @@ class ReloadPlan:
     paths_added: tuple[tuple[str, PathConfig], ...] = ()  # (peer, path) for existing peers
     paths_removed: tuple[tuple[str, str], ...] = ()  # (peer, path name)
     restart_needed: tuple[str, ...] = ()  # keys like "site.listen" whose change waits
+    jobs_added: tuple[str, ...] = ()
+    jobs_removed: tuple[str, ...] = ()
+    jobs_changed: tuple[str, ...] = ()  # declared in both, with different settings
+    placement_changed: bool = False  # [jobs] placement: every job's paths may move
 
     @property
     def changes(self) -> list[str]:
@@ -45,6 +51,14 @@ class ReloadPlan:
             + [f"peer {name} removed" for name in self.peers_removed]
             + [f"path {peer}/{p.name} added" for peer, p in self.paths_added]
             + [f"path {peer}/{name} removed" for peer, name in self.paths_removed]
+            + [f"job {name} added" for name in self.jobs_added]
+            + [f"job {name} removed" for name in self.jobs_removed]
+            + [f"job {name} changed" for name in self.jobs_changed]
+            + (
+                [f"job placement now {self.effective.jobs.placement}"]
+                if self.placement_changed
+                else []
+            )
         )
 
 
@@ -54,6 +68,17 @@ def _changed_keys(section: str, old: Any, new: Any) -> list[str]:
         for field in dataclasses.fields(old)
         if getattr(old, field.name) != getattr(new, field.name)
     ]
+
+
+def jobs_changed(
+    old: JobsConfig, new: JobsConfig
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The jobs of ``new`` that ``old`` lacks, those of ``old`` that ``new`` lacks, and
+    those in both whose settings differ, each in file order."""
+    added = tuple(job.name for job in new.jobs if old.job(job.name) is None)
+    removed = tuple(job.name for job in old.jobs if new.job(job.name) is None)
+    changed = tuple(job.name for job in new.jobs if old.job(job.name) not in (None, job))
+    return added, removed, changed
 
 
 def plan_reload(running: Config, new: Config) -> ReloadPlan:
@@ -80,6 +105,7 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
         for path_name, path in new_paths.items():
             if old_paths.get(path_name) != path:
                 paths_added.append((name, path))
+    jobs_added, jobs_removed, jobs_modified = jobs_changed(running.jobs, new.jobs)
     return ReloadPlan(
         effective=effective,
         peers_added=tuple(p for name, p in new_peers.items() if name not in old_peers),
@@ -87,6 +113,10 @@ def plan_reload(running: Config, new: Config) -> ReloadPlan:
         paths_added=tuple(paths_added),
         paths_removed=tuple(paths_removed),
         restart_needed=tuple(restart_needed),
+        jobs_added=jobs_added,
+        jobs_removed=jobs_removed,
+        jobs_changed=jobs_modified,
+        placement_changed=running.jobs.placement != new.jobs.placement,
     )
 
 
@@ -132,7 +162,7 @@ class Reloader:
         log.warning(
             "configuration %s reloaded: %s",
             self.config_path,
-            "; ".join(plan.changes) or "no peer or path changed",
+            "; ".join(plan.changes) or "no peer, path or job changed",
         )
         if plan.restart_needed:
             log.warning(

@@ -2,12 +2,13 @@
 
 ``schema`` holds what a valid configuration is (one frozen dataclass per section),
 ``parse`` reads a file section by section with the generic checks of ``reader``,
-``tls_material`` checks the certificate and key files, and ``access`` the local API's
-socket mode, users and groups.
+``tls_material`` checks the certificate and key files, ``access`` the local API's
+socket mode, users and groups, and ``jobs`` the training jobs and who may join each.
 """
 
 from __future__ import annotations
 
+from wangate.config.jobs import job_admission_error, unknown_job_error
 from wangate.config.parse import load_config, parse_config
 from wangate.config.schema import (
     MAX_MTU,
@@ -17,6 +18,8 @@ from wangate.config.schema import (
     Config,
     CriticalConfig,
     FecConfig,
+    JobConfig,
+    JobsConfig,
     LimitsConfig,
     MetricsConfig,
     PathConfig,
@@ -34,6 +37,8 @@ __all__ = [
     "Config",
     "CriticalConfig",
     "FecConfig",
+    "JobConfig",
+    "JobsConfig",
     "LimitsConfig",
     "MetricsConfig",
     "PathConfig",
@@ -41,6 +46,8 @@ __all__ = [
     "SiteConfig",
     "TlsConfig",
     "WorkersConfig",
+    "job_admission_error",
     "load_config",
     "parse_config",
+    "unknown_job_error",
 ]

@@ -1,6 +1,6 @@
 """``[site]``'s local API access: the socket file's mode, and the users and groups
-allowed to connect (``allow_uids`` / ``allow_gids``), by number or by a name looked up
-on this machine (wangate.localapi.access applies them)."""
+allowed to connect (``allow_uids`` / ``allow_gids``, also those of each ``[jobs.NAME]``),
+by number or by a name looked up on this machine (wangate.localapi.access applies them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from wangate.config.reader import Reader, type_name
 
 MAX_ID = 2**32 - 2  # uid_t / gid_t; (uid_t)-1 means "no id"
 _SOCKET_MODE_STRING = re.compile(r"0?[0-7]{3}|0o[0-7]{3}")
-_ID_KIND = {"site.allow_uids": "user", "site.allow_gids": "group"}
+
+
+def _id_kind(key: str) -> str:
+    """What an entry of the list ``key`` (``site.allow_uids``, ``jobs.X.allow_gids``) names."""
+    return "user" if key.endswith("allow_uids") else "group"
 
 
 def uid_of(name: str) -> int:
@@ -37,13 +41,13 @@ def ids(
             try:
                 number = by_name(reader.string(item, item_key))
             except KeyError:
-                raise reader.error(item_key, f"no such {_ID_KIND[key]} {item!r}") from None
+                raise reader.error(item_key, f"no such {_id_kind(key)} {item!r}") from None
         elif isinstance(item, int) and not isinstance(item, bool):
             number = reader.integer(item, item_key, 0, MAX_ID)
         else:
             raise reader.error(
                 item_key,
-                f"expected a numeric id or a {_ID_KIND[key]} name, got {type_name(item)} {item!r}",
+                f"expected a numeric id or a {_id_kind(key)} name, got {type_name(item)} {item!r}",
             )
         if number not in found:
             found.append(number)

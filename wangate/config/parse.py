@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from wangate.config.access import gid_of, ids, socket_mode, uid_of
+from wangate.config.jobs import jobs_config
 from wangate.config.reader import Reader, toml_key, type_name
 from wangate.config.schema import (
     MAX_MTU,
@@ -69,7 +70,8 @@ class _Parser(Reader):
 
     def config(self, document: dict[str, Any]) -> Config:
         optional = {
-            "peers", "limits", "compression", "metrics", "fec", "critical", "collective", "workers"
+            "peers", "limits", "compression", "metrics", "fec", "critical", "collective", "workers",
+            "jobs",
         }  # fmt: skip
         self.table(document, "", {"site", "tls"}, optional)
         site = self.site(document["site"])
@@ -87,6 +89,7 @@ class _Parser(Reader):
             critical=self.critical(document.get("critical", {})),
             collective=self.collective(document.get("collective", {}), site, peers),
             workers=self.workers(document.get("workers", {}), site),
+            jobs=jobs_config(self, document.get("jobs", {}), site, peers),
         )
 
     def workers(self, value: object, site: SiteConfig) -> WorkersConfig:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wangate.core.jobs import DEFAULT_JOB, JobPolicy, spread_paths
 from wangate.errors import ConfigError
 
 # RFC 9000 section 14: QUIC needs UDP payloads of 1200 bytes; with IPv6 (40) and UDP (8)
@@ -15,6 +16,8 @@ from wangate.errors import ConfigError
 MIN_MTU = 1280
 MAX_MTU = 65535
 MAX_WORKERS = 64
+MAX_JOB_WEIGHT = 1000.0
+PLACEMENTS = ("share", "spread")
 _IPV4_UDP_OVERHEAD = 20 + 8
 _IPV6_UDP_OVERHEAD = 40 + 8
 
@@ -154,6 +157,81 @@ class CollectiveConfig:
 
 
 @dataclass(frozen=True)
+class JobConfig:
+    """[jobs.NAME]: one training job, a namespace with a share of the WAN
+    (wangate.core.jobs). None: no restriction (every path, every site, whoever may use
+    the socket, no cap of its own beyond the default rule of ``JobsConfig.inflight_cap``)."""
+
+    name: str
+    weight: float = 1.0  # share of contended WAN capacity, against the other jobs'
+    paths: tuple[str, ...] | None = None  # path names as in [[peers.paths]]
+    sites: tuple[str, ...] | None = None  # the sites its collectives span
+    allow_uids: tuple[int, ...] | None = None  # who may join it (besides root and the daemon)
+    allow_gids: tuple[int, ...] | None = None
+    max_inflight_bytes: int | None = None  # per peer: its bytes there no trainer took yet
+
+
+@dataclass(frozen=True)
+class JobsConfig:
+    """[jobs]: the jobs sharing this gateway and how their paths are placed. The job
+    ``default`` is always there (first), declared or not."""
+
+    placement: str = "share"  # "share": every job its allowed paths; "spread": PLACEMENTS
+    jobs: tuple[JobConfig, ...] = (JobConfig(DEFAULT_JOB),)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(job.name for job in self.jobs)
+
+    def job(self, name: str) -> JobConfig | None:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        return None
+
+    def inflight_cap(self, job: JobConfig, peer_inbox_bytes: int) -> int | None:
+        """The bytes of ``job``'s messages a peer may hold untaken: the job's own
+        ``max_inflight_bytes``; else, when more than one job is configured, half of
+        ``[limits] peer_inbox_bytes`` (so a job whose trainers stop reading leaves the
+        others at least half of every peer's window); else (only ``default``) None, no
+        cap beyond the window. The one place this rule lives."""
+        if job.max_inflight_bytes is not None:
+            return job.max_inflight_bytes
+        if len(self.jobs) > 1:
+            return max(1, peer_inbox_bytes // 2)
+        return None
+
+    def policies(self, peer_path_names: list[str], peer_inbox_bytes: int) -> dict[str, JobPolicy]:
+        """Each job's sending policy towards a peer whose paths are ``peer_path_names``.
+
+        Placement ``share``: a job may use its ``paths`` that the peer has (every path
+        when it names none). ``spread``: each job gets paths of its own in proportion to
+        its weight, among those it may use (``wangate.core.jobs.spread_paths``).
+        """
+        if self.placement == "spread":
+            weights = {job.name: job.weight for job in self.jobs}
+            allowed = {
+                job.name: None if job.paths is None else frozenset(job.paths) for job in self.jobs
+            }
+            placed: dict[str, frozenset[str] | None] = dict(
+                spread_paths(weights, list(peer_path_names), allowed)
+            )
+        else:
+            placed = {
+                job.name: None
+                if job.paths is None
+                else frozenset(p for p in peer_path_names if p in job.paths)
+                for job in self.jobs
+            }
+        return {
+            job.name: JobPolicy(
+                job.weight, placed[job.name], self.inflight_cap(job, peer_inbox_bytes)
+            )
+            for job in self.jobs
+        }
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     site: SiteConfig
@@ -166,6 +244,15 @@ class Config:
     critical: CriticalConfig = CriticalConfig()
     workers: WorkersConfig = WorkersConfig()
     collective: CollectiveConfig = CollectiveConfig()
+    jobs: JobsConfig = JobsConfig()
+
+    def job(self, name: str) -> JobConfig | None:
+        """The job ``name``, or None (``wangate.config.jobs.unknown_job_error`` words it)."""
+        return self.jobs.job(name)
+
+    def job_policies(self, peer_path_names: list[str]) -> dict[str, JobPolicy]:
+        """Each job's policy towards a peer with these paths (``JobsConfig.policies``)."""
+        return self.jobs.policies(peer_path_names, self.limits.peer_inbox_bytes)
 
     def collective_settings(self) -> dict[str, Any]:
         """What a trainer's client needs for collectives (sent in the hello reply)."""
