@@ -21,7 +21,13 @@ from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolErro
 
 
 def header_bytes(
-    tag: bytes, step: int, checksum: int, meta: bytes, flags: int = 0, version: int = 1
+    tag: bytes,
+    step: int,
+    checksum: int,
+    meta: bytes,
+    flags: int = 0,
+    version: int = 2,
+    job: bytes = b"default",
 ) -> bytes:
     return (
         bytes([version, flags])
@@ -29,6 +35,8 @@ def header_bytes(
         + step.to_bytes(8, "big", signed=True)
         + checksum.to_bytes(4, "big")
         + len(meta).to_bytes(4, "big")
+        + bytes([len(job)])
+        + job
         + tag
         + meta
     )
@@ -37,8 +45,18 @@ def header_bytes(
 def test_exact_encoding() -> None:
     header = MessageHeader("layer0.w", 7, True, 0xDEADBEEF, b"\x01\x02\x03")
     assert header.encode() == header_bytes(b"layer0.w", 7, 0xDEADBEEF, b"\x01\x02\x03", flags=1)
-    assert HEAD_BYTES == 20
-    assert len(header.encode()) == 20 + 8 + 3
+    assert HEAD_BYTES == 21
+    assert len(header.encode()) == 21 + 7 + 8 + 3
+
+
+def test_the_job_travels_after_the_fixed_head() -> None:
+    header = MessageHeader("ddp.b0", 3, False, 1, b"", "llama-run3")
+    raw = header.encode()
+    assert raw == header_bytes(b"ddp.b0", 3, 1, b"", job=b"llama-run3")
+    assert raw[20:31] == b"\x0allama-run3"
+    assert decode_header(raw + b"xy") == (header, 21 + 10 + 6)
+    with pytest.raises(LocalProtocolError, match="not a job name"):
+        MessageHeader("t", 0, False, 0, b"", "bad job").encode()
 
 
 def test_negative_step_and_utf8_tag_length_in_bytes() -> None:
@@ -54,7 +72,7 @@ def test_decode_returns_header_and_payload_offset() -> None:
     body = header.encode() + b"PAYLOAD"
     decoded, offset = decode_header(body)
     assert decoded == header
-    assert offset == 20 + 1 + 2
+    assert offset == 21 + 7 + 1 + 2
     assert body[offset:] == b"PAYLOAD"
     assert decode_header(memoryview(body)) == (header, offset)
     assert decode_header(bytearray(body)) == (header, offset)
@@ -124,8 +142,13 @@ def test_decode_header_only_raises_remote_protocol_error(data: bytes) -> None:
     ("raw", "message"),
     [
         (b"", "message of 0 bytes is shorter than its header"),
-        (header_bytes(b"t", 0, 0, b"")[:19], "message of 19 bytes is shorter"),
-        (header_bytes(b"t", 0, 0, b"", version=2), "message version 2 is not supported"),
+        (header_bytes(b"t", 0, 0, b"")[:20], "message of 20 bytes is shorter"),
+        (header_bytes(b"t", 0, 0, b"", version=1), "message version 1 is not supported"),
+        (header_bytes(b"t", 0, 0, b"", version=3), "message version 3 is not supported"),
+        (header_bytes(b"t", 0, 0, b"", job=b""), "job name of 0 bytes"),
+        (header_bytes(b"t", 0, 0, b"", job=b"j" * 65), "job name of 65 bytes"),
+        (header_bytes(b"t", 0, 0, b"", job=b"a b"), "message job 'a b' is not a job name"),
+        (header_bytes(b"t", 0, 0, b"", job=b"\xff"), "is not a job name"),
         (header_bytes(b"t", 0, 0, b"", version=0), "message version 0 is not supported"),
         (header_bytes(b"", 0, 0, b""), "impossible tag or meta size"),
         (header_bytes(b"t" * (MAX_TAG_BYTES + 1), 0, 0, b""), "impossible tag or meta size"),

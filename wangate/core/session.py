@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from wangate.core.buffer import Buffer
 from wangate.core.control import ControlStreams
@@ -50,6 +50,7 @@ from wangate.core.inbound import (
     Reassembly,
 )
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
+from wangate.core.jobs import JobPolicy
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.paths import (
@@ -308,6 +309,9 @@ class PeerSession:
             self._update_liveness(now)  # an input: a peer found unreachable fails its messages
         self.check_reachable(now)
         return self._send.add(header, head, payload, now, deadline_at)
+
+    def set_jobs(self, policies: Mapping[str, JobPolicy]) -> None:
+        self.job_policies = dict(policies)
 
     def set_served_jobs(self, jobs: frozenset[str] | None) -> None:
         """The jobs whose messages this site takes; a message of another is rejected to

@@ -78,7 +78,7 @@ class DriverBackend:
         self.endpoint = Endpoint(config, site, self.peers, startup_error)
 
     def _new_driver(self, peer: PeerConfig) -> PeerDriver:
-        return PeerDriver(
+        driver = PeerDriver(
             peer.name,
             self._settings,
             configured_paths=len(peer.paths),
@@ -87,6 +87,8 @@ class DriverBackend:
             metrics=self._metrics,
             clock=time.monotonic,
         )
+        driver.set_jobs(self.config.job_policies([p.name for p in peer.paths]))
+        return driver
 
     # ----------------------------------------------------------- lifecycle
 
@@ -115,6 +117,10 @@ class DriverBackend:
         for peer, path in plan.paths_added:
             self._count_paths(peer)
             self.endpoint.start_dialing(peer, path)
+        for peer_cfg in self.config.peers:  # jobs, paths or the number of jobs changed
+            driver = self.peers.get(peer_cfg.name)
+            if driver is not None:
+                driver.set_jobs(self.config.job_policies([p.name for p in peer_cfg.paths]))
 
     def _remove_peer(self, name: str) -> None:
         driver = self.peers.pop(name, None)

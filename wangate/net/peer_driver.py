@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from wangate.core.events import (
 )
 from wangate.core.frames import ControlFrame, Hello
 from wangate.core.governor import BulkGovernor
+from wangate.core.jobs import JobPolicy
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
@@ -204,6 +205,12 @@ class PeerDriver:
     def set_configured_paths(self, count: int) -> None:
         """The peer is "up" only with this many paths up."""
         self._session.configured_paths = count
+
+    def set_jobs(self, policies: Mapping[str, JobPolicy]) -> None:
+        """The site's jobs: how each shares the paths to this peer, and (their names)
+        the only jobs whose messages from it are taken. Applies from the next input."""
+        self._session.set_served_jobs(frozenset(policies))
+        self._session.set_jobs(policies)
 
     # ------------------------------------------------------------- links
 
