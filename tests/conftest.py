@@ -31,7 +31,7 @@ session_idle session_reads"""
 DAEMONS = """aioquic_compat auth cli client client_timeout collective congestion connect_race
 daemon datagram_size dial_replaced e2e faults flood link_close listener localapi_access
 localapi_framing localapi_mailbox localapi_segments localapi_server localapi_stream loopback
-metrics peer_driver probe reload startup_errors systemd torch_ddp torch_diloco
+jobs metrics peer_driver probe reload startup_errors systemd torch_ddp torch_diloco
 torch_tensors workers workers_channel"""
 NETNS = "lab_netns lab_probe lab_siteroutes"
 

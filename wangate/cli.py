@@ -144,6 +144,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from wangate.client import Client
+    from wangate.jobs_table import format_jobs_table, job_rows
+
+    with Client(_socket_from(args)) as gw:
+        before, started = gw.status(), time.monotonic()
+        time.sleep(args.interval)
+        after, rows = gw.status(), gw.paths()
+        jobs = job_rows(before, after, rows, time.monotonic() - started)
+    print(json.dumps(jobs, indent=2) if args.json else format_jobs_table(jobs))
+    return 0
+
+
 def cmd_reset_path(args: argparse.Namespace) -> int:
     from wangate.client import Client
 
@@ -238,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
     target(status)
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
+
+    jobs = sub.add_parser("jobs", help="per job: bytes, rates, path shares, what waits")
+    target(jobs)
+    jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--interval", type=float, default=1.0, help="seconds between the reads")
+    jobs.set_defaults(func=cmd_jobs)
 
     reset = sub.add_parser("reset-path", help="close one path's connection (it reconnects)")
     target(reset)

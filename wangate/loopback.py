@@ -78,8 +78,8 @@ class SiteProcess:
     process: subprocess.Popen[bytes] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def client(self) -> Client:
-        return Client(self.socket_path)
+    def client(self, job: str | None = None) -> Client:
+        return Client(self.socket_path, job=job)
 
 
 def write_site_configs(

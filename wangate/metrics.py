@@ -111,6 +111,7 @@ class GatewayMetrics:
         yield from _site_families(status)
         yield from _path_families(rows)
         yield from _peer_families(status.peers, self)
+        yield from _job_families(rows, status)
         delivery = HistogramMetricFamily(
             "wangate_message_delivery_seconds",
             "Time from a message's submission until the peer acknowledged all of it.",
@@ -168,6 +169,45 @@ def _family(
     if kind == "counter":
         return CounterMetricFamily(name, help_text, labels=labels)
     return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+# (metric, kind, help, key in status()["jobs"][job]["peers"][peer])
+_JOB_SERIES: tuple[tuple[str, MetricKind, str, str], ...] = (
+    ("wangate_job_sent_bytes_total", "counter",
+     "Bytes of a job's messages sent to a peer (data and repairs).", "bytes_sent"),
+    ("wangate_job_received_bytes_total", "counter",
+     "Payload bytes of a job's messages that arrived from a peer.", "bytes_received"),
+    ("wangate_job_messages_in_flight", "gauge",
+     "A job's messages to a peer started and not yet confirmed.", "messages_in_flight"),
+    ("wangate_job_held_bytes", "gauge",
+     "Bytes of a job's messages a peer holds that no trainer there took yet.", "held_bytes"),
+    ("wangate_job_waiting_bytes", "gauge",
+     "Bytes of a job's messages waiting for the peer's credit or the job's cap.",
+     "waiting_bytes"),
+)  # fmt: skip
+
+
+def _job_families(rows: Sequence[PathRow], status: GatewayStatus) -> Iterator[Metric]:
+    """Per job (the ``job`` label): what it sent on each path, and per peer its bytes
+    and messages (``status()["jobs"]``)."""
+    for name, kind, help_text, key in _JOB_SERIES:
+        family = _family(name, kind, help_text, ("job", "peer"))
+        for job, info in status.jobs.items():
+            for peer, counts in info["peers"].items():
+                family.add_metric((job, peer), counts[key])
+        yield family
+    per_worker = any(row.worker is not None for row in rows)
+    labels = ("job", "peer", "path", "worker") if per_worker else ("job", "peer", "path")
+    on_path = CounterMetricFamily(
+        "wangate_job_path_sent_bytes",
+        "Bytes of a job's messages sent on a path (data and repairs).",
+        labels=labels,
+    )
+    for row in rows:
+        where = (row.peer, row.path, str(row.worker)) if per_worker else (row.peer, row.path)
+        for job, counts in row.jobs.items():
+            on_path.add_metric((job, *where), counts["bytes_sent"])
+    yield on_path
 
 
 def _site_families(status: GatewayStatus) -> Iterator[Metric]:

@@ -64,6 +64,8 @@ class PathRow:
     # delivery rate while kept busy, over busy time: kept while idle (core/capacity.py)
     capacity_mbps: float | None = None
     worker: int | None = None  # the worker process that carries it ([workers] count >= 2)
+    # per job: what it sent on this path ({"bytes_sent": n, "datagrams_sent": n})
+    jobs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def not_connected(
@@ -157,6 +159,8 @@ class GatewayStatus:
     inbox_waiting_recvs: int  # recvs waiting for a message
     # with [workers] count >= 2, one map per worker process (proto/localapi.md)
     workers: tuple[Mapping[str, Any], ...] = ()
+    # per job: its policy, and per peer its bytes and messages (proto/localapi.md)
+    jobs: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         status = {
@@ -169,6 +173,7 @@ class GatewayStatus:
         }
         if self.workers:
             status["workers"] = [dict(worker) for worker in self.workers]
+        status["jobs"] = {name: dict(job) for name, job in self.jobs.items()}
         return status
 
     @classmethod

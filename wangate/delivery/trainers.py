@@ -42,6 +42,7 @@ class TrainerDelivery:
         self.hopeless: Hopeless = _never  # set by the service: it knows the peers' states
         self._refused: dict[Box, deque[Delivery]] = {}  # by (source, job), in arrival order
         self._redelivery: dict[Box, asyncio.Task[None]] = {}
+        self.bytes_received: dict[Box, int] = {}  # payload bytes arrived, per (source, job)
 
     # ------------------------------------------------------ the drivers' side
 
@@ -53,6 +54,9 @@ class TrainerDelivery:
         """A whole, verified message from ``source``. True if a trainer took it while it
         arrived (a stream): the caller gives its credit back now."""
         if self.streams.completed(source, event.msg_id):
+            box = (source, event.header.job)
+            size = memoryview(event.payload).nbytes
+            self.bytes_received[box] = self.bytes_received.get(box, 0) + size
             return True
         self.arrived(Delivery.received(source, event))
         return False
@@ -73,6 +77,8 @@ class TrainerDelivery:
     def arrived(self, delivery: Delivery) -> None:
         """Into the inbox, or behind what waits for room from the same source and job."""
         box = box_of(delivery)
+        size = memoryview(delivery.payload).nbytes
+        self.bytes_received[box] = self.bytes_received.get(box, 0) + size
         waiting = self._refused.get(box)
         if waiting is None and self.inbox.try_deliver(delivery):
             return

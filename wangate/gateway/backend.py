@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
 
+from wangate.core.fairqueue import JobSendStats
 from wangate.delivery.delivered import Delivery
 from wangate.reload import ReloadPlan
 from wangate.rows import PathRow, PeerStatus
@@ -79,4 +80,8 @@ class Backend(Protocol):
 
     def worker_maps(self) -> tuple[Mapping[str, Any], ...]:
         """One map per worker process (none without workers)."""
+        ...
+
+    def job_stats(self, peer: str) -> Mapping[str, JobSendStats]:
+        """Per job, its sending to ``peer`` (bytes per path, held, waiting)."""
         ...

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from wangate.config import Config, PathConfig, PeerConfig
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.liveness import PEER_QUIET_S
 from wangate.core.message import MAX_HEADER_BYTES, MessageHeader
 from wangate.core.outbound import CodingPolicy
@@ -216,6 +217,7 @@ class DriverBackend:
             driver = self.peers[peer.name]
             view = driver.view
             peer_state = view.peer_state(now)[0]  # one per peer, not per path
+            stats = view.job_stats()
             for path in peer.paths:
                 link = driver.links.get(path.name)
                 row: dict[str, Any] = {
@@ -223,6 +225,13 @@ class DriverBackend:
                     "path": path.name,
                     "local": link.local_address if link else (path.local or "*"),
                     "remote": link.remote_address if link else _fmt_remote(path),
+                    "jobs": {
+                        job: {
+                            "bytes_sent": s.bytes_sent_by_path.get(path.name, 0),
+                            "datagrams_sent": s.datagrams_sent_by_path.get(path.name, 0),
+                        }
+                        for job, s in stats.items()
+                    },
                 }
                 if path.name in view.path_names:
                     row.update(view.path_snapshot(path.name, now))
@@ -248,6 +257,9 @@ class DriverBackend:
 
     def worker_maps(self) -> tuple[dict[str, Any], ...]:
         return ()
+
+    def job_stats(self, peer: str) -> Mapping[str, JobSendStats]:
+        return self.peers[peer].view.job_stats()
 
 
 def _fmt_remote(path: PathConfig) -> str:

@@ -18,6 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.errors import failure_text
 
 MAX_OUTCOMES = 65536  # finished messages whose outcome Client.wait can still tell
@@ -31,18 +32,31 @@ class OutcomeBook:
         self._outcomes: dict[str, OrderedDict[int, str | None]] = {}
         self._failures: dict[str, deque[dict[str, Any]]] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        # the job of each message not yet ended, and each job's last failures
+        self._job_of: dict[tuple[str, int], str] = {}
+        self._job_failures: dict[str, deque[dict[str, Any]]] = {}
         # a worker passes each outcome and each whole arrival on to its coordinator
         self.on_outcome: Outcome | None = None
         self.on_acked: Callable[[str, int], None] | None = None
 
     # ------------------------------------------------------------ news
 
+    def sent(self, peer: str, msg_id: int, job: str) -> None:
+        """A message of ``job`` was accepted for ``peer`` (its failure is the job's)."""
+        if job != DEFAULT_JOB:  # a message of no recorded job is the default job's
+            self._job_of[(peer, msg_id)] = job
+            while len(self._job_of) > MAX_OUTCOMES:
+                del self._job_of[next(iter(self._job_of))]
+
     def taken(self, peer: str, msg_id: int) -> None:
         self._finish(peer, msg_id, None)
 
     def failed(self, peer: str, msg_id: int, tag: str, step: int, reason: str) -> None:
-        failures = self._failures.setdefault(peer, deque(maxlen=RECENT_FAILURES))
-        failures.append({"msg_id": msg_id, "tag": tag, "step": step, "reason": reason})
+        failure = {"msg_id": msg_id, "tag": tag, "step": step, "reason": reason}
+        self._failures.setdefault(peer, deque(maxlen=RECENT_FAILURES)).append(failure)
+        job = self._job_of.get((peer, msg_id), DEFAULT_JOB)
+        job_failures = self._job_failures.setdefault(job, deque(maxlen=RECENT_FAILURES))
+        job_failures.append({"peer": peer, **failure})
         self._finish(peer, msg_id, failure_text(peer, msg_id, tag, step, reason))
 
     def acked(self, peer: str, msg_id: int) -> None:
@@ -53,6 +67,7 @@ class OutcomeBook:
         self._event(peer).set()
 
     def _finish(self, peer: str, msg_id: int, failure: str | None) -> None:
+        self._job_of.pop((peer, msg_id), None)
         outcomes = self._outcomes.setdefault(peer, OrderedDict())
         outcomes[msg_id] = failure
         while len(outcomes) > MAX_OUTCOMES:
@@ -72,6 +87,10 @@ class OutcomeBook:
 
     def recent_failures(self, peer: str) -> list[dict[str, Any]]:
         return list(self._failures.get(peer, ()))
+
+    def recent_failures_of(self, job: str) -> list[dict[str, Any]]:
+        """The last failures of ``job``'s messages, to any peer."""
+        return list(self._job_failures.get(job, ()))
 
     def forget(self, peer: str) -> None:
         """A peer removed from the configuration: its waiters look again and fail."""

@@ -100,7 +100,7 @@ class Service:
         self.backend.check_reachable(peer)
         if not self._has_room(submission):
             return None
-        return self.backend.send(submission, arrived_at)
+        return self._sent(submission, self.backend.send(submission, arrived_at))
 
     async def submit(self, submission: Submission) -> int:
         arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
@@ -130,7 +130,11 @@ class Service:
                 )
             if peer not in self.backend.peer_names:
                 raise GatewayError(f"peer {peer!r} was removed", code=ErrorCode.UNKNOWN_PEER)
-        return self.backend.send(submission, arrived_at)
+        return self._sent(submission, self.backend.send(submission, arrived_at))
+
+    def _sent(self, submission: Submission, msg_id: int) -> int:
+        self.book.sent(submission.peer, msg_id, submission.job)
+        return msg_id
 
     def _known(self, peer: str) -> str:
         if peer not in self.backend.peer_names:
@@ -143,15 +147,23 @@ class Service:
         return peer
 
     def _has_room(self, submission: Submission) -> bool:
-        """At most one inbox window of unsent bytes waits per peer; nothing more waits
+        """At most one inbox window of unsent bytes waits per peer and job, so a job
+        whose trainers stop reading holds up only its own sends; nothing more waits
         behind a peer the backend holds back."""
-        pending = self.backend.pending_bytes(submission.peer)
+        peer = submission.peer
+        pending = self.backend.pending_bytes(peer)
         if pending == 0:
             return True
-        if self.backend.held_back(submission.peer):
+        if self.backend.held_back(peer):
             return False
         size = len(memoryview(submission.payload).cast("B"))
-        return pending + size <= self.config.limits.peer_inbox_bytes
+        window = self.config.limits.peer_inbox_bytes
+        if pending + size <= window:
+            return True
+        # under pressure only: this job's own bytes not yet taken at the peer
+        stats = self.backend.job_stats(peer).get(submission.job)
+        mine = 0 if stats is None else stats.waiting_bytes + stats.held_bytes
+        return mine == 0 or mine + size <= window
 
     def _local_delivery(self, submission: Submission) -> Delivery:
         """Within the site, a payload from a segment is copied into a segment of the
@@ -262,7 +274,40 @@ class Service:
             inbox_queued=mailbox.queued_count(),
             inbox_waiting_recvs=mailbox.waiter_count(),
             workers=self.backend.worker_maps(),
+            jobs=self._jobs_status(),
         )
+
+    def _jobs_status(self) -> dict[str, Any]:
+        """Per job: its policy, and per peer what it sent and received, what is in
+        flight, held at the peer and waiting (``status()["jobs"]``)."""
+        received = self.delivery.bytes_received
+        queued = self.delivery.inbox.mailbox.job_counts()
+        stats = {peer: self.backend.job_stats(peer) for peer in self.backend.peer_names}
+        jobs: dict[str, Any] = {}
+        for job in self.config.jobs.jobs:
+            peers = {}
+            for peer in sorted(self.backend.peer_names):
+                mine = stats[peer].get(job.name)
+                peers[peer] = {
+                    "bytes_sent": 0 if mine is None else sum(mine.bytes_sent_by_path.values()),
+                    "bytes_received": received.get((peer, job.name), 0),
+                    "messages_in_flight": 0 if mine is None else mine.messages_in_flight,
+                    "held_bytes": 0 if mine is None else mine.held_bytes,
+                    "waiting_bytes": 0 if mine is None else mine.waiting_bytes,
+                    "waiting_messages": 0 if mine is None else mine.waiting_messages,
+                }
+            inbox_queued, inbox_bytes = queued.get(job.name, (0, 0))
+            jobs[job.name] = {
+                "weight": job.weight,
+                "paths": None if job.paths is None else list(job.paths),
+                "sites": None if job.sites is None else list(job.sites),
+                "peers": peers,
+                "inbox_queued": inbox_queued,
+                "inbox_bytes": inbox_bytes,
+                "claims": self.claims.count(job.name),
+                "recent_failures": self.book.recent_failures_of(job.name),
+            }
+        return jobs
 
     def rows_and_status(self) -> tuple[list[PathRow], GatewayStatus]:
         rows = self.paths()  # a scrape reads both: build the rows once

@@ -48,6 +48,7 @@ from wangate.core.events import (
     SendFailed,
 )
 from wangate.core.frames import ControlFrame, Hello
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.governor import BulkGovernor
 from wangate.core.jobs import JobPolicy
 from wangate.core.message import MessageHeader
@@ -143,6 +144,8 @@ class SessionView(Protocol):
     def liveness(self, now: float) -> dict[str, object]: ...
 
     def status(self) -> dict[str, int]: ...
+
+    def job_stats(self) -> dict[str, JobSendStats]: ...
 
 
 @dataclass(frozen=True)

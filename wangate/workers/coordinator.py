@@ -24,11 +24,12 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from wangate.checksum import crc32_combine
 from wangate.config import Config
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.trainers import TrainerDelivery
@@ -40,7 +41,13 @@ from wangate.reload import ReloadPlan
 from wangate.rows import PathRow, PeerStatus
 from wangate.service import Submission
 from wangate.workers.channel import ChannelError
-from wangate.workers.merge import merged_peer, silent_s, worker_maps, worker_rows
+from wangate.workers.merge import (
+    merged_job_stats,
+    merged_peer,
+    silent_s,
+    worker_maps,
+    worker_rows,
+)
 from wangate.workers.pool import WorkerHandle
 from wangate.workers.receiving import StripeReceiver
 from wangate.workers.sending import OutMessage, Stripe, stage_payload
@@ -466,6 +473,9 @@ class Coordinator:
 
     def worker_maps(self) -> tuple[dict[str, Any], ...]:
         return worker_maps(self.workers)
+
+    def job_stats(self, peer: str) -> Mapping[str, JobSendStats]:
+        return merged_job_stats(self.workers, peer)
 
     def messages_in_flight(self) -> int:
         return len(self._out)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from wangate.config import Config
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.states import PathStateKind as Path
 from wangate.core.states import PeerStateKind as Peer
 from wangate.rows import PathRow, PeerStatus
@@ -101,3 +102,37 @@ def worker_maps(workers: Sequence[WorkerHandle]) -> tuple[dict[str, Any], ...]:
         }
         for h in workers
     )
+
+
+def merged_job_stats(workers: Sequence[WorkerHandle], peer: str) -> dict[str, JobSendStats]:
+    """Per job, its sending to ``peer`` summed over the workers' reports: bytes per path
+    from their rows, messages and bytes from their status."""
+    sent: dict[str, dict[str, int]] = {}
+    datagrams: dict[str, dict[str, int]] = {}
+    counts: dict[str, dict[str, int]] = {}
+    keys = ("messages_in_flight", "held_bytes", "waiting_bytes", "waiting_messages")
+    for handle in workers:
+        report = handle.report
+        if report is None:
+            continue
+        for row in report["rows"]:
+            if row["peer"] != peer:
+                continue
+            for job, counted in row.get("jobs", {}).items():
+                by_path = sent.setdefault(job, {})
+                by_path[row["path"]] = by_path.get(row["path"], 0) + counted["bytes_sent"]
+                by_path = datagrams.setdefault(job, {})
+                by_path[row["path"]] = by_path.get(row["path"], 0) + counted["datagrams_sent"]
+        for job, info in report["status"].get("jobs", {}).items():
+            mine = info["peers"].get(peer, {})
+            total = counts.setdefault(job, dict.fromkeys(keys, 0))
+            for key in keys:
+                total[key] += int(mine.get(key, 0))
+    return {
+        job: JobSendStats(
+            bytes_sent_by_path=sent.get(job, {}),
+            datagrams_sent_by_path=datagrams.get(job, {}),
+            **counts.get(job, {}),
+        )
+        for job in sent.keys() | counts.keys()
+    }
