@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from wangate.checksum import crc32
 from wangate.core.buffer import Buffer
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
 MESSAGE_VERSION = 1
@@ -33,6 +34,7 @@ class MessageHeader:
     critical: bool
     checksum: int  # CRC-32 of meta followed by payload
     meta: bytes
+    job: str = DEFAULT_JOB  # the namespace it belongs to (wangate.core.jobs)
 
     def encode(self) -> bytes:
         tag = self.tag.encode()

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from wangate.core.buffer import Buffer
 from wangate.core.control import ControlStreams
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, PathStateChanged, PeerStateChanged
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.frames import (
     MAX_DATAGRAM_HEADER_BYTES,
     ControlFrame,
@@ -49,6 +50,7 @@ from wangate.core.inbound import (
     Free,
     Reassembly,
 )
+from wangate.core.jobs import JobPolicy
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
@@ -311,6 +313,18 @@ class PeerSession:
 
     def set_peer_limits(self, max_message_bytes: int) -> None:
         self._send.outbox.peer_max_message = max_message_bytes
+
+    def set_jobs(self, policies: Mapping[str, JobPolicy], now: float | None = None) -> None:
+        """How the jobs share sending to this peer (``wangate.core.jobs``): weight,
+        paths, cap of bytes held at the peer; a job with none gets ``JobPolicy()``.
+        It applies to queued messages too; pass ``now`` to start at once what a raised
+        cap allows."""
+        self._send.set_jobs(policies, now)
+
+    def job_stats(self) -> dict[str, JobSendStats]:
+        """Per job: bytes and datagrams sent per path, messages started and in flight,
+        bytes held at the peer, waiting for credit, critical debt (a read)."""
+        return self._send.job_stats()
 
     def pending_bytes(self) -> int:
         return self._send.pending_bytes()
