@@ -144,9 +144,8 @@ def test_an_unknown_job_is_refused_by_name(lab: LoopbackSites) -> None:
     with pytest.raises(wangate.GatewayError) as caught:
         lab["bj"].client("nope")
     assert caught.value.code == "unknown_job"
-    assert (
-        f"no job 'nope' in {lab['bj'].config_path} (jobs: default, a, b, stuck, live)"
-        in str(caught.value)
+    assert f"no job 'nope' in {lab['bj'].config_path} (jobs: default, a, b, stuck, live)" in str(
+        caught.value
     )
     with pytest.raises(wangate.LocalProtocolError, match="job name 'a b' must be"):
         wangate.Client(lab["bj"].socket_path, job="a b")

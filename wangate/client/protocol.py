@@ -34,6 +34,7 @@ from wangate.core.buffer import Buffer
 from wangate.errors import ErrorCode, GatewayError
 from wangate.localapi.protocol import (
     VERSION,
+    ClaimRequest,
     FrameError,
     HelloRequest,
     PathsRequest,
@@ -41,7 +42,6 @@ from wangate.localapi.protocol import (
     RecvRequest,
     Request,
     ResetPathRequest,
-    ClaimRequest,
     SendRequest,
     StatusRequest,
     StreamProgress,

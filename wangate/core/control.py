@@ -121,12 +121,13 @@ class ControlStreams:
             if done is not None:
                 self._send.confirmed(done, now)
                 self._events.append(MessageTaken(msg_id))
+        self._send.taken(frame.msg_ids, now)  # after: a job's cap may start more
 
     def _on_repair_request(self, path: str, frame: RepairRequested, now: float) -> None:
         self._send.queue.repair_blocks(frame.msg_id, frame.blocks)
 
     def _on_rejected(self, path: str, frame: MessageRejected, now: float) -> None:
-        dropped = self._send.queue.drop(frame.msg_id)
+        dropped = self._send.drop(frame.msg_id)
         if dropped is not None:
             self._events.append(
                 SendFailed(
@@ -136,6 +137,7 @@ class ControlStreams:
                     dropped.step,
                 )
             )
+            self._send.admit(now)  # its job holds less: a job at its cap may go on
 
     def to_send(self, path: str, now: float) -> bytes:
         """Control frames due on ``path``'s stream (may be empty)."""

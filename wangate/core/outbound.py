@@ -2,7 +2,8 @@
 
 Work is pulled: a path that can send asks ``OutboundQueue.take(max_bytes)`` for the
 next piece. Repairs come before new bytes, critical messages before bulk ones, older
-messages before newer ones. Nothing is ever resent whole.
+messages before newer ones; between jobs, weighted turns decide (``JobFairQueue``, which
+also bounds one job's critical against the others' bulk). Nothing is ever resent whole.
 
 A coded message (``CodingShape``, see wangate.core.coding) is sent as FEC blocks: each
 block's source symbols, then its repair symbols; a loss is answered with fresh repair
@@ -27,12 +28,14 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
 
 from wangate.core.buffer import Buffer
 from wangate.core.coding import BlockLedger, CodingShape
+from wangate.core.fairqueue import Helps, JobFairQueue
 from wangate.core.fec import MAX_SYMBOLS, BlockEncoder
+from wangate.core.jobs import DEFAULT_JOB, JobPolicy
 from wangate.core.rangeset import RangeSet
 
 
@@ -46,6 +49,7 @@ class OutboundMessage:
         "deadline_at",
         "head",
         "header_bytes",
+        "job",
         "msg_id",
         "next_offset",
         "payload",
@@ -59,8 +63,11 @@ class OutboundMessage:
         "tail_upfront",
     )
 
-    def __init__(self, msg_id: int, head: bytes, payload: Buffer, critical: bool) -> None:
+    def __init__(
+        self, msg_id: int, head: bytes, payload: Buffer, critical: bool, job: str = DEFAULT_JOB
+    ) -> None:
         self.msg_id = msg_id
+        self.job = job
         self.head = head
         self.payload = memoryview(payload).cast("B")
         self.body_len = len(head) + len(self.payload)
@@ -151,6 +158,14 @@ class Piece:
             self.block
         )
 
+    @property
+    def size_bytes(self) -> int:
+        """The message bytes it carries (a repair symbol: one symbol)."""
+        shape = self.message.shape
+        if shape is not None and self.symbol >= shape.block_k(self.block):
+            return shape.symbol_bytes
+        return self.end - self.start
+
 
 @dataclass(frozen=True)
 class CodingPolicy:
@@ -177,8 +192,8 @@ class OutboundQueue:
     def __init__(self, coding: CodingPolicy | None = None) -> None:
         self.coding = coding or CodingPolicy()
         self.messages: dict[int, OutboundMessage] = {}
-        self._critical: deque[OutboundMessage] = deque()
-        self._bulk: deque[OutboundMessage] = deque()
+        # messages with work, per job and class, served fairly between jobs
+        self.work: JobFairQueue[OutboundMessage] = JobFairQueue()
         self.repair_bytes = 0  # cumulative bytes sent again (range repairs)
         self.fec_bytes = 0  # cumulative repair-symbol bytes
         self.source_bytes = 0  # cumulative first-time bytes
@@ -212,46 +227,44 @@ class OutboundQueue:
         self._add_backlog(message, message.body_len)
         self._enqueue(message)
 
+    def set_policies(self, policies: Mapping[str, JobPolicy]) -> None:
+        self.work.set_policies(policies)
+
     def _enqueue(self, message: OutboundMessage) -> None:
         if not message.queued and message.has_work:
             message.queued = True
-            work = self._critical if message.critical else self._bulk
-            if message.next_offset:
-                # back for repairs: ahead of newer messages' new bytes, or the repair
-                # (and the message) would wait until they were all sent
-                work.appendleft(message)
-            else:
-                work.append(message)
+            # back for repairs: ahead of its job's newer messages' new bytes, or the
+            # repair (and the message) would wait until they were all sent
+            self.work.push(message, front=bool(message.next_offset))
 
     def has_work(self) -> bool:
-        return bool(self._critical) or bool(self._bulk)
+        return self.work.has_work
 
     @property
     def has_critical_work(self) -> bool:
-        return bool(self._critical)
+        return self.work.has_critical_work
 
     @property
     def has_bulk_work(self) -> bool:
-        return bool(self._bulk)
+        return self.work.has_bulk_work
 
-    def take(self, max_bytes: int, *, critical: bool) -> Piece | None:
-        """The next critical (or bulk) piece whose datagram, header included, takes at
-        most ``max_bytes``, if any."""
-        work = self._critical if critical else self._bulk
-        skipped = 0
-        while skipped < len(work):
-            message = work[skipped]
-            piece = self._take_from(message, max_bytes)
-            if not message.has_work:
-                del work[skipped]
-                message.queued = False
-            elif piece is None:
-                # only repair symbols larger than this path's datagrams are left (a
-                # smaller path joined after the message was cut): leave them to others
-                skipped += 1
-            if piece is not None:
-                return piece
-        return None
+    def take(
+        self,
+        max_bytes: int,
+        *,
+        critical: bool,
+        path: str | None = None,
+        route: str | None = None,
+        helps: Helps | None = None,
+    ) -> Piece | None:
+        """The next critical (or bulk) piece for ``path`` whose datagram, header
+        included, takes at most ``max_bytes``, if any: jobs in turn (``JobFairQueue``),
+        each job's messages in order; a message with only repair symbols larger than
+        this path's datagrams left (a smaller path joined after it was cut) is left to
+        the others."""
+        return self.work.take(
+            self._take_from, max_bytes, critical=critical, path=path, route=route, helps=helps
+        )
 
     def _take_from(self, message: OutboundMessage, space: int) -> Piece | None:
         if message.repair_work and self._fits_no_path(message):
@@ -394,7 +407,7 @@ class OutboundQueue:
         tail_loss = 1.0 - (1.0 - min(self.loss_rate, 1.0)) ** max(datagrams, 1)
         limit = tail_loss * self.coding.k / count
         queued = 1 + len(self.waiting)
-        for other in self._bulk:
+        for other in self.work.messages(critical=False):
             if queued >= limit:
                 return False
             queued += other is not message and other.next_offset == 0
@@ -557,6 +570,5 @@ class OutboundQueue:
         dropped = list(self.messages.values())
         for message in dropped:
             self.drop(message.msg_id)
-        self._critical.clear()
-        self._bulk.clear()
+        self.work.clear()
         return dropped

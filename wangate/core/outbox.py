@@ -6,6 +6,15 @@ and may also use the slack the receiver keeps for one maximum message beyond its
 so they never wait for bulk to be consumed. A message larger than the peer's limit fails
 at once.
 
+Jobs (``wangate.core.jobs``): messages wait in a FIFO per job, critical ones in front of
+their job's. The next to start is a waiting job's first message: a critical one first,
+else the job that started the fewest body bytes per weight so far (start-time fair
+queueing, an idle job coming back level with the others). A job whose held bytes (bodies
+started and not yet taken by a trainer at the peer) plus its next message would pass its
+``max_inflight_bytes`` is passed over, and does not hold up the jobs behind it; one that
+holds nothing may start any message, however large, so it is never stuck. The grant
+binds all jobs: when the message chosen does not fit, nothing starts.
+
 Deadlines: a message submitted with one fails when it passes unless the peer has
 confirmed it by then, whether it still waits here or is being sent; the reason says how
 much of it was acknowledged.
@@ -17,30 +26,87 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from wangate.core.events import SendFailed
+from wangate.core.fairqueue import NO_POLICY
+from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 from wangate.core.outbound import OutboundMessage
 
 
+class WaitingMessages:
+    """Messages waiting to start, a FIFO per job; read as one collection (``len``,
+    ``in``, iteration job by job)."""
+
+    def __init__(self) -> None:
+        self.by_job: dict[str, deque[OutboundMessage]] = {}
+        self._count = 0
+
+    def add(self, message: OutboundMessage) -> None:
+        fifo = self.by_job.setdefault(message.job, deque())
+        if message.critical:
+            fifo.appendleft(message)
+        else:
+            fifo.append(message)
+        self._count += 1
+
+    def pop(self, job: str) -> OutboundMessage:
+        """The first message of ``job``'s FIFO, taken out."""
+        fifo = self.by_job[job]
+        message = fifo.popleft()
+        self._count -= 1
+        if not fifo:
+            del self.by_job[job]
+        return message
+
+    def remove(self, message: OutboundMessage) -> None:
+        fifo = self.by_job.get(message.job)
+        if fifo is None:
+            raise ValueError("not waiting")
+        fifo.remove(message)
+        self._count -= 1
+        if not fifo:
+            del self.by_job[message.job]
+
+    def clear(self) -> None:
+        self.by_job.clear()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[OutboundMessage]:
+        for fifo in self.by_job.values():
+            yield from fifo
+
+    def __contains__(self, message: object) -> bool:
+        if not isinstance(message, OutboundMessage):
+            return False
+        return message in self.by_job.get(message.job, ())
+
+
 class Outbox:
-    def __init__(self, peer: str) -> None:
+    def __init__(self, peer: str, policies: Mapping[str, JobPolicy] = DEFAULT_POLICIES) -> None:
         self.peer = peer
-        self.waiting: deque[OutboundMessage] = deque()
+        self.policies = policies  # per job; a job with none gets JobPolicy()
+        self.waiting = WaitingMessages()
         self.granted_bytes = 0  # the largest grant seen
         self.started_bytes = 0  # bodies started since the peer's instance began
         self.peer_max_message: int | None = None  # from the peer's Hello
         # (deadline, id, message) of messages submitted with one; done ones leave lazily
         self._deadlines: list[tuple[float, int, OutboundMessage]] = []
+        # started, not yet taken at the peer (nor failed): id -> (job, body bytes)
+        self._held: dict[int, tuple[str, int]] = {}
+        self.held_bytes: dict[str, int] = {}  # per job, of those
+        self.started_messages: dict[str, int] = {}  # per job, since the session began
+        self._tags: dict[str, float] = {}  # per job: bodies started / weight (virtual)
+        self._vtime = 0.0  # the tag of the latest bulk start
 
     def add(self, message: OutboundMessage, deadline_at: float | None) -> None:
         if deadline_at is not None:
             message.deadline_at = deadline_at
             heapq.heappush(self._deadlines, (deadline_at, message.msg_id, message))
-        if message.critical:
-            self.waiting.appendleft(message)
-        else:
-            self.waiting.append(message)
+        self.waiting.add(message)
 
     def grant(self, granted_bytes: int) -> bool:
         """A Credit frame; True when it allows more than before."""
@@ -50,9 +116,61 @@ class Outbox:
         return True
 
     def reset(self) -> None:
-        """The peer restarted: its credit starts from zero again."""
+        """The peer restarted: its credit starts from zero again, and it holds nothing."""
         self.granted_bytes = 0
         self.started_bytes = 0
+        self._held.clear()
+        self.held_bytes.clear()
+
+    @property
+    def held_messages(self) -> int:
+        return len(self._held)
+
+    def release(self, msg_id: int) -> bool:
+        """A started message no longer counts against its job's cap (a trainer at the
+        peer took it, or it failed); whether it did."""
+        entry = self._held.pop(msg_id, None)
+        if entry is None:
+            return False
+        job, body_bytes = entry
+        left = self.held_bytes[job] - body_bytes
+        if left:
+            self.held_bytes[job] = left
+        else:
+            del self.held_bytes[job]
+        return True
+
+    def _next(self) -> OutboundMessage | None:
+        """The message to start next: a critical one first, then the job furthest
+        behind its share; a job at its cap is passed over; a message over the peer's
+        limit at once (it fails)."""
+        limit = self.peer_max_message
+        best: OutboundMessage | None = None
+        best_key = (True, 0.0)
+        for job, fifo in self.waiting.by_job.items():
+            head = fifo[0]
+            if limit is not None and head.body_len > limit:
+                return head
+            held = self.held_bytes.get(job, 0)
+            cap = self.policies.get(job, NO_POLICY).max_inflight_bytes
+            if cap is not None and held and held + head.body_len > cap:
+                continue
+            key = (not head.critical, max(self._tags.get(job, 0.0), self._vtime))
+            if best is None or key < best_key:
+                best, best_key = head, key
+        return best
+
+    def _start(self, message: OutboundMessage) -> None:
+        job, body_bytes = message.job, message.body_len
+        weight = max(self.policies.get(job, NO_POLICY).weight, 1e-6)
+        start = max(self._tags.get(job, 0.0), self._vtime)
+        self._tags[job] = start + body_bytes / weight
+        if not message.critical:  # a critical one goes first whatever its job's tag
+            self._vtime = start
+        self.started_bytes += body_bytes
+        self._held[message.msg_id] = (job, body_bytes)
+        self.held_bytes[job] = self.held_bytes.get(job, 0) + body_bytes
+        self.started_messages[job] = self.started_messages.get(job, 0) + 1
 
     def admit(self) -> tuple[list[OutboundMessage], list[SendFailed]]:
         """The messages that may start now, in order, and those that never can."""
@@ -60,9 +178,11 @@ class Outbox:
         failed: list[SendFailed] = []
         limit = self.peer_max_message
         while self.waiting:
-            message = self.waiting[0]
+            message = self._next()
+            if message is None:
+                break  # every job waiting is at its cap
             if limit is not None and message.body_len > limit:
-                self.waiting.popleft()
+                self.waiting.pop(message.job)
                 failed.append(
                     SendFailed(
                         message.msg_id,
@@ -76,8 +196,8 @@ class Outbox:
             slack = limit or 0 if message.critical else 0
             if self.started_bytes + message.body_len > self.granted_bytes + slack:
                 break
-            self.waiting.popleft()
-            self.started_bytes += message.body_len
+            self.waiting.pop(message.job)
+            self._start(message)
             started.append(message)
         return started, failed
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from wangate.core.estimator import PathEstimator
@@ -72,8 +72,13 @@ class PathScheduler:
         return change
 
     def takes_critical(self, path: str, usable: Mapping[str, bool]) -> bool:
+        route = self.critical_route(usable)
+        return route is None or route == path
+
+    def critical_route(self, usable: Mapping[str, bool]) -> str | None:
+        """The path critical work goes on; None when there is none usable (then any)."""
         current = self.selector.current
-        return current is None or current == path or not usable.get(current, False)
+        return current if current is not None and usable.get(current, False) else None
 
     def duplicate_target(self) -> str | None:
         if not self.selector.needs_duplicate():
@@ -84,11 +89,16 @@ class PathScheduler:
         if self.duplicate_target() is not None and len(self.duplicates) < MAX_DUPLICATES:
             self.duplicates.append(piece)
 
-    def take_duplicate(self, path: str) -> Piece | None:
+    def take_duplicate(
+        self, path: str, allowed: Callable[[str, str | None], bool] | None = None
+    ) -> Piece | None:
+        """A copy for ``path``; ``allowed(job, path)``: whether the job may use it."""
         if not self.duplicates or self.duplicate_target() != path:
             return None
         while self.duplicates:
             piece = self.duplicates.popleft()
+            if allowed is not None and not allowed(piece.message.job, path):
+                continue  # its job may not use this path (its policy changed)
             if piece.message.acked.first_gap(piece.start, piece.end) is not None:
                 # a copy: it must not count twice in its FEC block's bookkeeping
                 return replace(piece, block=-1, symbol=-1)

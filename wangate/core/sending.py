@@ -6,17 +6,23 @@ message waits in the ``Outbox`` until the peer's credit admits it, then the
 ``OutboundQueue`` cuts it into pieces that the ``PathScheduler`` places, critical
 pieces on the critical route and bulk where it finishes first. Keep-alive probes go
 on a path with nothing else to carry.
+
+Jobs share it (``set_jobs``): the ``Outbox`` starts their messages fairly and within each
+job's cap of bytes held at the peer, the queue serves them fairly
+(``wangate.core.fairqueue``), and a job limited to some paths is carried only there:
+bulk placement then weighs only the paths it may use.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from wangate.core.buffer import Buffer
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, MessageDelivered, SendFailed
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
     Ack,
@@ -28,6 +34,7 @@ from wangate.core.frames import (
     stamp_age_s,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
+from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
 from wangate.core.outbox import Outbox
@@ -84,6 +91,9 @@ class Sender:
         self.messages_sent = 0
         self.bytes_sent = 0
         self.repair_datagrams = 0
+        self.policies: Mapping[str, JobPolicy] = DEFAULT_POLICIES
+        # per (job, path): [message bytes sent (data and repairs), datagrams]
+        self._sent_by_job: dict[tuple[str, str], list[int]] = {}
         # paths left without data between one message's last byte and the next one's
         self._dry_since: float | None = None
         self.send_gaps = 0
@@ -108,7 +118,7 @@ class Sender:
         """Queue a message (``head``: its header encoded); its id."""
         msg_id = self._next_msg_id
         self._next_msg_id += 1
-        message = OutboundMessage(msg_id, head, payload, header.critical)
+        message = OutboundMessage(msg_id, head, payload, header.critical, header.job)
         message.tag = header.tag
         message.step = header.step
         message.started_at = now
@@ -118,9 +128,31 @@ class Sender:
         self.admit(now)
         return msg_id
 
+    def set_jobs(self, policies: Mapping[str, JobPolicy], now: float | None = None) -> None:
+        """Each job's weight, paths and cap (a job with none: ``JobPolicy()``), for the
+        messages queued too; with ``now``, messages a higher cap allows start at once
+        (else at the next submit, credit or take)."""
+        self.policies = dict(policies)
+        self.outbox.policies = self.policies
+        self.queue.set_policies(self.policies)
+        if now is not None:
+            self.admit(now)
+
+    def drop(self, msg_id: int) -> OutboundMessage | None:
+        """Stop sending a started message (it failed): it no longer counts as held."""
+        self.outbox.release(msg_id)
+        return self.queue.drop(msg_id)
+
+    def taken(self, msg_ids: Iterable[int], now: float) -> None:
+        """Trainers at the peer took these messages: their jobs hold less there."""
+        released = [self.outbox.release(msg_id) for msg_id in msg_ids]
+        if any(released):
+            self.admit(now)  # a job at its cap may go on
+
     def fail_all(self, why: str) -> None:
         """Every message not yet done fails for ``why``."""
         for message in self.queue.clear():
+            self.outbox.release(message.msg_id)
             self._events.append(SendFailed(message.msg_id, why, message.tag, message.step))
         self._events.extend(self.outbox.fail_all(why))
 
@@ -139,7 +171,10 @@ class Sender:
 
     def expire(self, now: float) -> None:
         """Messages past their deadline fail."""
-        self._events.extend(self.outbox.expire(now, self.queue.messages, self.queue.drop))
+        held = self.outbox.held_messages
+        self._events.extend(self.outbox.expire(now, self.queue.messages, self.drop))
+        if self.outbox.held_messages < held:
+            self.admit(now)  # a job at its cap may go on
 
     def check_done(self, now: float) -> None:
         """Ask again about messages acked long ago but never reported done."""
@@ -202,6 +237,11 @@ class Sender:
             piece = self._next_piece(path, sender.datagram_bytes, now)
             if piece is not None:
                 message = piece.message
+                counts = self._sent_by_job.get((message.job, path))
+                if counts is None:
+                    counts = self._sent_by_job[message.job, path] = [0, 0]
+                counts[0] += piece.size_bytes
+                counts[1] += 1
                 if piece.is_repair_symbol:
                     data = self.queue.repair_symbol_data(piece)
                     seq = sender.record(
@@ -270,7 +310,9 @@ class Sender:
     def has_critical_for(self, path: str) -> bool:
         """Whether critical work (or a duplicate of it) waits that ``path`` would carry."""
         queue, scheduler = self.queue, self.scheduler
-        if queue.has_critical_work and scheduler.takes_critical(path, self.usable()):
+        if queue.has_critical_work and queue.work.critical_for(
+            path, scheduler.critical_route(self.usable())
+        ):
             return True
         return bool(scheduler.duplicates) and scheduler.duplicate_target() == path
 
@@ -289,12 +331,18 @@ class Sender:
                 self._dry_since = now  # all sent, some not confirmed: the next may be late
             return None  # the common idle case: nothing to decide
         usable = self.usable()  # once per datagram, not once per question
-        if queue.has_critical_work and scheduler.takes_critical(path, usable):
-            piece = queue.take(max_bytes, critical=True)
-            if piece is not None:
-                scheduler.offer_duplicate(piece)
-                return piece
-        piece = scheduler.take_duplicate(path)
+        work = queue.work
+        if queue.has_critical_work:
+            route = scheduler.critical_route(usable)
+            if work.critical_for(path, route):
+                piece = queue.take(max_bytes, critical=True, path=path, route=route)
+                if piece is not None:
+                    if not work.restricted or work.allowed(
+                        piece.message.job, scheduler.duplicate_target()
+                    ):
+                        scheduler.offer_duplicate(piece)
+                    return piece
+        piece = scheduler.take_duplicate(path, work.allowed if work.restricted else None)
         if piece is not None:
             return piece
         if not queue.has_bulk_work:
@@ -305,20 +353,33 @@ class Sender:
             paths = self._paths
             delay_s = common_delay_s(paths[n].sender.estimator for n, ok in usable.items() if ok)
             governor.update(now, delay_s, critical_active)
-        if governor.allows(now) and scheduler.bulk_helps(
-            path,
-            self._estimators(),
-            usable,
-            queue.bulk_backlog_bytes,
-            max_bytes,
-            now,
-            critical_active,
-        ):
-            piece = queue.take(max_bytes, critical=False)
-            if piece is not None:
-                governor.on_bulk_sent(max_bytes)  # CPU is spent per datagram, full or not
-            return piece
-        return None
+        if not governor.allows(now):
+            return None
+        estimators = self._estimators()
+
+        def helps(paths: frozenset[str] | None) -> bool:
+            """Whether ``path`` should carry bulk that only ``paths`` may carry."""
+            ok = usable if paths is None else {n: u and n in paths for n, u in usable.items()}
+            return scheduler.bulk_helps(
+                path, estimators, ok, queue.bulk_backlog_bytes, max_bytes, now, critical_active
+            )
+
+        if work.restricted:  # asked per job: the paths it may use
+            answers: dict[frozenset[str] | None, bool] = {}
+
+            def helps_job(paths: frozenset[str] | None) -> bool:
+                if paths not in answers:
+                    answers[paths] = helps(paths)
+                return answers[paths]
+
+            piece = queue.take(max_bytes, critical=False, path=path, helps=helps_job)
+        elif helps(None):
+            piece = queue.take(max_bytes, critical=False, path=path)
+        else:
+            return None
+        if piece is not None:
+            governor.on_bulk_sent(max_bytes)  # CPU is spent per datagram, full or not
+        return piece
 
     def _sending(self, now: float) -> bool:
         """Messages in flight or critical traffic lately: the route and the coding
@@ -424,6 +485,36 @@ class Sender:
     def alone(self, path: str) -> bool:
         """Whether no path but ``path`` may carry data now."""
         return not any(r.open for n, r in self._paths.items() if n != path)
+
+    def job_stats(self) -> dict[str, JobSendStats]:
+        """Per job: what it sent on each path, and where its messages are (a read)."""
+        outbox = self.outbox
+        jobs = dict.fromkeys(self.policies, 0)
+        in_flight: dict[str, int] = {}
+        for message in self.queue.messages.values():
+            in_flight[message.job] = in_flight.get(message.job, 0) + 1
+        sent: dict[str, dict[str, list[int]]] = {}
+        for (job, path), counts in self._sent_by_job.items():
+            sent.setdefault(job, {})[path] = counts
+        for names in (in_flight, sent, outbox.held_bytes, outbox.started_messages):
+            jobs.update(dict.fromkeys(names, 0))
+        waiting = outbox.waiting.by_job
+        jobs.update(dict.fromkeys(waiting, 0))
+        stats = {}
+        for job in jobs:
+            by_path = sent.get(job, {})
+            fifo = waiting.get(job, ())
+            stats[job] = JobSendStats(
+                bytes_sent_by_path={p: c[0] for p, c in by_path.items()},
+                datagrams_sent_by_path={p: c[1] for p, c in by_path.items()},
+                messages_started=outbox.started_messages.get(job, 0),
+                messages_in_flight=in_flight.get(job, 0),
+                held_bytes=outbox.held_bytes.get(job, 0),
+                waiting_bytes=sum(m.body_len for m in fifo),
+                waiting_messages=len(fifo),
+                critical_debt_bytes=self.queue.work.debt_bytes(job),
+            )
+        return stats
 
     def confirmed(self, done: OutboundMessage, now: float) -> None:
         self.messages_sent += 1

@@ -34,6 +34,7 @@ from wangate.core.buffer import Buffer
 from wangate.core.control import ControlStreams
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, PathStateChanged, PeerStateChanged
+from wangate.core.fairqueue import JobSendStats
 from wangate.core.frames import (
     MAX_DATAGRAM_HEADER_BYTES,
     ControlFrame,
@@ -49,8 +50,8 @@ from wangate.core.inbound import (
     Free,
     Reassembly,
 )
-from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.jobs import JobPolicy
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.paths import (
@@ -310,9 +311,6 @@ class PeerSession:
         self.check_reachable(now)
         return self._send.add(header, head, payload, now, deadline_at)
 
-    def set_jobs(self, policies: Mapping[str, JobPolicy]) -> None:
-        self.job_policies = dict(policies)
-
     def set_served_jobs(self, jobs: frozenset[str] | None) -> None:
         """The jobs whose messages this site takes; a message of another is rejected to
         its sender (``REJECT_UNKNOWN_JOB``). None: every job."""
@@ -320,6 +318,18 @@ class PeerSession:
 
     def set_peer_limits(self, max_message_bytes: int) -> None:
         self._send.outbox.peer_max_message = max_message_bytes
+
+    def set_jobs(self, policies: Mapping[str, JobPolicy], now: float | None = None) -> None:
+        """How the jobs share sending to this peer (``wangate.core.jobs``): weight,
+        paths, cap of bytes held at the peer; a job with none gets ``JobPolicy()``.
+        It applies to queued messages too; pass ``now`` to start at once what a raised
+        cap allows."""
+        self._send.set_jobs(policies, now)
+
+    def job_stats(self) -> dict[str, JobSendStats]:
+        """Per job: bytes and datagrams sent per path, messages started and in flight,
+        bytes held at the peer, waiting for credit, critical debt (a read)."""
+        return self._send.job_stats()
 
     def pending_bytes(self) -> int:
         return self._send.pending_bytes()

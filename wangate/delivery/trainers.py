@@ -17,8 +17,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.states import PeerStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.inbox import Hopeless, Inbox, _never
@@ -26,6 +26,7 @@ from wangate.delivery.mailbox import Box, box_of
 from wangate.delivery.segments import InboundSegments
 from wangate.delivery.streams import InboundStreams, IncomingStream
 from wangate.errors import ErrorCode, RecvTimeout
+
 # where message bodies are assembled: allocate(size, payload offset), free, min size
 BodyBuffers = tuple[
     Callable[[int, int | None], bytearray | memoryview],

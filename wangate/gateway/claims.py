@@ -12,6 +12,7 @@ remembers its last ``MAX_CLAIMS`` claims (older ones are forgotten, oldest first
 from __future__ import annotations
 
 from collections import OrderedDict
+
 from wangate.errors import ErrorCode, GatewayError
 from wangate.service import Claimant
 

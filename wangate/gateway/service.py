@@ -36,8 +36,8 @@ from wangate.errors import (
     RecvTimeout,
 )
 from wangate.gateway.backend import Backend
-from wangate.gateway.outcomes import MAX_OUTCOMES, OutcomeBook
 from wangate.gateway.claims import CollectiveClaims
+from wangate.gateway.outcomes import MAX_OUTCOMES, OutcomeBook
 from wangate.rows import GatewayStatus, PathRow
 from wangate.service import Claimant, Submission
 
@@ -339,9 +339,7 @@ class Service:
             # the job's collectives span its sites only
             sites = set(declared.sites)
             collective["peers"] = [p for p in collective["peers"] if p in sites]
-            collective["weights"] = {
-                s: w for s, w in collective["weights"].items() if s in sites
-            }
+            collective["weights"] = {s: w for s, w in collective["weights"].items() if s in sites}
         return {
             "compression": {
                 "default": compression.default,

@@ -33,6 +33,7 @@ from wangate.core.jobs import DEFAULT_JOB
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.streams import IncomingStream
 from wangate.errors import ErrorCode, GatewayError
+from wangate.localapi.access import peer_credentials, supplementary_groups
 from wangate.localapi.dispatch import (
     Handed,
     ReplyPayload,
@@ -42,7 +43,6 @@ from wangate.localapi.dispatch import (
     recv_reply,
     submission,
 )
-from wangate.localapi.access import peer_credentials, supplementary_groups
 from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler, sock_sendall_with_fd
 from wangate.localapi.protocol import (
     FrameError,

@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 from wangate.core.jobs import DEFAULT_JOB
 from wangate.errors import ErrorCode
 from wangate.localapi.protocol import (
-    ClaimRequest,
     MAX_CHECKSUM,
     MAX_ID,
+    ClaimRequest,
     FrameError,
     HelloRequest,
     PathsRequest,

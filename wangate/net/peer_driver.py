@@ -47,8 +47,8 @@ from wangate.core.events import (
     RouteChanged,
     SendFailed,
 )
-from wangate.core.frames import ControlFrame, Hello
 from wangate.core.fairqueue import JobSendStats
+from wangate.core.frames import ControlFrame, Hello
 from wangate.core.governor import BulkGovernor
 from wangate.core.jobs import JobPolicy
 from wangate.core.message import MessageHeader
@@ -211,9 +211,9 @@ class PeerDriver:
 
     def set_jobs(self, policies: Mapping[str, JobPolicy]) -> None:
         """The site's jobs: how each shares the paths to this peer, and (their names)
-        the only jobs whose messages from it are taken. Applies from the next input."""
+        the only jobs whose messages from it are taken."""
         self._session.set_served_jobs(frozenset(policies))
-        self._session.set_jobs(policies)
+        self._session.set_jobs(policies, self._clock())
 
     # ------------------------------------------------------------- links
 
