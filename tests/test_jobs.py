@@ -32,6 +32,7 @@ delay_ms = 0
 
 [limits]
 peer_inbox_bytes = 4194304
+max_message_bytes = 1048576
 
 [jobs.a]
 weight = 3
@@ -155,7 +156,7 @@ def test_a_stuck_job_fills_only_its_own_share(lab: LoopbackSites) -> None:
     """``stuck``'s trainers at sh never read; ``live``'s messages keep flowing."""
     piece = np.zeros(256 << 10, np.uint8)  # 256 KiB
     with lab["bj"].client("stuck") as stuck:
-        for step in range(24):  # 6 MiB: more than the whole window
+        for step in range(12):  # 3 MiB: more than its half of the window
             stuck.send("sh", "pile", piece, step=step)
         with lab["bj"].client("live") as live, lab["sh"].client("live") as reader:
             started = time.monotonic()
@@ -169,7 +170,7 @@ def test_a_stuck_job_fills_only_its_own_share(lab: LoopbackSites) -> None:
         assert 0 < held <= WINDOW_BYTES // 2 + piece.nbytes + 4096
         assert jobs["stuck"]["peers"]["sh"]["waiting_messages"] > 0
     with lab["sh"].client("stuck") as reader:  # it reads at last: nothing was lost
-        for step in range(24):
+        for step in range(12):
             got = reader.recv("pile", source="bj", step=step, timeout=SLOW_S)
             assert got.nbytes == piece.nbytes
 
