@@ -48,7 +48,8 @@ SLOW_S = 60.0
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
-    sites = LoopbackSites(3, 1, directory=tmp_path_factory.mktemp("jobs"), extra_toml=JOBS)
+    extra = {"bj": JOBS + "\n[jobs.only-bj]\n", "sh": JOBS, "gz": JOBS}
+    sites = LoopbackSites(3, 1, directory=tmp_path_factory.mktemp("jobs"), extra_toml=extra)
     with sites:
         yield sites
 
@@ -145,11 +146,19 @@ def test_an_unknown_job_is_refused_by_name(lab: LoopbackSites) -> None:
     with pytest.raises(wangate.GatewayError) as caught:
         lab["bj"].client("nope")
     assert caught.value.code == "unknown_job"
-    assert f"no job 'nope' in {lab['bj'].config_path} (jobs: default, a, b, stuck, live)" in str(
+    assert f"no job 'nope' in {lab['bj'].config_path} (jobs: default, a, b, stuck, live, only-bj)" in str(
         caught.value
     )
     with pytest.raises(wangate.LocalProtocolError, match="job name 'a b' must be"):
         wangate.Client(lab["bj"].socket_path, job="a b")
+
+
+def test_a_peer_that_does_not_declare_the_job_rejects_its_messages(lab: LoopbackSites) -> None:
+    with lab["bj"].client("only-bj") as gw:
+        msg_id = gw.send("sh", "nowhere", np.arange(3))
+        with pytest.raises(wangate.MessageFailed) as caught:
+            gw.wait("sh", msg_id, timeout=SLOW_S)
+    assert "no job 'only-bj' here (its jobs: a, b, default, live, stuck)" in str(caught.value)
 
 
 def test_a_stuck_job_fills_only_its_own_share(lab: LoopbackSites) -> None:
@@ -230,3 +239,34 @@ def _eventually(what: Callable[[], Any], timeout_s: float = 20.0) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def test_wangate_jobs_shows_each_jobs_bytes_rate_and_path_share(lab: LoopbackSites) -> None:
+    import json
+    import subprocess
+    import sys
+
+    site = lab["bj"]
+    with site.client("a") as gw, lab["sh"].client("a") as reader:
+        for step in range(4):
+            gw.send("sh", "shown", np.zeros(200_000, np.uint8), step=step)
+            reader.recv("shown", source="bj", step=step, timeout=SLOW_S)
+        command = [sys.executable, "-m", "wangate", "jobs", "-s", str(site.socket_path)]
+        out = subprocess.run(
+            [*command, "--json", "--interval", "0.2"], capture_output=True, check=True, timeout=60
+        )
+        jobs = {job["job"]: job for job in json.loads(out.stdout)}
+        assert list(jobs) == ["default", "a", "b", "stuck", "live", "only-bj"]
+        mine = jobs["a"]
+        assert mine["weight"] == 3.0 and mine["paths"] is None
+        assert mine["bytes_sent"] == gw.status()["jobs"]["a"]["peers"]["sh"]["bytes_sent"] + (
+            gw.status()["jobs"]["a"]["peers"]["gz"]["bytes_sent"]
+        )
+        assert mine["bytes_sent"] >= 800_000
+        assert set(mine["path_share"]) == {"sh/fiber-a", "gz/fiber-a"}
+        assert 0 < mine["path_share"]["sh/fiber-a"] <= 1
+        table = subprocess.run(
+            [*command, "--interval", "0.1"], capture_output=True, check=True, timeout=60, text=True
+        ).stdout
+        assert table.splitlines()[0].split()[:4] == ["JOB", "WEIGHT", "SENT", "RECEIVED"]
+        assert [line.split()[0] for line in table.splitlines()[1:7]] == list(jobs)

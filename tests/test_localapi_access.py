@@ -35,6 +35,7 @@ from wangate.loopback import LoopbackSites, SiteProcess
 pytestmark = pytest.mark.timeout(120)
 
 NOBODY = 65534
+TEAM_GID = 4242  # sh's job "team" admits this group only
 CAP = 4
 
 
@@ -49,7 +50,10 @@ def lab() -> Iterator[LoopbackSites]:
         1,
         directory=directory,
         mtu=1500,
-        extra_toml={"bj": f"[limits]\nmax_local_connections = {CAP}\n", "sh": ""},
+        extra_toml={
+            "bj": f"[limits]\nmax_local_connections = {CAP}\n",
+            "sh": f"[jobs.team]\nallow_gids = [{TEAM_GID}]\n",
+        },
     )
     site_keys = {
         "bj": 'socket_mode = "0666"',
@@ -256,6 +260,35 @@ def test_allow_uids_admits_that_uid(lab: LoopbackSites) -> None:
             return [gw.site, sent, asyncio.run(use_async())]
 
     assert run_as(NOBODY, NOBODY, [], work) == {"result": ["sh", [0, 7, 14, 21, 28, 35], "sh"]}
+
+
+def test_a_job_admits_only_its_groups_by_the_kernels_credentials(lab: LoopbackSites) -> None:
+    """sh admits uid 65534 to its socket, but its job ``team`` only the group 4242:
+    named by hello, the job is refused to 65534 alone and admitted with the group as a
+    supplementary one; the default job admits it either way."""
+    path = lab["sh"].socket_path
+
+    def join(job: str | None) -> Callable[[], list[Any]]:
+        def work() -> list[Any]:
+            with wangate.Client(path, timeout=5, job=job) as gw:
+                return [gw.job, round_trip(gw, "sh", f"in-{gw.job}")]
+
+        return work
+
+    refused = run_as(NOBODY, NOBODY, [], join("team"))
+    assert refused == {
+        "error": "GatewayError",
+        "code": "job_denied",
+        "message": f"job 'team' admits groups {TEAM_GID}; this process runs as uid {NOBODY} "
+        f"gids {NOBODY} [job_denied]",
+    }
+    member = run_as(NOBODY, NOBODY, [TEAM_GID], join("team"))
+    assert member == {"result": ["team", [0, 7, 14, 21, 28, 35]]}
+    assert run_as(NOBODY, NOBODY, [], join(None)) == {
+        "result": ["default", [0, 10, 20, 30, 40, 50]]  # the tag "in-default"
+    }
+    with lab["sh"].client("team") as root:  # root is always admitted
+        assert root.job == "team"
 
 
 def test_connections_past_the_cap_are_refused_and_a_freed_slot_is_reused(

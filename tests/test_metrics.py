@@ -62,6 +62,8 @@ ROW_UP: dict[str, Any] = {
     "rate_mbps": 80.0, "inflight_bytes": 3000, "rto_ms": 200.0, "sent_bytes": 123456,
     "recv_bytes": 654321, "acked_bytes": 120000, "lost_bytes": 1200, "spurious_losses": 2,
     "role": "critical", "peer_state": "degraded", "capacity_mbps": 96.0,
+    "jobs": {"default": {"bytes_sent": 100, "datagrams_sent": 1},
+             "llama": {"bytes_sent": 123356, "datagrams_sent": 90}},
 }  # fmt: skip
 ROW_DOWN: dict[str, Any] = {
     "peer": "sh", "path": 'we"ird', "local": "*", "remote": "(peer dials)", "state": "down",
@@ -80,6 +82,11 @@ STATUS: dict[str, Any] = {
         "source_bytes": 9000, "fec_bytes": 2400, "fec_repair_per_block": 2,
         "bulk_limit_bps": 40_000_000, "bulk_limit_cuts": 7,
     }},
+    "jobs": {"llama": {"weight": 3.0, "paths": None, "sites": None, "inbox_queued": 0,
+                       "inbox_bytes": 0, "claims": 0, "recent_failures": [],
+                       "peers": {"sh": {"bytes_sent": 123356, "bytes_received": 5000,
+                                        "messages_in_flight": 2, "held_bytes": 4096,
+                                        "waiting_bytes": 8192, "waiting_messages": 1}}}},
 }  # fmt: skip
 
 # The exposition the hand-written writer produced for these rows, before the metrics moved
@@ -226,6 +233,25 @@ wangate_peer_bulk_limit_cuts_total{peer="sh"} 7
 # HELP wangate_peer_messages_failed_total Messages that could not be delivered.
 # TYPE wangate_peer_messages_failed_total counter
 wangate_peer_messages_failed_total{peer="sh"} 1
+# HELP wangate_job_sent_bytes_total Bytes of a job's messages sent to a peer (data and repairs).
+# TYPE wangate_job_sent_bytes_total counter
+wangate_job_sent_bytes_total{job="llama",peer="sh"} 123356
+# HELP wangate_job_received_bytes_total Payload bytes of a job's messages that arrived from a peer.
+# TYPE wangate_job_received_bytes_total counter
+wangate_job_received_bytes_total{job="llama",peer="sh"} 5000
+# HELP wangate_job_messages_in_flight A job's messages to a peer started and not yet confirmed.
+# TYPE wangate_job_messages_in_flight gauge
+wangate_job_messages_in_flight{job="llama",peer="sh"} 2
+# HELP wangate_job_held_bytes Bytes of a job's messages a peer holds that no trainer there took yet.
+# TYPE wangate_job_held_bytes gauge
+wangate_job_held_bytes{job="llama",peer="sh"} 4096
+# HELP wangate_job_waiting_bytes Bytes of a job's messages waiting for the peer's credit or the job's cap.
+# TYPE wangate_job_waiting_bytes gauge
+wangate_job_waiting_bytes{job="llama",peer="sh"} 8192
+# HELP wangate_job_path_sent_bytes_total Bytes of a job's messages sent on a path (data and repairs).
+# TYPE wangate_job_path_sent_bytes_total counter
+wangate_job_path_sent_bytes_total{job="default",path="fiber-a",peer="sh"} 100
+wangate_job_path_sent_bytes_total{job="llama",path="fiber-a",peer="sh"} 123356
 # HELP wangate_message_delivery_seconds Time from a message's submission until the peer \
 acknowledged all of it.
 # TYPE wangate_message_delivery_seconds histogram

@@ -52,7 +52,8 @@ def main(args: dict[str, object]) -> None:
     dist.init_process_group(
         "gloo", init_method=str(args["init"]), rank=rank, world_size=int(str(args["ranks"]))
     )
-    client = wangate.Client(str(args["socket"])) if rank == 0 else None
+    job = str(args["job"]) if args.get("job") else None
+    client = wangate.Client(str(args["socket"]), job=job) if rank == 0 else None
     if args.get("alone"):
         alone(args, client, site, rank)
         dist.destroy_process_group()
@@ -77,7 +78,7 @@ def main(args: dict[str, object]) -> None:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     losses = []
     for step in range(int(str(args["steps"]))):
-        x, y = batch(step, site, rank)
+        x, y = batch(step + int(str(args.get("data_offset", 0))), site, rank)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
