@@ -18,7 +18,8 @@ demo: $(STAMP)
 	$(VENV)/bin/wangate demo
 
 # the integration tests that move messages, again with worker processes ([workers] count = 2)
-WORKER_TESTS := tests/test_e2e.py tests/test_localapi_segments.py tests/test_faults.py tests/test_daemon.py
+WORKER_TESTS := tests/test_e2e.py tests/test_localapi_segments.py tests/test_faults.py tests/test_daemon.py \
+	tests/test_jobs.py
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -102,6 +102,53 @@ def test_two_jobs_with_the_same_tags_and_steps_never_mix(lab: LoopbackSites) -> 
             assert got.tolist() == [value[job]] * 3
 
 
+TRAINER = """
+import sys, numpy as np, wangate
+gw = wangate.Client(sys.argv[1], job="a")
+print("joined", flush=True)
+sys.stdin.readline()  # killed here, before it enters step 1
+"""
+
+
+def test_a_job_whose_trainer_is_killed_fails_only_that_jobs_collective(
+    lab: LoopbackSites,
+) -> None:
+    """gz's trainer of job ``a`` is killed: ``a``'s allreduce at bj and sh names gz
+    within its timeout, while job ``b``'s allreduce of the same tag and step, at the
+    same time on the same three sites, completes exactly."""
+    import subprocess
+    import sys
+
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(lab["gz"].socket_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert trainer.stdout is not None and trainer.stdout.readline() == b"joined\n"
+    trainer.kill()
+    trainer.wait(10)
+
+    def call(gw: wangate.Client, site: str, job: str) -> Any:
+        if job == "a" and site == "gz":
+            return None  # its trainer is dead
+        array = np.full(3000, 2.0 if job == "b" else 1.0, np.float32)
+        timeout = 3.0 if job == "a" else SLOW_S
+        started = time.monotonic()
+        try:
+            total = gw.allreduce("shared", array, step=1, op="sum", timeout=timeout)
+        except wangate.CollectiveTimeout as exc:
+            return ("timeout", exc.missing, time.monotonic() - started)
+        return float(total.min()), float(total.max())
+
+    results = on_every_site(lab, call, ("a", "b"))
+    for site in SITES:
+        assert results[(site, "b")] == (6.0, 6.0), results
+    for site in ("bj", "sh"):
+        kind, missing, took_s = results[(site, "a")]
+        assert kind == "timeout" and missing == ("gz",), results
+        assert took_s < 3.0 + 5.0
+
+
 def test_a_client_that_names_no_job_is_in_default_and_sees_no_other_job(
     lab: LoopbackSites,
 ) -> None:
@@ -146,9 +193,8 @@ def test_an_unknown_job_is_refused_by_name(lab: LoopbackSites) -> None:
     with pytest.raises(wangate.GatewayError) as caught:
         lab["bj"].client("nope")
     assert caught.value.code == "unknown_job"
-    assert f"no job 'nope' in {lab['bj'].config_path} (jobs: default, a, b, stuck, live, only-bj)" in str(
-        caught.value
-    )
+    jobs = "default, a, b, stuck, live, only-bj"
+    assert f"no job 'nope' in {lab['bj'].config_path} (jobs: {jobs})" in str(caught.value)
     with pytest.raises(wangate.LocalProtocolError, match="job name 'a b' must be"):
         wangate.Client(lab["bj"].socket_path, job="a b")
 
@@ -189,12 +235,17 @@ def test_status_and_rows_count_bytes_per_job(lab: LoopbackSites) -> None:
         before = gw.status()["jobs"]["b"]["peers"]["sh"]["bytes_sent"]
         gw.send("sh", "counted", np.zeros(100_000, np.uint8))
         reader.recv("counted", source="gz", timeout=SLOW_S)
-        status = gw.status()
-        after = status["jobs"]["b"]["peers"]["sh"]["bytes_sent"]
-        assert after - before >= 100_000
-        rows = [r for r in gw.paths() if r["peer"] == "sh"]
+
+        def counted() -> tuple[int, list[dict[str, Any]]]:
+            # with worker processes the counts are their last reports: look again
+            after = gw.status()["jobs"]["b"]["peers"]["sh"]["bytes_sent"]
+            rows = [r for r in gw.paths() if r["peer"] == "sh"]
+            assert after - before >= 100_000
+            assert sum(r["jobs"]["b"]["bytes_sent"] for r in rows) == after
+            return after, rows
+
+        _, rows = _eventually(counted)
         assert rows and all(set(r["jobs"]) >= {"b"} for r in rows)
-        assert sum(r["jobs"]["b"]["bytes_sent"] for r in rows) == after
         received = reader.status()["jobs"]["b"]["peers"]["gz"]["bytes_received"]
         assert received >= 100_000
 
@@ -259,8 +310,10 @@ def test_wangate_jobs_shows_each_jobs_bytes_rate_and_path_share(lab: LoopbackSit
         assert list(jobs) == ["default", "a", "b", "stuck", "live", "only-bj"]
         mine = jobs["a"]
         assert mine["weight"] == 3.0 and mine["paths"] is None
-        assert mine["bytes_sent"] == gw.status()["jobs"]["a"]["peers"]["sh"]["bytes_sent"] + (
-            gw.status()["jobs"]["a"]["peers"]["gz"]["bytes_sent"]
+        assert (
+            mine["bytes_sent"]
+            == gw.status()["jobs"]["a"]["peers"]["sh"]["bytes_sent"]
+            + (gw.status()["jobs"]["a"]["peers"]["gz"]["bytes_sent"])
         )
         assert mine["bytes_sent"] >= 800_000
         assert set(mine["path_share"]) == {"sh/fiber-a", "gz/fiber-a"}

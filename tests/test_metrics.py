@@ -245,10 +245,10 @@ wangate_job_messages_in_flight{job="llama",peer="sh"} 2
 # HELP wangate_job_held_bytes Bytes of a job's messages a peer holds that no trainer there took yet.
 # TYPE wangate_job_held_bytes gauge
 wangate_job_held_bytes{job="llama",peer="sh"} 4096
-# HELP wangate_job_waiting_bytes Bytes of a job's messages waiting for the peer's credit or the job's cap.
+# HELP wangate_job_waiting_bytes Bytes of a job's messages waiting for credit or the job's cap.
 # TYPE wangate_job_waiting_bytes gauge
 wangate_job_waiting_bytes{job="llama",peer="sh"} 8192
-# HELP wangate_job_path_sent_bytes_total Bytes of a job's messages sent on a path (data and repairs).
+# HELP wangate_job_path_sent_bytes_total Bytes of a job's messages sent on a path (data, repairs).
 # TYPE wangate_job_path_sent_bytes_total counter
 wangate_job_path_sent_bytes_total{job="default",path="fiber-a",peer="sh"} 100
 wangate_job_path_sent_bytes_total{job="llama",path="fiber-a",peer="sh"} 123356

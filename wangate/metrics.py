@@ -182,7 +182,7 @@ _JOB_SERIES: tuple[tuple[str, MetricKind, str, str], ...] = (
     ("wangate_job_held_bytes", "gauge",
      "Bytes of a job's messages a peer holds that no trainer there took yet.", "held_bytes"),
     ("wangate_job_waiting_bytes", "gauge",
-     "Bytes of a job's messages waiting for the peer's credit or the job's cap.",
+     "Bytes of a job's messages waiting for credit or the job's cap.",
      "waiting_bytes"),
 )  # fmt: skip
 
@@ -200,7 +200,7 @@ def _job_families(rows: Sequence[PathRow], status: GatewayStatus) -> Iterator[Me
     labels = ("job", "peer", "path", "worker") if per_worker else ("job", "peer", "path")
     on_path = CounterMetricFamily(
         "wangate_job_path_sent_bytes",
-        "Bytes of a job's messages sent on a path (data and repairs).",
+        "Bytes of a job's messages sent on a path (data, repairs).",
         labels=labels,
     )
     for row in rows:

@@ -10,6 +10,7 @@ connections (wangate.workers.worker).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -225,21 +226,22 @@ class DriverBackend:
                     "path": path.name,
                     "local": link.local_address if link else (path.local or "*"),
                     "remote": link.remote_address if link else _fmt_remote(path),
-                    "jobs": {
-                        job: {
-                            "bytes_sent": s.bytes_sent_by_path.get(path.name, 0),
-                            "datagrams_sent": s.datagrams_sent_by_path.get(path.name, 0),
-                        }
-                        for job, s in stats.items()
-                    },
+                }
+                jobs = {
+                    job: {
+                        "bytes_sent": s.bytes_sent_by_path.get(path.name, 0),
+                        "datagrams_sent": s.datagrams_sent_by_path.get(path.name, 0),
+                    }
+                    for job, s in stats.items()
                 }
                 if path.name in view.path_names:
                     row.update(view.path_snapshot(path.name, now))
                     if link is None:
                         row.update(state=PathStateKind.DOWN, state_reason="not connected")
-                    rows.append(PathRow.from_dict({**row, "peer_state": peer_state}))
+                    rows.append(PathRow.from_dict({**row, "peer_state": peer_state, "jobs": jobs}))
                 else:
-                    rows.append(PathRow.not_connected(**row, peer_state=peer_state))
+                    unseen = PathRow.not_connected(**row, peer_state=peer_state)
+                    rows.append(dataclasses.replace(unseen, jobs=jobs))
         return rows
 
     def peer_status(self, peer: str, rows: list[PathRow]) -> PeerStatus:

@@ -156,13 +156,23 @@ class Worker:
             return 2
         self._channel.send("ready", {"pid": os.getpid()})
         reporter = loop.create_task(self._report())
+        reporter.add_done_callback(self._reports_ended)
         try:
             await self._stopped.wait()
         finally:
             reporter.cancel()
             self._channel.close()
             await self.backend.close()
-        return 0
+        return 1 if not reporter.cancelled() and reporter.exception() is not None else 0
+
+    def _reports_ended(self, reporter: asyncio.Task[None]) -> None:
+        """A worker that cannot report is blind to its coordinator: it stops (and is
+        started again) rather than serve on unseen."""
+        if reporter.cancelled() or reporter.exception() is None:
+            return
+        error = reporter.exception()
+        log.error("worker %d: its reports failed: %r", self.index, error, exc_info=error)
+        self._stopped.set()
 
     def _on_closed(self, reason: str) -> None:
         if reason != "end of file":
