@@ -1,23 +1,41 @@
 """A gateway service for one site on its own, for the local API tests: no daemon, no peers.
 
 Messages addressed to the site's own name go straight into the site's inbox (the same
-path the daemon uses for intra-site delivery); any other peer is unknown here.
+path the daemon uses for intra-site delivery); any other peer is unknown here. Jobs are
+as the daemon has them: declared ones only (``default`` unless told others), admitted by
+their allow lists, with claims per job.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from itertools import count
+from pathlib import Path
 from typing import Any
 
 from wangate import __version__
+from wangate.config.jobs import job_admission_error, unknown_job_error
+from wangate.config.schema import JobConfig, JobsConfig
+from wangate.core.jobs import DEFAULT_JOB
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.inbox import Inbox
 from wangate.delivery.streams import IncomingStream
-from wangate.errors import GatewayError
+from wangate.errors import ErrorCode, GatewayError
+from wangate.gateway.claims import CollectiveClaims
 from wangate.gateway.service import local_delivery
 from wangate.rows import GatewayStatus, PathRow
-from wangate.service import Submission
+from wangate.service import Claimant, Submission
+
+
+@dataclass(frozen=True)
+class _JobsOnly:
+    """What ``unknown_job_error`` reads of a config."""
+
+    path: Path
+    jobs: JobsConfig
 
 
 def default_client_settings(max_message_bytes: int) -> dict[str, Any]:
@@ -38,7 +56,13 @@ class SelfSiteService:
         client_settings: dict[str, Any],
         *,
         started_at_s: float | None = None,
+        jobs: Iterable[JobConfig] = (),
     ) -> None:
+        # as a config has them: default first, declared or not
+        declared = {DEFAULT_JOB: JobConfig(DEFAULT_JOB), **{job.name: job for job in jobs}}
+        self.jobs = _JobsOnly(Path("wangate.toml"), JobsConfig(jobs=tuple(declared.values())))
+        self.claims = CollectiveClaims()
+        self.joined: list[tuple[str, int]] = []  # (job, uid) of every admitted join
         self._site_name = site_name
         self.inbox = inbox
         self._client_settings = client_settings
@@ -59,6 +83,23 @@ class SelfSiteService:
                 code="unknown_peer",
             )
 
+    def join(self, job: str, uid: int, gids: tuple[int, ...]) -> str:
+        declared = self.jobs.jobs.job(job)
+        if declared is None:
+            message = unknown_job_error(job, self.jobs)  # type: ignore[arg-type]
+            raise GatewayError(message, code=ErrorCode.UNKNOWN_JOB)
+        refused = job_admission_error(declared, uid, gids, os.getuid())
+        if refused is not None:
+            raise GatewayError(refused, code=ErrorCode.JOB_DENIED)
+        self.joined.append((job, uid))
+        return job
+
+    def claim(self, job: str, call: str, step: int, by: Claimant) -> None:
+        self.claims.claim(job, call, step, by)
+
+    def left(self, connection: int) -> None:
+        self.claims.release(connection)
+
     def submit_now(self, submission: Submission) -> int | None:
         self._check_peer(submission)
         if not self.inbox.try_deliver(local_delivery(self._site_name, submission)):
@@ -74,16 +115,26 @@ class SelfSiteService:
         return message_id
 
     async def receive(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery:
-        delivery = await self.inbox.receive(tag, source, step, timeout_s)
+        delivery = await self.inbox.receive(tag, source, step, timeout_s, job=job)
         self.received += 1
         return delivery
 
     async def receive_stream(
-        self, tag: str, source: str | None, step: int | None, timeout_s: float | None
+        self,
+        tag: str,
+        source: str | None,
+        step: int | None,
+        timeout_s: float | None,
+        job: str = DEFAULT_JOB,
     ) -> Delivery | IncomingStream:
-        return await self.receive(tag, source, step, timeout_s)  # within a site: whole
+        return await self.receive(tag, source, step, timeout_s, job)  # within a site: whole
 
     def paths(self) -> list[PathRow]:
         return []
@@ -99,7 +150,7 @@ class SelfSiteService:
             inbox_waiting_recvs=self.inbox.mailbox.waiter_count(),
         )
 
-    def client_settings(self) -> dict[str, Any]:
+    def client_settings(self, job: str = DEFAULT_JOB) -> dict[str, Any]:
         return self._client_settings
 
     def reset_path(self, peer: str, path: str) -> None:

@@ -4,6 +4,7 @@ the partial-membership agreement."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping
 from pathlib import Path
@@ -590,6 +591,18 @@ class FakeGateway:
     def __init__(self) -> None:
         self.inbox: dict[tuple[str, str, int], np.ndarray] = {}
         self.sent: list[tuple[str, str, int]] = []
+        self.claims: list[tuple[str, int]] = []
+        self.calls: list[str] = []  # "claim" / "send", in order
+        self.collision: Exception | None = None  # what ``claim`` raises, if anything
+
+    def claim(self, call: str, step: int) -> None:
+        self.calls.append("claim")
+        self.claims.append((call, step))
+        if self.collision is not None:
+            raise self.collision
+
+    def paths(self) -> list[dict[str, Any]]:
+        return []
 
     def send_encoded(
         self,
@@ -602,6 +615,7 @@ class FakeGateway:
         step: int,
         critical: bool,
     ) -> int:
+        self.calls.append("send")
         self.sent.append((peer, tag, step))
         return len(self.sent)
 
@@ -643,3 +657,64 @@ def test_driver_timeout_names_the_silent_sites_and_what_arrived() -> None:
     # bj sent its slices of gz's and sh's chunks to their owners, at step 5
     assert {peer for peer, _, _ in gw.sent} == {"gz", "sh"}
     assert all(step == 5 and "/rs/" in tag for _, tag, step in gw.sent)
+
+
+# ------------------------------------------------------------------ claims
+
+
+def _scripts(site: str) -> dict[str, Any]:
+    from wangate.collective.api import (
+        CollectiveState,
+        allreduce_script,
+        barrier_script,
+        broadcast_script,
+    )
+
+    settings: dict[str, Any] = {"collective": {"peers": ["sh"], "weights": {}}}
+    array = np.ones(16, np.float32)
+    return {
+        "allreduce/ddp.b0": allreduce_script(
+            site, settings, CollectiveState(), lambda *_: "none", "ddp.b0", array,
+            step=3, op="sum", codec=None, critical=False, timeout=0.0, sites=None,
+            partial=False,
+        ),
+        "broadcast/ddp.b0": broadcast_script(
+            site, settings, "ddp.b0", array, root=site, step=3, timeout=0.0, sites=None
+        ),
+        "barrier/ddp.b0": barrier_script(site, settings, "ddp.b0", step=3, timeout=0.0, sites=None),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("call", ["allreduce/ddp.b0", "broadcast/ddp.b0", "barrier/ddp.b0"])
+def test_a_collective_claims_its_call_before_it_sends_anything(call: str) -> None:
+    from wangate.collective.steps import run_sync
+    from wangate.errors import CollectiveTimeout
+
+    gw = FakeGateway()
+    with contextlib.suppress(CollectiveTimeout):  # sh never answers (the root needs none)
+        run_sync(gw, _scripts("bj")[call])
+    assert gw.claims == [(call, 3)]  # kind/tag, at the call's step, once
+    assert gw.calls[0] == "claim" and "send" in gw.calls
+
+
+@pytest.mark.parametrize("call", ["allreduce/ddp.b0", "broadcast/ddp.b0", "barrier/ddp.b0"])
+def test_a_collision_fails_the_call_with_nothing_sent(call: str) -> None:
+    from wangate.collective.steps import run_sync
+    from wangate.errors import ErrorCode, GatewayError
+
+    gw = FakeGateway()
+    gw.collision = GatewayError("collision: ...", code=ErrorCode.COLLISION)
+    with pytest.raises(GatewayError) as refused:
+        run_sync(gw, _scripts("bj")[call])
+    assert refused.value is gw.collision and refused.value.code == "collision"
+    assert gw.claims == [(call, 3)] and gw.sent == []
+
+
+def test_a_call_whose_inputs_are_wrong_claims_nothing() -> None:
+    from wangate.collective.api import barrier_script
+    from wangate.collective.steps import run_sync
+
+    gw = FakeGateway()
+    with pytest.raises(LocalProtocolError):
+        run_sync(gw, barrier_script("bj", {}, "ddp.b0", step=3, timeout=0.0, sites=["sh"]))
+    assert gw.claims == [] and gw.sent == []

@@ -17,6 +17,7 @@ TARGETS = ["localapi_frame", "frame_assembler"]
 names = st.text(min_size=1, max_size=20)
 u32 = st.integers(0, protocol.MAX_ID)
 steps = st.integers(0, protocol.MAX_STEP)
+jobs = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True)
 
 
 def frame(header: object, payload: bytes = b"") -> bytes:
@@ -73,7 +74,8 @@ def test_arbitrary_msgpack_headers_are_requests_or_frame_errors(
 
 
 requests = st.one_of(
-    st.builds(protocol.HelloRequest, u32),
+    st.builds(protocol.HelloRequest, u32, st.none() | jobs),
+    st.builds(protocol.ClaimRequest, u32, names, steps),
     st.builds(protocol.PingRequest, u32),
     st.builds(protocol.PathsRequest, u32),
     st.builds(protocol.StatusRequest, u32),

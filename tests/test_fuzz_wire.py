@@ -109,11 +109,12 @@ def test_control_frames_round_trip_in_any_cut(
     st.booleans(),
     st.binary(max_size=64),
     st.binary(max_size=64),
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True),
 )
 def test_message_body_round_trip(
-    tag: str, step: int, critical: bool, meta: bytes, payload: bytes
+    tag: str, step: int, critical: bool, meta: bytes, payload: bytes, job: str
 ) -> None:
-    header = MessageHeader(tag, step, critical, message_checksum(meta, payload), meta)
+    header = MessageHeader(tag, step, critical, message_checksum(meta, payload), meta, job)
     body = header.encode() + payload
     targets.message_body(b"\x00" + body)
 

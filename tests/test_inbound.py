@@ -33,7 +33,8 @@ WINDOW = 1 << 18
 
 
 def make_body(size_bytes: int, seed: int) -> bytes:
-    payload = random.Random(seed).randbytes(size_bytes - 21)  # header: 20 bytes + tag "t"
+    # header: the 21-byte fixed head, job "default", tag "t"
+    payload = random.Random(seed).randbytes(size_bytes - 29)
     body = MessageHeader("t", 1, False, message_checksum(b"", payload), b"").encode() + payload
     assert len(body) == size_bytes
     return body

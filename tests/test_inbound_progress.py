@@ -51,9 +51,9 @@ def test_in_order_the_prefix_is_reported_at_the_header_then_each_step() -> None:
         inbound.accept_shard(shard(body, start, start + MiB // 2), 0.0)
     assert progress(events) == [MiB // 2, MiB // 2 + 4 * MiB, MiB // 2 + 8 * MiB]
     last = events[-1]
-    assert isinstance(last, MessageReceived) and bytes(last.payload) == body[22:]
+    assert isinstance(last, MessageReceived) and bytes(last.payload) == body[30:]
     first = next(e for e in events if isinstance(e, MessageProgress))
-    assert first.msg_id == 1 and bytes(first.body[:22]) == body[:22]
+    assert first.msg_id == 1 and bytes(first.body[:30]) == body[:30]
 
 
 def test_out_of_order_only_the_contiguous_prefix_counts() -> None:

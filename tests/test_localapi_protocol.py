@@ -6,6 +6,7 @@ import contextlib
 import struct
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
@@ -13,11 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wangate.errors import RemoteProtocolError
+from wangate.config.jobs import job_admission_error, unknown_job_error
+from wangate.config.schema import JobConfig, JobsConfig
+from wangate.errors import GatewayError, RemoteProtocolError
+from wangate.gateway.claims import CollectiveClaims
 from wangate.localapi.access import AccessPolicy, PeerCredentials, connection_cap_refusal
 from wangate.localapi.protocol import (
     MAX_HEADER_BYTES,
     OPS,
+    ClaimRequest,
     FrameError,
     HelloRequest,
     PingRequest,
@@ -37,6 +42,7 @@ from wangate.localapi.protocol import (
     ok_reply,
     split_frame,
 )
+from wangate.service import Claimant
 
 VECTORS = Path(__file__).resolve().parent.parent / "proto" / "vectors"
 LIMIT = 1 << 20
@@ -62,6 +68,7 @@ SEND = {
     "checksum": 99,
 }
 RECV = {"op": "recv", "id": 6, "tag": "t", "source": None, "step": None, "timeout_s": 1.5}
+CLAIM = {"op": "claim", "id": 13, "call": "allreduce/ddp.b0", "step": 3}
 
 
 # ------------------------------------------------------------------ prefix
@@ -121,6 +128,16 @@ def test_send_deadline_is_optional_and_a_positive_number() -> None:
     assert b"deadline_s" in encode_request(SendRequest(5, "sh", "t", 1, False, b"", 7, 0.5), 0)
 
 
+def test_hello_names_a_job_or_none_and_claim_decodes_to_exact_values() -> None:
+    assert decode_request(pack({"op": "hello", "id": 1}), 0) == HelloRequest(1)
+    assert decode_request(pack({"op": "hello", "id": 1, "job": None}), 0) == HelloRequest(1)
+    job = decode_request(pack({"op": "hello", "id": 1, "job": "llama-run3"}), 0)
+    assert job == HelloRequest(1, "llama-run3")
+    # without a job the encoding is what it always was
+    assert b"job" not in encode_request(HelloRequest(1))
+    assert decode_request(pack(CLAIM), 0) == ClaimRequest(13, "allreduce/ddp.b0", 3)
+
+
 def test_recv_request_nil_fields_and_integer_timeout() -> None:
     assert decode_request(pack(RECV), 0) == RecvRequest(6, "t", None, None, 1.5)
     request = decode_request(pack({**RECV, "source": "bj", "step": 3, "timeout_s": 2}), 0)
@@ -132,6 +149,10 @@ def test_recv_request_nil_fields_and_integer_timeout() -> None:
     "request_",
     [
         HelloRequest(0),
+        HelloRequest(1, "llama-run3"),
+        HelloRequest(2, "j" * 64),
+        ClaimRequest(5, "allreduce/ddp.b0", 0),
+        ClaimRequest(6, "barrier/" + "é" * 124, 2**63 - 1),
         PingRequest(2**32 - 1),
         SendRequest(1, "sh", "é" * 128, 2**63 - 1, True, b"", 2**32 - 1),
         SendRequest(1, "sh", "t", 0, False, b"", 0, 0.125),
@@ -186,6 +207,20 @@ def bad(header: Any, payload_bytes: int = 0) -> FrameError:
         ({"op": 1, "id": 9}, "bad_request", 9),
         ({"id": 9}, "bad_request", 9),
         ({"op": "ping", "id": 9, "x": None}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": ""}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": "-x"}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": "j" * 65}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": "llama run"}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": 3}, "bad_request", 9),
+        ({"op": "hello", "id": 9, "job": "a", "x": 1}, "bad_request", 9),
+        ({**CLAIM, "step": -1}, "bad_request", 13),
+        ({**CLAIM, "step": 2**63}, "bad_request", 13),
+        ({**CLAIM, "step": None}, "bad_request", 13),
+        ({**CLAIM, "call": ""}, "bad_request", 13),
+        ({**CLAIM, "call": None}, "bad_request", 13),
+        ({**CLAIM, "call": "x" * 257}, "bad_request", 13),
+        ({k: v for k, v in CLAIM.items() if k != "step"}, "bad_request", 13),
+        ({**CLAIM, "job": "default"}, "bad_request", 13),
     ],
 )
 def test_wrong_keys_and_types_are_refused_with_code_and_id(
@@ -268,6 +303,8 @@ CHECKSUM = zlib.crc32(PAYLOAD, zlib.crc32(META))
 REQUEST_VECTORS = {
     "ping_request": (PingRequest(7), b""),
     "hello_request": (HelloRequest(1), b""),
+    "hello_job_request": (HelloRequest(1, "llama-run3"), b""),
+    "claim_request": (ClaimRequest(13, "allreduce/ddp.b0", 3), b""),
     "send_request": (SendRequest(2, "sh", "layer3.grad", 12, False, META, CHECKSUM), PAYLOAD),
     "send_deadline_request": (
         SendRequest(2, "sh", "layer3.grad", 12, True, META, CHECKSUM, 0.5),
@@ -284,6 +321,23 @@ REQUEST_VECTORS = {
     "recv_segments_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True), b""),
     "recv_stream_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True, True), b""),
 }
+HELLO_SETTINGS = {
+    "compression": {"default": "none", "tags": [["layer0.*", "fp16"]], "min_lossy_bytes": 65536},
+    "max_message_bytes": 1 << 30,
+}
+
+
+def collision_message() -> str:
+    """What the gateway says to a second trainer of a job entering a call (pid 4712,
+    while pid 4711 is in it), from the gateway's own bookkeeping."""
+    claims = CollectiveClaims()
+    claims.claim("llama-run3", "allreduce/ddp.b0", 3, Claimant(1, 4711))
+    with pytest.raises(GatewayError) as refused:
+        claims.claim("llama-run3", "allreduce/ddp.b0", 3, Claimant(2, 4712))
+    assert refused.value.code == "collision"
+    return str(refused.value)
+
+
 REPLY_VECTORS = {
     "ping_reply": ({"ok": True, "id": 7}, b""),
     "hello_reply": (
@@ -293,15 +347,48 @@ REPLY_VECTORS = {
             "protocol": 1,
             "site": "bj",
             "version": "0.1.0",
-            "client_settings": {
-                "compression": {
-                    "default": "none",
-                    "tags": [["layer0.*", "fp16"]],
-                    "min_lossy_bytes": 65536,
-                },
-                "max_message_bytes": 1 << 30,
-            },
+            "client_settings": HELLO_SETTINGS,
+            "job": "default",
         },
+        b"",
+    ),
+    "hello_job_reply": (
+        {
+            "ok": True,
+            "id": 1,
+            "protocol": 1,
+            "site": "bj",
+            "version": "0.1.0",
+            "client_settings": HELLO_SETTINGS,
+            "job": "llama-run3",
+        },
+        b"",
+    ),
+    "claim_reply": ({"ok": True, "id": 13}, b""),
+    "collision_reply": (
+        error_reply(
+            13,
+            "collision",
+            "collision: allreduce 'ddp.b0' at step 3 in job 'llama-run3' was entered at this "
+            "site by another trainer (pid 4711); two trainers of one job at one site may not "
+            "enter the same collective",
+        ),
+        b"",
+    ),
+    "unknown_job_reply": (
+        error_reply(
+            1,
+            "unknown_job",
+            "no job 'llama-run4' in /etc/wangate/wangate.toml (jobs: default, llama-run3)",
+        ),
+        b"",
+    ),
+    "job_denied_reply": (
+        error_reply(
+            1,
+            "job_denied",
+            "job 'llama-run3' admits groups 4242424; this process runs as uid 1000 gids 27, 1000",
+        ),
         b"",
     ),
     "send_reply": ({"ok": True, "id": 2, "message_id": 41}, b""),
@@ -468,7 +555,7 @@ def test_every_op_is_documented_and_every_vector_is_tested() -> None:
     doc = (VECTORS.parent / "localapi.md").read_text()
     for op in OPS:
         assert f"\n| `{op}`" in doc, op
-    for code in ("unknown_path", "path_down"):
+    for code in ("unknown_path", "path_down", "unknown_job", "job_denied", "collision"):
         assert f"| `{code}`" in doc, code
     on_disk = {
         p.name.removeprefix("localapi_").removesuffix(".hex") for p in VECTORS.glob("localapi_*")
@@ -479,7 +566,29 @@ def test_every_op_is_documented_and_every_vector_is_tested() -> None:
         frame = split_frame(load_vector(name), LIMIT)
         assert frame is not None
         decoded.add(decode_request(frame.header, len(frame.payload)).__class__.__name__)
-    assert "ResetPathRequest" in decoded
+    assert {"ResetPathRequest", "ClaimRequest", "HelloRequest"} <= decoded
+
+
+def vector_error(name: str) -> str:
+    frame = split_frame(load_vector(name), LIMIT)
+    assert frame is not None
+    return str(decode_reply(frame.header)["error"])
+
+
+def test_job_vectors_say_what_the_gateway_says() -> None:
+    """The error texts in the job vectors are the gateway's own, word for word."""
+    assert vector_error("collision_reply") == collision_message()
+    closed = JobConfig("llama-run3", allow_gids=(4242424,))
+    denied = job_admission_error(closed, 1000, (1000, 27), 998)
+    assert vector_error("job_denied_reply") == denied
+    config = SimpleNamespace(
+        path="/etc/wangate/wangate.toml",
+        jobs=JobsConfig(jobs=(JobConfig("default"), JobConfig("llama-run3"))),
+    )
+    assert vector_error("unknown_job_reply") == unknown_job_error("llama-run4", config)  # type: ignore[arg-type]
+    frame = split_frame(load_vector("hello_job_request"), LIMIT)
+    assert frame is not None
+    assert decode_request(frame.header, 0) == HelloRequest(1, "llama-run3")
 
 
 def test_send_vector_checksum_matches_its_payload() -> None:

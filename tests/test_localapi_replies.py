@@ -10,6 +10,7 @@ import pytest
 from tests.test_localapi_protocol import LIMIT, REPLY_VECTORS, load_vector
 from wangate.errors import ErrorCode
 from wangate.localapi.protocol import (
+    ClaimRequest,
     FrameError,
     HelloRequest,
     PingRequest,
@@ -27,6 +28,7 @@ from wangate.localapi.protocol import (
 from wangate.localapi.replies import (
     DoneReply,
     ErrorReply,
+    HelloReply,
     ProgressReply,
     RecvReply,
     SendReply,
@@ -36,10 +38,13 @@ from wangate.localapi.replies import (
 
 SEND = SendRequest(2, "sh", "g", 0, False, b"", 0)
 RECV = RecvRequest(3, "g", None, None, None)
+HELLO = HelloRequest(1)
 # the request each reply vector answers; a streaming recv's later replies are progress
 ANSWERS: dict[str, Request] = {
     "ping_reply": PingRequest(7),
     "hello_reply": HelloRequest(1),
+    "hello_job_reply": HelloRequest(1, "llama-run3"),
+    "claim_reply": ClaimRequest(13, "allreduce/ddp.b0", 3),
     "send_reply": SEND,
     "send_released_reply": SEND,
     "recv_reply": RECV,
@@ -80,6 +85,19 @@ def test_typed_fields() -> None:
     assert reply_header(DoneReply(4), [1, 2]) == {"ok": True, "id": 4, "released": [1, 2]}
 
 
+def test_the_hello_reply_names_the_job_and_a_reply_without_one_is_default() -> None:
+    header = decode_reply(split_frame(load_vector("hello_job_reply"), LIMIT).header)  # type: ignore[union-attr]
+    reply = decode_answer(HelloRequest(1, "llama-run3"), header)
+    assert isinstance(reply, HelloReply) and (reply.site, reply.job) == ("bj", "llama-run3")
+    # a gateway before jobs leaves the key out: the connection is in the default job
+    older = {k: v for k, v in header.items() if k != "job"}
+    reply = decode_answer(HelloRequest(1), older)
+    assert isinstance(reply, HelloReply) and reply.job == "default"
+    assert decode_answer(ClaimRequest(13, "allreduce/ddp.b0", 3), {"ok": True, "id": 13}) == (
+        DoneReply(13)
+    )
+
+
 @pytest.mark.parametrize(
     "request_, header",
     [
@@ -90,6 +108,19 @@ def test_typed_fields() -> None:
         (PingRequest(1), {"ok": True, "id": None}),
         (PingRequest(1), {"ok": True, "id": 1, "paths": []}),
         (RECV, {"ok": True, "id": 3, "source": "bj"}),
+        (
+            HELLO,
+            {
+                "ok": True,
+                "id": 1,
+                "protocol": 1,
+                "site": "bj",
+                "version": "0",
+                "client_settings": {},
+                "job": 3,
+            },
+        ),
+        (ClaimRequest(13, "barrier/b", 0), {"ok": True, "id": 13, "message_id": 1}),
     ],
 )
 def test_anything_but_the_key_set_is_refused(request_: Request, header: dict[str, Any]) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import socket
 import stat
 import struct
+import tempfile
 import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -18,10 +21,13 @@ import pytest
 
 import wangate
 from tests.selfsite import SelfSiteService, default_client_settings
+from wangate.config.schema import JobConfig
 from wangate.delivery.inbox import Inbox
-from wangate.errors import GatewayError
+from wangate.errors import GatewayError, RecvTimeout
 from wangate.localapi.framing import SyncFrameReader
 from wangate.localapi.protocol import (
+    ClaimRequest,
+    HelloRequest,
     PingRequest,
     RecvRequest,
     SendRequest,
@@ -48,6 +54,8 @@ class GatewayThread:
         peer_inbox_bytes: int = 4 * MAX_MESSAGE,
         client_settings: dict[str, Any] | None = None,
         use_uvloop: bool = False,
+        jobs: tuple[JobConfig, ...] = (),
+        **server: Any,
     ) -> None:
         self.path = path
         self.use_uvloop = use_uvloop
@@ -55,12 +63,14 @@ class GatewayThread:
             site,
             Inbox(peer_inbox_bytes),
             client_settings or default_client_settings(max_message_bytes),
+            jobs=jobs,
         )
         self.server = LocalApiServer(
             self.service,
             path,
             max_message_bytes=max_message_bytes,
             client_budget_bytes=client_budget_bytes,
+            **server,
         )
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -413,6 +423,127 @@ def test_a_failing_service_gets_an_internal_error_and_the_connection_goes_on(
         assert reply == {"ok": True, "id": 6, "message_id": 1}
         assert ping_works(sock)
         sock.close()
+
+
+# ------------------------------------------------------------------ jobs
+
+JOBS = (JobConfig("llama-run3"), JobConfig("closed", allow_uids=(4242424,)))
+
+
+def hello(sock: socket.socket, job: str | None, request_id: int = 1) -> dict[str, Any]:
+    sock.sendall(encode_request(HelloRequest(request_id, job)))
+    return read_reply(sock)[0]
+
+
+def claim(sock: socket.socket, call: str, step: int, request_id: int = 13) -> dict[str, Any]:
+    sock.sendall(encode_request(ClaimRequest(request_id, call, step)))
+    return read_reply(sock)[0]
+
+
+def test_a_connection_is_in_the_job_its_hello_names_and_sees_only_its_messages(
+    sock_path: Path,
+) -> None:
+    with GatewayThread(sock_path, jobs=JOBS) as gateway:
+        with (
+            wangate.Client(sock_path, job="llama-run3") as run3,
+            wangate.Client(sock_path) as plain,
+        ):
+            assert (run3.job, plain.job) == ("llama-run3", "default")
+            run3.send("bj", "g", np.arange(3, dtype=np.int32), step=1)
+            plain.send("bj", "g", np.arange(4, dtype=np.int32), step=1)
+            assert plain.recv("g", source="bj", step=1, timeout=5).tolist() == [0, 1, 2, 3]
+            with pytest.raises(RecvTimeout):  # run3's message is not the default job's
+                plain.recv("g", timeout=0)
+            assert run3.recv("g", source="bj", step=1, timeout=5).tolist() == [0, 1, 2]
+        uid = os.getuid()
+        assert sorted(gateway.service.joined) == [("default", uid), ("llama-run3", uid)]
+
+
+def test_a_connection_without_hello_is_in_the_default_job_from_its_first_call(
+    sock_path: Path,
+) -> None:
+    with GatewayThread(sock_path, jobs=JOBS) as gateway:
+        sock = raw_connect(sock_path)
+        assert ping_works(sock)
+        assert gateway.service.joined == [("default", os.getuid())]
+        sock.close()
+
+
+def test_an_undeclared_job_is_refused_and_the_connection_stays(sock_path: Path) -> None:
+    with GatewayThread(sock_path, jobs=JOBS):
+        sock = raw_connect(sock_path)
+        assert hello(sock, "llama-run4") == {
+            "ok": False,
+            "id": 1,
+            "code": "unknown_job",
+            "error": "no job 'llama-run4' in wangate.toml (jobs: default, llama-run3, closed)",
+        }
+        assert hello(sock, "bad job", 2)["code"] == "bad_request"
+        reply = hello(sock, "llama-run3", 3)
+        assert (reply["ok"], reply["job"]) == (True, "llama-run3")
+        assert ping_works(sock)
+        sock.close()
+        with pytest.raises(GatewayError, match=r"no job 'x' in wangate\.toml") as refused:
+            wangate.Client(sock_path, job="x")
+        assert refused.value.code == "unknown_job"
+
+
+def test_a_second_trainer_entering_the_same_call_collides_until_the_first_is_gone(
+    sock_path: Path,
+) -> None:
+    with GatewayThread(sock_path, jobs=JOBS) as gateway:
+        first, second, other = (raw_connect(sock_path) for _ in range(3))
+        hello(first, "llama-run3")
+        hello(second, "llama-run3")
+        hello(other, None)
+        assert claim(first, "allreduce/ddp.b0", 3) == {"ok": True, "id": 13}
+        assert claim(first, "allreduce/ddp.b0", 3, 14) == {"ok": True, "id": 14}  # its own
+        assert claim(other, "allreduce/ddp.b0", 3) == {"ok": True, "id": 13}  # another job
+        assert claim(second, "allreduce/ddp.b0", 3) == {
+            "ok": False,
+            "id": 13,
+            "code": "collision",
+            "error": "collision: allreduce 'ddp.b0' at step 3 in job 'llama-run3' was entered "
+            f"at this site by another trainer (pid {os.getpid()}); two trainers of one job at "
+            "one site may not enter the same collective",
+        }
+        assert claim(second, "allreduce/ddp.b0", 4) == {"ok": True, "id": 13}
+        assert ping_works(second)  # a collision does not close the connection
+        first.close()
+        gateway.wait_until(lambda: gateway.service.claims.count("llama-run3") == 1)
+        assert claim(second, "allreduce/ddp.b0", 3) == {"ok": True, "id": 13}
+        second.close()
+        other.close()
+        gateway.wait_until(lambda: gateway.service.claims.count("llama-run3") == 0)
+        gateway.wait_until(lambda: gateway.service.claims.count("default") == 0)
+
+
+def test_a_process_the_jobs_allow_lists_do_not_admit_is_refused() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the client runs under another uid (CI runs as root)")
+    from tests.test_localapi_access import NOBODY, run_as
+
+    directory = Path(tempfile.mkdtemp(prefix="wangate-jobs-"))
+    directory.chmod(0o711)  # nobody must reach the socket file
+    path = directory / "gw.sock"
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, directory, ignore_errors=True)
+        cleanup.enter_context(
+            GatewayThread(path, jobs=JOBS, socket_mode=0o666, allow_uids=[NOBODY])
+        )
+
+        def join(job: str | None) -> str:
+            with wangate.Client(path, job=job) as gw:
+                return gw.job
+
+        assert run_as(NOBODY, NOBODY, [], lambda: join("llama-run3")) == {"result": "llama-run3"}
+        refused = run_as(NOBODY, NOBODY, [], lambda: join("closed"))
+        assert (refused["error"], refused["code"]) == ("GatewayError", "job_denied")
+        assert refused["message"] == (
+            f"job 'closed' admits users 4242424; this process runs as uid {NOBODY} gids "
+            f"{NOBODY} [job_denied]"
+        )
+        assert join("closed") == "closed"  # root is always admitted
 
 
 # ------------------------------------------------------------------ socket file

@@ -112,6 +112,9 @@ def test_checksum_above_32_bits_is_masked() -> None:
     assert raw[12:16] == b"\x00\x00\x00\x05"
 
 
+JOBS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True)
+
+
 @given(
     st.text(min_size=1, max_size=50),
     st.integers(-(2**63), 2**63 - 1),
@@ -119,13 +122,18 @@ def test_checksum_above_32_bits_is_masked() -> None:
     st.integers(0, 2**32 - 1),
     st.binary(max_size=200),
     st.binary(max_size=50),
+    JOBS,
 )
 def test_round_trip(
-    tag: str, step: int, critical: bool, checksum: int, meta: bytes, payload: bytes
+    tag: str, step: int, critical: bool, checksum: int, meta: bytes, payload: bytes, job: str
 ) -> None:
-    header = MessageHeader(tag, step, critical, checksum, meta)
+    header = MessageHeader(tag, step, critical, checksum, meta, job)
     body = header.encode() + payload
-    assert decode_header(body) == (header, len(body) - len(payload))
+    offset = HEAD_BYTES + len(job) + len(tag.encode()) + len(meta)
+    assert decode_header(body) == (header, offset)
+    assert offset == len(body) - len(payload)
+    assert body[20] == len(job) and body[HEAD_BYTES : HEAD_BYTES + len(job)] == job.encode()
+    assert decode_header(body)[0].job == job
 
 
 @given(st.binary(max_size=120))

@@ -564,10 +564,10 @@ def test_shard_of_an_oversized_message_is_dropped_and_rejected() -> None:
 
 def test_message_with_a_malformed_body_header_is_dropped() -> None:
     pair = SimulatedPair({"a": LinkProfile()}, seed=1)
-    body = bytes([2]) + bytes(30)  # message version 2
+    body = bytes([3]) + bytes(30)  # message version 3
     pair.inject_datagram("sh", "a", _shard(500, len(body), 0, body))
     (dropped,) = pair.events_of("sh", MessageDropped)
-    assert dropped.msg_id == 500 and "version 2" in dropped.reason
+    assert dropped.msg_id == 500 and "version 3" in dropped.reason
     assert pair.received["sh"] == {}
 
 
@@ -579,6 +579,7 @@ _HELLO_RAW = encode_control(Hello("bj", "a", 1, 1000))
     [
         bytes([0x09, 0, 0, 0, 1, 0]),  # unknown control type
         _HELLO_RAW[:5] + bytes([1]) + _HELLO_RAW[6:],  # wire version 1
+        _HELLO_RAW[:5] + bytes([2]) + _HELLO_RAW[6:],  # wire version 2: no jobs
         _HELLO_RAW[:-1] + b"!",  # path name "!"
         bytes([0x01, 0, 0, 0, 3, 1, 0, 0]),  # truncated hello
         bytes([0x02, 0, 0, 0, 10]) + bytes(10),  # ack with 0 ranges

@@ -51,9 +51,23 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (
             encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
                                "critical": False, "meta": b"", "checksum": 0, "length": 1,
-                               "seq": 1}),
+                               "seq": 1, "job": "default"}),
             1,
             "arrived packet came with 1 descriptors, not 0",
+        ),
+        (
+            encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
+                               "critical": False, "meta": b"", "checksum": 0, "length": 1,
+                               "seq": 1}),
+            0,
+            r"arrived packet: missing keys \['job'\]",
+        ),
+        (
+            encode("arrived", {"peer": "sh", "msg_id": 1, "body_bytes": 1, "tag": "t", "step": 0,
+                               "critical": False, "meta": b"", "checksum": 0, "length": 1,
+                               "seq": 1, "job": 3}),
+            0,
+            "arrived packet: job is a int",
         ),
     ],
 )  # fmt: skip
@@ -83,7 +97,8 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         sender.send("done", {"sid": 3})
         sender.send("reset", {"peer": "sh", "path": "a"})
         fields = {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}  # fmt: skip
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1,
+                  "job": "llama-run3"}  # fmt: skip
         sender.send("send", fields, [fd])  # the channel closes it once sent
         while len(got) < 3:
             arrived.clear()
@@ -100,7 +115,8 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         ("done", {"sid": 3}, []),
         ("reset", {"peer": "sh", "path": "a"}, []),
         ("send", {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
-                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1}, [b"hello"]),
+                  "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1, "job": "llama-run3"},
+         [b"hello"]),
     ]  # fmt: skip
     assert closed == ["bad packet: a packet of 2 bytes is not msgpack: 3 exceeds max_array_len(2)"]
 

@@ -45,7 +45,7 @@ class Worker:
 
 
 def stripe_fields(
-    payload: bytes, offset: int, length: int, msg_id: int, seq: int
+    payload: bytes, offset: int, length: int, msg_id: int, seq: int, job: str = "default"
 ) -> dict[str, Any]:
     descriptor = StripeDescriptor(77, 5, offset, len(payload), zlib.crc32(META + payload))
     meta = descriptor.encode(META)
@@ -53,7 +53,7 @@ def stripe_fields(
     return {
         "peer": "bj", "msg_id": msg_id, "body_bytes": length + 100, "tag": "grad", "step": 3,
         "critical": False, "meta": meta, "checksum": zlib.crc32(meta + part), "length": length,
-        "seq": seq,
+        "seq": seq, "job": job,
     }  # fmt: skip
 
 
@@ -110,3 +110,20 @@ def test_a_stripe_whose_bytes_do_not_make_the_declared_checksum_is_not_delivered
     receiver.placed(a, a.place(payload))  # type: ignore[arg-type]
     assert a.kinds() == ["taken"]
     assert inbox.mailbox.take("grad", "bj", 3) is None
+
+
+def test_a_message_is_delivered_in_the_job_its_stripes_name() -> None:
+    payload = np.random.default_rng(3).bytes(2 * MiB)
+    delivery_layer = TrainerDelivery(1 << 30)
+    inbox = delivery_layer.inbox
+    receiver = StripeReceiver(delivery_layer, 1 << 30, lambda peer: peer == "bj")
+    a = Worker(1)
+    fields = stripe_fields(payload, 0, len(payload), msg_id=1, seq=1, job="llama-run3")
+    receiver.arrived(a, fields)  # type: ignore[arg-type]
+    receiver.placed(a, a.place(payload))  # type: ignore[arg-type]
+    assert inbox.mailbox.take("grad", "bj", 3) is None  # not the default job's
+    delivery = inbox.mailbox.take("grad", "bj", 3, "llama-run3")
+    assert delivery is not None and delivery.job == "llama-run3"
+    assert bytes(delivery.payload) == payload
+    receiver.taken(delivery)
+    assert a.kinds() == ["taken"]
