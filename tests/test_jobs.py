@@ -323,3 +323,60 @@ def test_wangate_jobs_shows_each_jobs_bytes_rate_and_path_share(lab: LoopbackSit
         ).stdout
         assert table.splitlines()[0].split()[:4] == ["JOB", "WEIGHT", "SENT", "RECEIVED"]
         assert [line.split()[0] for line in table.splitlines()[1:7]] == list(jobs)
+
+
+def test_a_connection_stays_in_its_job_and_waits_only_on_its_own_messages(
+    lab: LoopbackSites,
+) -> None:
+    with lab["bj"].client("a") as in_a, lab["bj"].client("b") as in_b:
+        msg_id = in_a.send("sh", "mine", np.arange(2))
+        with pytest.raises(wangate.GatewayError) as caught:
+            in_b.wait("sh", msg_id, timeout=1)
+        assert caught.value.code == "unknown_message"
+        assert f"no message {msg_id} was sent to sh in job 'b'" in str(caught.value)
+    with lab["sh"].client("a") as reader:
+        assert reader.recv("mine", source="bj", timeout=SLOW_S).tolist() == [0, 1]
+
+
+def _exchange(sock: Any, request: Any) -> dict[str, Any]:
+    """One request frame out, one reply frame's header back (raw local API)."""
+    import struct
+
+    import msgpack
+
+    from wangate.localapi.protocol import encode_request
+
+    sock.sendall(encode_request(request))
+    head = b""
+    while len(head) < 16:
+        head += sock.recv(16 - len(head))
+    header_bytes, payload_bytes = struct.unpack("!IQ", head[4:16])
+    body = b""
+    while len(body) < header_bytes + payload_bytes:
+        body += sock.recv(header_bytes + payload_bytes - len(body))
+    reply: dict[str, Any] = msgpack.unpackb(body[:header_bytes])
+    return reply
+
+
+def test_a_connections_job_never_changes_and_a_refused_hello_joins_nothing(
+    lab: LoopbackSites,
+) -> None:
+    import socket
+
+    from wangate.localapi.protocol import HelloRequest, StatusRequest
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(lab["bj"].socket_path))
+        assert _exchange(sock, HelloRequest(1, "a"))["job"] == "a"
+        assert _exchange(sock, HelloRequest(2, "a"))["job"] == "a"  # the same job again
+        switched = _exchange(sock, HelloRequest(3, "b"))
+        assert switched["code"] == "bad_request"
+        assert switched["error"] == (
+            "this connection is in job 'a'; a connection's job never changes "
+            "(connect again for job 'b')"
+        )
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(lab["bj"].socket_path))
+        assert _exchange(sock, HelloRequest(1, "nope"))["code"] == "unknown_job"
+        after = _exchange(sock, StatusRequest(2))  # not silently in "default" now
+        assert after["code"] == "unknown_job" and "no job 'nope'" in after["error"]

@@ -102,7 +102,9 @@ class GatewayService(Protocol):
         segment's descriptor and progress with it; ``wangate.delivery.streams``)."""
         ...
 
-    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
+    async def wait_message(
+        self, peer: str, msg_id: int, timeout_s: float | None, job: str = DEFAULT_JOB
+    ) -> None:
         """Return once a trainer at ``peer`` took message ``msg_id`` (proto/delivery.md).
 
         Raises ``MessageFailed`` (id, tag, step, reason) if it will never be,

@@ -23,6 +23,7 @@ from wangate.errors import failure_text
 
 MAX_OUTCOMES = 65536  # finished messages whose outcome Client.wait can still tell
 RECENT_FAILURES = 10
+MAX_JOB_RECORDS = 4 * MAX_OUTCOMES  # messages of jobs other than default, all peers
 
 Outcome = Callable[[str, int, str | None], None]  # (peer, msg_id, None or why it failed)
 
@@ -32,7 +33,8 @@ class OutcomeBook:
         self._outcomes: dict[str, OrderedDict[int, str | None]] = {}
         self._failures: dict[str, deque[dict[str, Any]]] = {}
         self._changed: dict[str, asyncio.Event] = {}
-        # the job of each message not yet ended, and each job's last failures
+        # the job of the last messages of jobs other than the default (an outcome's
+        # job: ``Client.wait`` of another job does not see it), each job's last failures
         self._job_of: dict[tuple[str, int], str] = {}
         self._job_failures: dict[str, deque[dict[str, Any]]] = {}
         # a worker passes each outcome and each whole arrival on to its coordinator
@@ -43,10 +45,12 @@ class OutcomeBook:
 
     def sent(self, peer: str, msg_id: int, job: str) -> None:
         """A message of ``job`` was accepted for ``peer`` (its failure is the job's)."""
-        if job != DEFAULT_JOB:  # a message of no recorded job is the default job's
-            self._job_of[(peer, msg_id)] = job
-            while len(self._job_of) > MAX_OUTCOMES:
-                del self._job_of[next(iter(self._job_of))]
+        if job == DEFAULT_JOB:  # a message of no recorded job is the default job's
+            self._job_of.pop((peer, msg_id), None)  # ids begin again when a peer restarts
+            return
+        self._job_of[(peer, msg_id)] = job
+        while len(self._job_of) > MAX_JOB_RECORDS:
+            del self._job_of[next(iter(self._job_of))]
 
     def taken(self, peer: str, msg_id: int) -> None:
         self._finish(peer, msg_id, None)
@@ -67,7 +71,6 @@ class OutcomeBook:
         self._event(peer).set()
 
     def _finish(self, peer: str, msg_id: int, failure: str | None) -> None:
-        self._job_of.pop((peer, msg_id), None)
         outcomes = self._outcomes.setdefault(peer, OrderedDict())
         outcomes[msg_id] = failure
         while len(outcomes) > MAX_OUTCOMES:
@@ -87,6 +90,9 @@ class OutcomeBook:
 
     def recent_failures(self, peer: str) -> list[dict[str, Any]]:
         return list(self._failures.get(peer, ()))
+
+    def job_of(self, peer: str, msg_id: int) -> str:
+        return self._job_of.get((peer, msg_id), DEFAULT_JOB)
 
     def recent_failures_of(self, job: str) -> list[dict[str, Any]]:
         """The last failures of ``job``'s messages, to any peer."""

@@ -171,11 +171,18 @@ class Service:
         segments = self.delivery.segments
         return local_delivery(self.site_name, submission, segments.allocate, segments.free)
 
-    async def wait_message(self, peer: str, msg_id: int, timeout_s: float | None) -> None:
+    async def wait_message(
+        self, peer: str, msg_id: int, timeout_s: float | None, job: str = DEFAULT_JOB
+    ) -> None:
         if peer == self.site_name and msg_id == 0:
             return  # within the site: delivered into the inbox at once
         if peer not in self.backend.peer_names:
             raise GatewayError(f"unknown peer {peer!r}", code=ErrorCode.UNKNOWN_PEER)
+        if self.book.job_of(peer, msg_id) != job:  # another job's message: not ours to see
+            raise GatewayError(
+                f"no message {msg_id} was sent to {peer} in job {job!r}",
+                code=ErrorCode.UNKNOWN_MESSAGE,
+            )
         deadline_at = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             ended, failure = self.book.outcome(peer, msg_id)

@@ -102,18 +102,36 @@ class Connection:
         # the job every call is in: named by hello, else "default" from the first call
         # (either way admitted by the job's allow lists first)
         self.job: str | None = None
+        self.refused: GatewayError | None = None  # why its hello's job was refused
         self.claimant = Claimant(next(_numbers), 0)
 
     def _join(self, job: str) -> str:
-        """Join ``job`` (raises ``GatewayError`` naming why not); the connection's job."""
+        """Join ``job`` (raises ``GatewayError`` naming why not); the connection's job.
+        A connection stays in its job: a later hello may only name it again."""
+        if self.job is not None:
+            if job != self.job:
+                raise GatewayError(
+                    f"this connection is in job {self.job!r}; a connection's job never "
+                    f"changes (connect again for job {job!r})",
+                    code=ErrorCode.BAD_REQUEST,
+                )
+            return job
         peer = peer_credentials(self.sock)
         gids = (peer.gid, *supplementary_groups(peer.pid))
-        self.job = self.service.join(job, peer.uid, gids)
+        try:
+            self.job = self.service.join(job, peer.uid, gids)
+        except GatewayError as exc:
+            self.refused = exc  # its later calls get the same answer, not the default job
+            raise
         self.claimant = Claimant(self.claimant.connection, peer.pid)
         return self.job
 
     def _job(self) -> str:
-        return self.job if self.job is not None else self._join(DEFAULT_JOB)
+        if self.job is not None:
+            return self.job
+        if self.refused is not None:
+            raise self.refused
+        return self._join(DEFAULT_JOB)
 
     async def run(self) -> None:
         self._listen(True)

@@ -136,6 +136,6 @@ async def dispatch(
         service.reset_path(request.peer, request.path)
         return DoneReply(rid), b""
     if isinstance(request, WaitRequest):
-        await service.wait_message(request.peer, request.message_id, request.timeout_s)
+        await service.wait_message(request.peer, request.message_id, request.timeout_s, job)
         return WaitReply(rid, "taken"), b""
     return DoneReply(rid), b""
