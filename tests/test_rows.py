@@ -26,7 +26,7 @@ UP: dict[str, Any] = {
     "peer_state": "up", "rtt_p99_ms": 120.0, "inflight_bytes": 4096, "acked_bytes": 1000,
     "lost_bytes": 12, "spurious_losses": 1, "rto_ms": 250.0, "peer_role": "bulk",
     "last_switch_s": 0.25, "last_switch_reason": "fiber-b lost 3 probes",
-    "capacity_mbps": 95.5,
+    "capacity_mbps": 95.5, "jobs": {"default": {"bytes_sent": 3 << 30, "datagrams_sent": 9000}},
 }  # fmt: skip
 
 
@@ -97,6 +97,11 @@ STATUS: dict[str, Any] = {
         "messages_received": 4, "bytes_received": 2048,
         "recent_failures": [{"msg_id": 9, "tag": "g", "step": 3, "reason": "deadline"}],
     }},
+    "jobs": {"default": {"weight": 1.0, "paths": None, "sites": None, "inbox_queued": 2,
+                         "inbox_bytes": 640, "claims": 0, "recent_failures": [],
+                         "peers": {"sh": {"bytes_sent": 5 << 20, "bytes_received": 2048,
+                                          "messages_in_flight": 0, "held_bytes": 0,
+                                          "waiting_bytes": 0, "waiting_messages": 0}}}},
 }  # fmt: skip
 
 

@@ -25,7 +25,8 @@ def submit(pair: SimulatedPair, job: str, count: int, *, critical: bool = False)
 
 def body_bytes(job: str, i: int) -> int:
     """The body of ``submit``'s i-th bulk message of ``job``: header, tag, payload."""
-    return len(make_header(f"{job}.{i}", PAYLOAD).encode()) + len(PAYLOAD)
+    header = replace(make_header(f"{job}.{i}", PAYLOAD), job=job)
+    return len(header.encode()) + len(PAYLOAD)
 
 
 def delivered(pair: SimulatedPair) -> dict[int, int]:

@@ -155,6 +155,7 @@ class Worker:
             log.error("worker %d: %s", self.index, exc)
             return 2
         self._channel.send("ready", {"pid": os.getpid()})
+        self._reports_failed = False
         reporter = loop.create_task(self._report())
         reporter.add_done_callback(self._reports_ended)
         try:
@@ -163,15 +164,17 @@ class Worker:
             reporter.cancel()
             self._channel.close()
             await self.backend.close()
-        return 1 if not reporter.cancelled() and reporter.exception() is not None else 0
+        return 1 if self._reports_failed else 0
 
     def _reports_ended(self, reporter: asyncio.Task[None]) -> None:
         """A worker that cannot report is blind to its coordinator: it stops (and is
-        started again) rather than serve on unseen."""
-        if reporter.cancelled() or reporter.exception() is None:
+        started again) rather than serve on unseen. Once stopping, a report that could
+        not go (the channel closed) is no news."""
+        if reporter.cancelled() or reporter.exception() is None or self._stopped.is_set():
             return
         error = reporter.exception()
         log.error("worker %d: its reports failed: %r", self.index, error, exc_info=error)
+        self._reports_failed = True
         self._stopped.set()
 
     def _on_closed(self, reason: str) -> None:
