@@ -288,8 +288,8 @@ def test_admitted(job: JobConfig, uid: int, gids: list[int]) -> None:
 
 def test_refused_says_who_the_job_admits_and_who_the_process_is() -> None:
     assert job_admission_error(RESTRICTED, 1002, [1003, 1002, 1003], DAEMON_UID) == (
-        f"job 'llama-run3' admits groups {ROOT_GROUP} (0), 4242424 and users {NOBODY} "
-        "(65534); this process runs as uid 1002 gids 1002, 1003"
+        f"job 'llama-run3' admits groups 0 ({ROOT_GROUP}), 4242424 and users 65534 "
+        f"({NOBODY}); this process runs as uid 1002 gids 1002, 1003"
     )
     assert job_admission_error(JobConfig("g", allow_gids=(4242424,)), 1002, [], 1) == (
         "job 'g' admits groups 4242424; this process runs as uid 1002 gids none"

@@ -20,6 +20,22 @@ def _id_kind(key: str) -> str:
     return "user" if key.endswith("allow_uids") else "group"
 
 
+def user_label(uid: int) -> str:
+    """``1000 (alice)``, or the number alone where no user has it."""
+    try:
+        return f"{uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return str(uid)
+
+
+def group_label(gid: int) -> str:
+    """``27 (sudo)``, or the number alone where no group has it."""
+    try:
+        return f"{gid} ({grp.getgrgid(gid).gr_name})"
+    except KeyError:
+        return str(gid)
+
+
 def uid_of(name: str) -> int:
     return pwd.getpwnam(name).pw_uid
 

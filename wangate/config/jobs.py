@@ -18,12 +18,10 @@ The job ``default`` always exists; declaring it sets its weight and the rest.
 
 from __future__ import annotations
 
-import grp
 import math
-import pwd
 from collections.abc import Collection
 
-from wangate.config.access import gid_of, ids, uid_of
+from wangate.config.access import gid_of, group_label, ids, uid_of, user_label
 from wangate.config.reader import Reader, toml_key, type_name
 from wangate.config.schema import (
     MAX_JOB_WEIGHT,
@@ -152,20 +150,6 @@ def _check_reach(
 # -- who may join a job --------------------------------------------------------------
 
 
-def _user_label(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} ({uid})"
-    except KeyError:
-        return str(uid)
-
-
-def _group_label(gid: int) -> str:
-    try:
-        return f"{grp.getgrgid(gid).gr_name} ({gid})"
-    except KeyError:
-        return str(gid)
-
-
 def job_admission_error(
     job: JobConfig, uid: int, gids: Collection[int], daemon_uid: int
 ) -> str | None:
@@ -185,9 +169,9 @@ def job_admission_error(
         return None
     admitted = []
     if job.allow_gids:
-        admitted.append("groups " + ", ".join(_group_label(g) for g in job.allow_gids))
+        admitted.append("groups " + ", ".join(group_label(g) for g in job.allow_gids))
     if job.allow_uids:
-        admitted.append("users " + ", ".join(_user_label(u) for u in job.allow_uids))
+        admitted.append("users " + ", ".join(user_label(u) for u in job.allow_uids))
     whom = " and ".join(admitted) or "only root and the daemon's user"
     groups = ", ".join(str(g) for g in sorted(set(gids))) or "none"
     return f"job {job.name!r} admits {whom}; this process runs as uid {uid} gids {groups}"

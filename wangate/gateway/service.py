@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wangate import __version__
-from wangate.config import Config
+from wangate.config import Config, JobConfig
 from wangate.config.jobs import job_admission_error, unknown_job_error
 from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.message import message_checksum
@@ -65,10 +65,7 @@ class Service:
     def join(self, job: str, uid: int, gids: tuple[int, ...]) -> str:
         """Admit a trainer process (``uid``, ``gids``) to ``job``; raises
         ``GatewayError`` naming the job and why not (``unknown_job``, ``job_denied``)."""
-        declared = self.config.jobs.job(job)
-        if declared is None:
-            raise GatewayError(unknown_job_error(job, self.config), code=ErrorCode.UNKNOWN_JOB)
-        refused = job_admission_error(declared, uid, gids, os.getuid())
+        refused = job_admission_error(self._declared(job), uid, gids, os.getuid())
         if refused is not None:
             raise GatewayError(refused, code=ErrorCode.JOB_DENIED)
         return job
@@ -79,16 +76,19 @@ class Service:
     def left(self, connection: int) -> None:
         self.claims.release(connection)
 
-    def _job_declared(self, job: str) -> None:
-        """A job removed by a reload takes no new messages."""
-        if self.config.jobs.job(job) is None:
+    def _declared(self, job: str) -> JobConfig:
+        """``job`` as the config declares it; a job removed by a reload takes no new
+        messages (``unknown_job``)."""
+        declared = self.config.jobs.job(job)
+        if declared is None:
             raise GatewayError(unknown_job_error(job, self.config), code=ErrorCode.UNKNOWN_JOB)
+        return declared
 
     # ------------------------------------------------------------ sending
 
     def submit_now(self, submission: Submission) -> int | None:
         arrived_at = time.monotonic()
-        self._job_declared(submission.job)
+        self._declared(submission.job)
         if submission.peer == self.site_name:
             delivery = self._local_delivery(submission)
             if not self.delivery.inbox.try_deliver(delivery):
@@ -104,7 +104,7 @@ class Service:
 
     async def submit(self, submission: Submission) -> int:
         arrived_at = time.monotonic()  # a deadline counts from here, backpressure included
-        self._job_declared(submission.job)
+        self._declared(submission.job)
         if submission.peer == self.site_name:
             delivery = self._local_delivery(submission)
             try:

@@ -12,13 +12,13 @@ the daemon's own user and root are always admitted (they can reach it anyway).
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import socket
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from wangate.config.access import group_label, user_label
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid_t pid; uid_t uid; gid_t gid
 
@@ -53,20 +53,6 @@ def supplementary_groups(pid: int, proc: str = "/proc") -> tuple[int, ...]:
     return ()
 
 
-def _user_name(uid: int) -> str:
-    try:
-        return f"{uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return str(uid)
-
-
-def _group_name(gid: int) -> str:
-    try:
-        return f"{gid} ({grp.getgrgid(gid).gr_name})"
-    except KeyError:
-        return str(gid)
-
-
 @dataclass(frozen=True)
 class AccessPolicy:
     """The uids and gids admitted; ``description`` names them (resolved once, at start:
@@ -89,9 +75,9 @@ class AccessPolicy:
         own = os.geteuid() if own_uid is None else own_uid
         uids = frozenset({0, own, *(allow_uids or ())})
         gids = frozenset((socket_gid,) if allow_gids is None else allow_gids)
-        described = "uids " + ", ".join(_user_name(uid) for uid in sorted(uids))
+        described = "uids " + ", ".join(user_label(uid) for uid in sorted(uids))
         if gids:
-            described += " and members of gids " + ", ".join(_group_name(g) for g in sorted(gids))
+            described += " and members of gids " + ", ".join(group_label(g) for g in sorted(gids))
         return cls(uids, gids, described)
 
     def admits(self, peer: PeerCredentials) -> bool:
