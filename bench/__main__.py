@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "budget": ("bench.runner.budget", "where the link rate went in a run.json"),
     "plots": ("bench.runner.plots", "redraw PNGs from results/<scenario>/run.json"),
     "lab": ("wangate.lab.__main__", "the WAN lab: check, up, selftest, cleanup"),
+    "jobs": ("bench.jobs.lab", "jobs in the lab: weighted share, critical, stuck, placement"),
 }
 # subject -> command -> (module, what)
 SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {

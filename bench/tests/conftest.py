@@ -9,7 +9,12 @@ import pytest
 
 from tests.conftest import assign_tiers
 
-TIERS = {"test_collective_bound.py": "pure", "test_runner.py": "pure", "test_suites.py": "pure"}
+TIERS = {
+    "test_collective_bound.py": "pure",
+    "test_jobs.py": "pure",
+    "test_runner.py": "pure",
+    "test_suites.py": "pure",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

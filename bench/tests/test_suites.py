@@ -4,6 +4,7 @@ shipped scenario is measured by some suite, ``bench.collectives`` or ``bench run
 from __future__ import annotations
 
 from bench.codecs import lab as codecs_lab
+from bench.jobs import lab as jobs_lab
 from bench.suite import SUITES
 from bench.transport import fair
 from wangate.lab.scenario import SCENARIO_DIR, load_scenario
@@ -39,6 +40,7 @@ def test_every_shipped_scenario_has_a_driver() -> None:
         "coll_3_half_quarter",
         "coll_4_quarter",
     }
-    assert without_workload == {"fair_tcp"} | collectives
+    jobs = {jobs_lab.ONE_PATH, *jobs_lab.PLACEMENTS}  # python -m bench jobs
+    assert without_workload == {"fair_tcp"} | collectives | jobs
     # the rest run under `bench run all`; every one of those is also in a suite
     assert shipped - without_workload <= in_suites

@@ -1,0 +1,1 @@
+"""Jobs sharing one gateway, in the WAN lab (python -m bench jobs)."""
