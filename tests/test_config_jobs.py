@@ -227,15 +227,16 @@ def test_share_gives_each_job_the_paths_it_may_use(conf_dir: Path) -> None:
 
 def test_spread_gives_jobs_paths_of_their_own_by_weight(conf_dir: Path) -> None:
     config = jobs_with("spread", conf_dir)
-    # llama-run3 (3 of 5) takes 2 of the 3 paths; default the third; eval, which may use
-    # fiber-b and inbound, the less loaded of them
+    # llama-run3 (3 of 4) takes 2 of the 3 paths; eval, which may use fiber-b and
+    # inbound, the less loaded of them; default, where clients naming no job go, shares
+    # every path and takes none from the others
     assert config.job_policies(SH_PATHS) == {
-        "default": JobPolicy(1.0, frozenset({"inbound"}), 2097152),
+        "default": JobPolicy(1.0, None, 2097152),
         "llama-run3": JobPolicy(3.0, frozenset({"fiber-a", "fiber-b"}), 1048576),
         "eval": JobPolicy(1.0, frozenset({"inbound"}), 2097152),
     }
     assert config.job_policies(["lte"]) == {
-        "default": JobPolicy(1.0, frozenset({"lte"}), 2097152),
+        "default": JobPolicy(1.0, None, 2097152),
         "llama-run3": JobPolicy(3.0, frozenset(), 1048576),
         "eval": JobPolicy(1.0, frozenset(), 2097152),
     }

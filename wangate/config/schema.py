@@ -205,24 +205,24 @@ class JobsConfig:
         """Each job's sending policy towards a peer whose paths are ``peer_path_names``.
 
         Placement ``share``: a job may use its ``paths`` that the peer has (every path
-        when it names none). ``spread``: each job gets paths of its own in proportion to
-        its weight, among those it may use (``wangate.core.jobs.spread_paths``).
+        when it names none). ``spread``: each job but ``default`` gets paths of its own in
+        proportion to its weight, among those it may use
+        (``wangate.core.jobs.spread_paths``); ``default``, where clients that name no job
+        go, shares as under ``share``, so it takes no path from a job while idle.
         """
-        if self.placement == "spread":
-            weights = {job.name: job.weight for job in self.jobs}
+        placed: dict[str, frozenset[str] | None] = {
+            job.name: None
+            if job.paths is None
+            else frozenset(p for p in peer_path_names if p in job.paths)
+            for job in self.jobs
+        }
+        spread = [job for job in self.jobs if job.name != DEFAULT_JOB]
+        if self.placement == "spread" and spread:
+            weights = {job.name: job.weight for job in spread}
             allowed = {
-                job.name: None if job.paths is None else frozenset(job.paths) for job in self.jobs
+                job.name: None if job.paths is None else frozenset(job.paths) for job in spread
             }
-            placed: dict[str, frozenset[str] | None] = dict(
-                spread_paths(weights, list(peer_path_names), allowed)
-            )
-        else:
-            placed = {
-                job.name: None
-                if job.paths is None
-                else frozenset(p for p in peer_path_names if p in job.paths)
-                for job in self.jobs
-            }
+            placed.update(spread_paths(weights, list(peer_path_names), allowed))
         return {
             job.name: JobPolicy(
                 job.weight, placed[job.name], self.inflight_cap(job, peer_inbox_bytes)
