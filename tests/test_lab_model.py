@@ -163,7 +163,7 @@ def test_bad_parameters_are_refused() -> None:
         LinkParams().updated({"latency": 3})
 
 
-SUBJECTS = ("loss", "critical", "failover", "codecs", "coll", "multipath", "fair")
+SUBJECTS = ("loss", "critical", "failover", "codecs", "coll", "multipath", "fair", "jobs")
 
 
 def test_every_shipped_scenario_loads_and_is_named_by_subject() -> None:
@@ -190,7 +190,7 @@ def test_every_shipped_scenario_loads_and_is_named_by_subject() -> None:
         scenario = load_scenario(name)
         assert scenario.name == name
         # a scenario without a workload is driven by a bench module, and must say which
-        drivers = ("python -m bench suite", "bench.collectives")
+        drivers = ("python -m bench suite", "bench.collectives", "python -m bench jobs")
         assert scenario.flows or any(d in scenario.description for d in drivers), name
 
 
