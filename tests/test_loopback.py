@@ -111,3 +111,25 @@ def test_a_lab_nobody_closes_is_stopped_when_the_interpreter_exits(tmp_path: Pat
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2
     assert_gone(pids)
+
+
+def test_a_free_port_lies_below_the_ephemeral_range_with_room_for_every_worker() -> None:
+    """A dialing socket (port 0) can then never take a worker's port before it binds."""
+    import socket as socket_module
+
+    from wangate.loopback import _ephemeral_ports, free_udp_port
+
+    low, _ = _ephemeral_ports()
+    addresses = ["127.0.10.1", "127.0.10.2"]
+    port = free_udp_port(addresses, 3)
+    assert port >= 1024 and port + 2 < low
+    held = []
+    try:
+        for address in addresses:
+            for offset in range(3):
+                sock = socket_module.socket(socket_module.AF_INET, socket_module.SOCK_DGRAM)
+                held.append(sock)
+                sock.bind((address, port + offset))
+    finally:
+        for sock in held:
+            sock.close()

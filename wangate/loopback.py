@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,11 +49,20 @@ def test_workers() -> int:
 
 def free_udp_port(addresses: list[str], count: int = 1) -> int:
     """A port free on every one of ``addresses`` (checked by binding them all), with the
-    ``count - 1`` ports after it (worker ``w`` listens on port + ``w``)."""
+    ``count - 1`` ports after it (worker ``w`` listens on port + ``w``).
+
+    Below the kernel's ephemeral range: a dialing socket (bound to port 0) never takes
+    one of them between this check and a worker's bind, as it could inside the range."""
+    low, _high = _ephemeral_ports()
+    first, last = max(1024, low - 12000), low - count
+    rng = random.Random()
     for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.bind((addresses[0], 0))
-            port = int(probe.getsockname()[1])
+        if first < last:
+            port = rng.randrange(first, last)
+        else:  # no room below the range: let the kernel choose
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                probe.bind((addresses[0], 0))
+                port = int(probe.getsockname()[1])
         socks = []
         try:
             for address in addresses:
@@ -67,6 +77,15 @@ def free_udp_port(addresses: list[str], count: int = 1) -> int:
             for s in socks:
                 s.close()
     raise WangateError("no free UDP port on loopback")
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(n) for n in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
 
 
 @dataclass
