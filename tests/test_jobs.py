@@ -42,6 +42,9 @@ weight = 3
 [jobs.stuck]
 
 [jobs.live]
+
+[jobs.pair]
+sites = ["bj", "sh"]
 """
 SLOW_S = 60.0
 
@@ -149,6 +152,20 @@ def test_a_job_whose_trainer_is_killed_fails_only_that_jobs_collective(
         assert took_s < 3.0 + 5.0
 
 
+def test_a_jobs_collectives_span_its_sites(lab: LoopbackSites) -> None:
+    """``pair`` spans bj and sh: an allreduce there needs no ``sites=`` and no gz."""
+
+    def call(gw: wangate.Client, site: str, job: str) -> Any:
+        if site == "gz":
+            return gw.settings["collective"]["peers"]
+        total = gw.allreduce("pairwise", np.full(4, 2.0, np.float32), step=0, timeout=SLOW_S)
+        return total.tolist()
+
+    results = on_every_site(lab, call, ("pair",))
+    assert results[("bj", "pair")] == results[("sh", "pair")] == [4.0] * 4
+    assert results[("gz", "pair")] == ["bj", "sh"]
+
+
 def test_a_client_that_names_no_job_is_in_default_and_sees_no_other_job(
     lab: LoopbackSites,
 ) -> None:
@@ -193,7 +210,7 @@ def test_an_unknown_job_is_refused_by_name(lab: LoopbackSites) -> None:
     with pytest.raises(wangate.GatewayError) as caught:
         lab["bj"].client("nope")
     assert caught.value.code == "unknown_job"
-    jobs = "default, a, b, stuck, live, only-bj"
+    jobs = "default, a, b, stuck, live, pair, only-bj"
     assert f"no job 'nope' in {lab['bj'].config_path} (jobs: {jobs})" in str(caught.value)
     with pytest.raises(wangate.LocalProtocolError, match="job name 'a b' must be"):
         wangate.Client(lab["bj"].socket_path, job="a b")
@@ -204,7 +221,7 @@ def test_a_peer_that_does_not_declare_the_job_rejects_its_messages(lab: Loopback
         msg_id = gw.send("sh", "nowhere", np.arange(3))
         with pytest.raises(wangate.MessageFailed) as caught:
             gw.wait("sh", msg_id, timeout=SLOW_S)
-    assert "no job 'only-bj' here (its jobs: a, b, default, live, stuck)" in str(caught.value)
+    assert "no job 'only-bj' here (its jobs: a, b, default, live, pair, stuck)" in str(caught.value)
 
 
 def test_a_stuck_job_fills_only_its_own_share(lab: LoopbackSites) -> None:
@@ -307,7 +324,7 @@ def test_wangate_jobs_shows_each_jobs_bytes_rate_and_path_share(lab: LoopbackSit
             [*command, "--json", "--interval", "0.2"], capture_output=True, check=True, timeout=60
         )
         jobs = {job["job"]: job for job in json.loads(out.stdout)}
-        assert list(jobs) == ["default", "a", "b", "stuck", "live", "only-bj"]
+        assert list(jobs) == ["default", "a", "b", "stuck", "live", "pair", "only-bj"]
         mine = jobs["a"]
         assert mine["weight"] == 3.0 and mine["paths"] is None
         assert (
@@ -322,7 +339,7 @@ def test_wangate_jobs_shows_each_jobs_bytes_rate_and_path_share(lab: LoopbackSit
             [*command, "--interval", "0.1"], capture_output=True, check=True, timeout=60, text=True
         ).stdout
         assert table.splitlines()[0].split()[:4] == ["JOB", "WEIGHT", "SENT", "RECEIVED"]
-        assert [line.split()[0] for line in table.splitlines()[1:7]] == list(jobs)
+        assert [line.split()[0] for line in table.splitlines()[1:8]] == list(jobs)
 
 
 def test_a_connection_stays_in_its_job_and_waits_only_on_its_own_messages(
