@@ -356,27 +356,29 @@ class Sender:
         if not governor.allows(now):
             return None
         estimators = self._estimators()
-
-        def helps(paths: frozenset[str] | None) -> bool:
-            """Whether ``path`` should carry bulk that only ``paths`` may carry."""
-            ok = usable if paths is None else {n: u and n in paths for n, u in usable.items()}
-            return scheduler.bulk_helps(
-                path, estimators, ok, queue.bulk_backlog_bytes, max_bytes, now, critical_active
-            )
-
-        if work.restricted:  # asked per job: the paths it may use
+        backlog = queue.bulk_backlog_bytes
+        if not work.restricted:  # the common case: every job may use every path
+            if not scheduler.bulk_helps(
+                path, estimators, usable, backlog, max_bytes, now, critical_active
+            ):
+                return None
+            piece = queue.take(max_bytes, critical=False, path=path)
+        else:  # asked per job, once per set of paths: the paths it may use
             answers: dict[frozenset[str] | None, bool] = {}
 
-            def helps_job(paths: frozenset[str] | None) -> bool:
+            def helps(paths: frozenset[str] | None) -> bool:
                 if paths not in answers:
-                    answers[paths] = helps(paths)
+                    ok = (
+                        usable
+                        if paths is None
+                        else {n: u and n in paths for n, u in usable.items()}
+                    )
+                    answers[paths] = scheduler.bulk_helps(
+                        path, estimators, ok, backlog, max_bytes, now, critical_active
+                    )
                 return answers[paths]
 
-            piece = queue.take(max_bytes, critical=False, path=path, helps=helps_job)
-        elif helps(None):
-            piece = queue.take(max_bytes, critical=False, path=path)
-        else:
-            return None
+            piece = queue.take(max_bytes, critical=False, path=path, helps=helps)
         if piece is not None:
             governor.on_bulk_sent(max_bytes)  # CPU is spent per datagram, full or not
         return piece

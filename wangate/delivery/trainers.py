@@ -17,6 +17,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from wangate.core.buffer import Buffer
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
 from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.states import PeerStateKind
@@ -55,9 +56,7 @@ class TrainerDelivery:
         """A whole, verified message from ``source``. True if a trainer took it while it
         arrived (a stream): the caller gives its credit back now."""
         if self.streams.completed(source, event.msg_id):
-            box = (source, event.header.job)
-            size = memoryview(event.payload).nbytes
-            self.bytes_received[box] = self.bytes_received.get(box, 0) + size
+            self._count((source, event.header.job), event.payload)
             return True
         self.arrived(Delivery.received(source, event))
         return False
@@ -78,8 +77,7 @@ class TrainerDelivery:
     def arrived(self, delivery: Delivery) -> None:
         """Into the inbox, or behind what waits for room from the same source and job."""
         box = box_of(delivery)
-        size = memoryview(delivery.payload).nbytes
-        self.bytes_received[box] = self.bytes_received.get(box, 0) + size
+        self._count(box, delivery.payload)
         waiting = self._refused.get(box)
         if waiting is None and self.inbox.try_deliver(delivery):
             return
@@ -88,6 +86,9 @@ class TrainerDelivery:
             task = asyncio.get_running_loop().create_task(self._redeliver(box))
             self._redelivery[box] = task
         waiting.append(delivery)
+
+    def _count(self, box: Box, payload: Buffer) -> None:
+        self.bytes_received[box] = self.bytes_received.get(box, 0) + memoryview(payload).nbytes
 
     async def _redeliver(self, box: Box) -> None:
         waiting = self._refused[box]
