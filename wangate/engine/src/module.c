@@ -1,0 +1,42 @@
+/* wangate.engine._engine: the module, its exceptions, and every part's functions. */
+#include "wg_py.h"
+
+PyObject *wg_WangateError;
+PyObject *wg_LocalProtocolError;
+PyObject *wg_RemoteProtocolError;
+
+static struct PyModuleDef engine_module = {
+    PyModuleDef_HEAD_INIT, "wangate.engine._engine",
+    "wangate's native data plane (see wangate/engine/__init__.py)", -1, NULL,
+};
+
+static int add_methods(PyObject *module, PyMethodDef *methods) {
+    for (PyMethodDef *m = methods; m->ml_name != NULL; m++) {
+        PyObject *f = PyCFunction_NewEx(m, NULL, PyModule_GetNameObject(module));
+        if (f == NULL || PyModule_AddObject(module, m->ml_name, f) < 0) {
+            Py_XDECREF(f);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC PyInit__engine(void) {
+    PyObject *errors = PyImport_ImportModule("wangate.errors");
+    if (errors == NULL) return NULL;
+    wg_WangateError = PyObject_GetAttrString(errors, "WangateError");
+    wg_LocalProtocolError = PyObject_GetAttrString(errors, "LocalProtocolError");
+    wg_RemoteProtocolError = PyObject_GetAttrString(errors, "RemoteProtocolError");
+    Py_DECREF(errors);
+    if (!wg_WangateError || !wg_LocalProtocolError || !wg_RemoteProtocolError) return NULL;
+    PyObject *module = PyModule_Create(&engine_module);
+    if (module == NULL) return NULL;
+    if (add_methods(module, wg_py_crypto_methods) < 0 ||
+        add_methods(module, wg_py_frames_methods) < 0 ||
+        add_methods(module, wg_py_cc_methods) < 0 || wg_py_add_cc_types(module) < 0 ||
+        wg_py_add_recovery_types(module) < 0 || wg_py_add_channel_types(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
