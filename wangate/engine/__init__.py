@@ -4,3 +4,7 @@ aioquic does the handshake, authentication and the control stream; once a path i
 its datagrams travel in QUIC short-header packets sealed with keys derived from that
 path's TLS 1.3 secrets (``proto/engine.md``), handled by ``_engine`` in batches.
 """
+
+from wangate.engine._engine import Channel
+
+__all__ = ["Channel"]

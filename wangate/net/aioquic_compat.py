@@ -24,6 +24,7 @@ import aioquic
 # aioquic.buffer's Buffer, from the module that types it: aioquic.buffer imports it
 # without re-exporting it, which mypy --strict refuses
 from aioquic._buffer import Buffer as Buffer
+from aioquic import tls
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.buffer import size_uint_var
@@ -54,6 +55,7 @@ _CONNECTION_ATTRIBUTES = (
     ("_replenish_connection_ids", "a client that issues no connection IDs"),
     ("_write_datagram_frame", "DATAGRAM frames without a length field"),
     ("_streams", "the bytes a stream has yet to send"),
+    ("_cryptos", "the path's TLS 1.3 secrets, from which the data plane's keys come"),
 )
 _PROTOCOL_ATTRIBUTES = (
     # what a QuicConnectionProtocol subclass (wangate.net.link.PathLink) reads of itself
@@ -119,6 +121,9 @@ def check_aioquic() -> None:
     for attribute in _PACER_ATTRIBUTES:
         if not hasattr(pacer, attribute):
             raise _missing("QuicPacketPacer", attribute, "copying the pacer's state")
+    for attribute in ("_rtt_smoothed", "_rtt_initialized", "_rtt_initial"):
+        if not hasattr(recovery, attribute):
+            raise _missing("QuicPacketRecovery", attribute, "the data plane's first RTT")
     initialized: list[bool] = []
     after_initialize(connection, lambda: initialized.append(True))
     connection.connect(("127.0.0.1", 9), now=0.0)  # builds the TLS context; sends nothing
@@ -127,6 +132,10 @@ def check_aioquic() -> None:
     for attribute, why in _TLS_ATTRIBUTES:
         if not hasattr(connection.tls, attribute):
             raise _missing("tls.Context", attribute, why)
+    one_rtt = connection._cryptos.get(tls.Epoch.ONE_RTT)
+    for attribute in ("secret", "cipher_suite"):
+        if not hasattr(getattr(one_rtt, "send", None), attribute):
+            raise _missing("CryptoContext", attribute, "the data plane's keys")
     client = client_connection(QuicConfiguration(is_client=True), 0)
     if client.host_cid != b"" or len(client.original_destination_connection_id) < 8:
         raise _missing("QuicConnection", "_peer_cid", "a client's first Initial connection ID")
@@ -217,6 +226,27 @@ def closed_by_peer(connection: QuicConnection) -> str | None:
 def datagrams_pending(connection: QuicConnection) -> deque[bytes]:
     """aioquic's queue of DATAGRAM frames not yet sent (no public view of it)."""
     return connection._datagrams_pending
+
+
+def one_rtt_secrets(connection: QuicConnection) -> tuple[int, bytes, bytes]:
+    """The cipher suite and the application traffic secrets (ours, the peer's) of a
+    connection whose handshake completed (RFC 8446 §7.1), before any key update."""
+    pair = connection._cryptos[tls.Epoch.ONE_RTT]
+    send, recv = pair.send, pair.recv
+    if send.secret is None or recv.secret is None or send.cipher_suite is None:
+        raise AioquicIncompatible("aioquic: no 1-RTT secrets after the handshake")
+    return int(send.cipher_suite), bytes(send.secret), bytes(recv.secret)
+
+
+def smoothed_rtt_s(connection: QuicConnection) -> float:
+    """aioquic's RTT estimate, from the handshake on (RFC 9002 §5.3)."""
+    recovery = connection._loss
+    return float(recovery._rtt_smoothed if recovery._rtt_initialized else recovery._rtt_initial)
+
+
+def route_connection_id(protocol: QuicConnectionProtocol, cid: bytes) -> None:
+    """Route datagrams carrying ``cid`` to ``protocol``, as for the IDs aioquic issues."""
+    protocol._connection_id_issued_handler(cid)
 
 
 def peer_address(connection: QuicConnection) -> tuple[str, int] | None:

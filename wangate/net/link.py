@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -26,10 +27,10 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
+from wangate.engine import Channel
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
-from wangate.net.pacing import install_burstable_pacer
 
 if TYPE_CHECKING:
     from wangate.net.peer_driver import PeerDriver
@@ -43,23 +44,16 @@ CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1
 # client carry no ID at all.
 SERVER_CID_BYTES = 4
 CLIENT_CID_BYTES = 0
-# What QUIC adds to a full DATAGRAM frame's data in a 1-RTT packet: the short header (1
-# byte, the peer's connection ID, aioquic's 2-byte packet number; RFC 9000 §17.3), the
-# AEAD tag (16, RFC 9001 §5.3) and the frame's type (RFC 9221 §4: a frame that fills its
-# packet goes without its length, `aioquic_compat.datagram_frames_without_length`).
-# A datagram that does not fit an empty packet would block the queue for good.
-QUIC_PACKET_OVERHEAD_BYTES = 1 + 2 + 16 + 1  # plus the peer's connection ID
-# Room for an ACK frame of one range beside a full datagram (type 1, largest
-# acknowledged 4, delay 2, range count 1, first range 1; RFC 9000 §19.3): without it
-# (datagrams filling the packet exactly) each ACK took a packet of its own, about 3400
-# more packets per 128 MiB on a 1500-byte path, each taking a pacing slot. Without an
-# ACK the frame takes 2 of the 10 bytes for its length.
-ACK_ROOM_BYTES = 10
-
-
-def datagram_overhead_bytes(peer_cid_bytes: int) -> int:
-    """What a packet adds to the largest datagram a link sends (its ACK room included)."""
-    return QUIC_PACKET_OVERHEAD_BYTES + peer_cid_bytes + ACK_ROOM_BYTES
+# What a data-plane packet adds to its datagram (proto/engine.md): the short header (1
+# byte, the peer's 8-byte connection ID, a 4-byte packet number; RFC 9000 §17.3), the
+# AEAD tag (16, RFC 9001 §5.3), the DATAGRAM frame's type (RFC 9221 §4: the frame
+# fills its packet, so it goes without a length), and room for an ACK frame of one
+# range (type 1, largest acknowledged 4, delay 2, range count 1, first range 2; RFC 9000
+# §19.3), so that acks ride on data instead of taking packets of their own.
+DATAGRAM_OVERHEAD_BYTES = 1 + 8 + 4 + 16 + 1 + 10
+# the engine's timers are kept no closer than this: a loop's timer costs more than the
+# pacer's bucket lets through in it
+MIN_CHANNEL_TIMER_S = 0.0002
 
 
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
@@ -115,18 +109,17 @@ class PathLink(QuicConnectionProtocol):
         self.peer = peer  # known up front when we dial; from the certificate when we accept
         self.path = path
         self.max_datagram_size = datagram_bytes  # of the UDP payload; the packets' limit
-        # the largest datagram this link sends, once the peer's connection ID is known
-        self.datagram_bytes = datagram_bytes - datagram_overhead_bytes(compat.peer_cid_bytes(quic))
+        self.datagram_bytes = datagram_bytes - DATAGRAM_OVERHEAD_BYTES  # the largest we send
         self.state = LinkState.HANDSHAKING
         self.driver: PeerDriver | None = None  # set once up
         self.refused: str | None = None  # why we closed it, if we did
         self._decoder = ControlStreamDecoder()
         self._hello_sent = False
         self._protocol_errors = 0
-        self.pacer = install_burstable_pacer(quic)
-        self.pending = compat.datagrams_pending(quic)  # aioquic's DATAGRAM queue
-        self.send_datagram = quic.send_datagram_frame  # per datagram: no wrapper call
-        compat.datagram_frames_without_length(quic)
+        # the path's data plane, from the handshake on: every datagram goes through it
+        self.channel: Channel | None = None
+        self._channel_timer: asyncio.TimerHandle | None = None
+        self._channel_timer_at: float | None = None
         self._after_receive: asyncio.Handle | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
@@ -172,8 +165,23 @@ class PathLink(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
         # aioquic transmits after every datagram; one turn of the loop may read dozens,
         # and one answer after all of them costs one pass instead of one each.
-        self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-        compat.process_events(self)
+        channel = self.channel
+        got: bytes | list[bytes] | bool | None = False
+        if channel is not None:
+            try:
+                got = channel.receive(data, time.monotonic())
+            except RemoteProtocolError as exc:  # opened with the peer's key: its fault
+                self._protocol_error(exc)
+                got = None
+            if got is not None and got is not False and self.state is LinkState.UP:
+                if type(got) is bytes:
+                    self._on_datagram(got)
+                else:
+                    for datagram in cast(list[bytes], got):
+                        self._on_datagram(datagram)
+        if got is False:  # not the data plane's: the handshake, the control stream
+            self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+            compat.process_events(self)
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
@@ -188,10 +196,7 @@ class PathLink(QuicConnectionProtocol):
         self.transmit()
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
-        if isinstance(event, events.DatagramFrameReceived):
-            if self.state is LinkState.UP:  # nothing from an unauthenticated peer
-                self._on_datagram(event.data)
-        elif isinstance(event, events.StreamDataReceived):
+        if isinstance(event, events.StreamDataReceived):
             if self.state in (LinkState.AUTHENTICATED, LinkState.UP):
                 self._on_stream_data(event)
         elif isinstance(event, events.HandshakeCompleted):
@@ -205,25 +210,38 @@ class PathLink(QuicConnectionProtocol):
                 self._handshake_done.exception()  # retrieved: nobody need be waiting
             self._mark_closed(f"connection closed: {reason}")
 
-    def fit_datagrams(self, max_datagram_size: int) -> None:
-        """Size datagrams for packets of at most ``max_datagram_size`` bytes (UDP payload)
-        to the peer, with the connection ID it gave us."""
-        self.max_datagram_size = min(self.max_datagram_size, max_datagram_size)
-        overhead = datagram_overhead_bytes(compat.peer_cid_bytes(self._quic))
-        self.datagram_bytes = self.max_datagram_size - overhead
-
     def _on_handshake(self) -> None:
         if self.state is not LinkState.HANDSHAKING:
             return
-        self.fit_datagrams(self.max_datagram_size)  # the peer's connection ID is known now
         try:
             self.peer = self._authenticate(self)
         except WangateError as exc:  # an AuthenticationError, or our own misconfiguration
             self.refuse(LinkError.AUTHENTICATION_FAILED, f"site authentication failed: {exc}")
             return
         self._move(LinkState.AUTHENTICATED)
+        self._open_channel()
         if self.dialed:
             self._send_hello()
+
+    def _open_channel(self) -> None:
+        """The data plane's keys come from this handshake's secrets (proto/engine.md):
+        both ends derive the same, so the peer's packets may arrive from now on."""
+        suite, send_secret, recv_secret = compat.one_rtt_secrets(self._quic)
+        address = compat.peer_address(self._quic)
+        assert address is not None and self._transport is not None
+        sock = self._transport.get_extra_info("socket")
+        self.channel = Channel(
+            sock.fileno(),
+            address,
+            suite,
+            send_secret,
+            recv_secret,
+            self.max_datagram_size,
+            compat.smoothed_rtt_s(self._quic),
+        )
+        self.datagram_bytes = self.channel.datagram_bytes
+        if not self.dialed:  # a listener's socket is shared: route the ID to this link
+            compat.route_connection_id(self, self.channel.recv_cid)
 
     def _send_hello(self) -> None:
         assert self.path is not None
@@ -272,10 +290,13 @@ class PathLink(QuicConnectionProtocol):
         try:
             self.driver.datagram_received(self, data)
         except RemoteProtocolError as exc:
-            self._protocol_errors += 1
-            log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)
-            if self._protocol_errors >= MAX_PROTOCOL_ERRORS:
-                self.refuse(LinkError.PROTOCOL, f"{self._protocol_errors} malformed datagrams")
+            self._protocol_error(exc)
+
+    def _protocol_error(self, exc: RemoteProtocolError) -> None:
+        self._protocol_errors += 1
+        log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)
+        if self._protocol_errors >= MAX_PROTOCOL_ERRORS:
+            self.refuse(LinkError.PROTOCOL, f"{self._protocol_errors} malformed datagrams")
 
     # --------------------------------------------------------------- closing
 
@@ -293,21 +314,59 @@ class PathLink(QuicConnectionProtocol):
         if self.state is LinkState.CLOSED:
             return
         self._move(LinkState.CLOSED)
+        self._close_channel()
         if self.driver is not None:
             self.driver.link_down(self, reason)
 
     # ------------------------------------------------------------- sending
 
     def transmit(self) -> None:
-        """aioquic may send: the driver fills this link from the session first."""
+        """We may send: the driver fills this link from the session first."""
         if self.driver is None or self.state is not LinkState.UP:
-            super().transmit()
+            self.flush()
         else:
             self.driver.fill(self)
 
     def flush(self) -> None:
-        """Hand what is queued to aioquic's packet builder (within window and pacer)."""
+        """Send what the channel holds (within its window and pacer), and aioquic's
+        control stream."""
+        channel = self.channel
+        if channel is not None:
+            now = time.monotonic()
+            channel.flush(now)
+            self._arm_channel_timer(channel, now)
         super().transmit()
+
+    def _arm_channel_timer(self, channel: Channel, now: float) -> None:
+        at = channel.timer(now)
+        if at == self._channel_timer_at:
+            return
+        if self._channel_timer is not None:
+            self._channel_timer.cancel()
+            self._channel_timer = None
+        self._channel_timer_at = at
+        if at is not None:
+            delay_s = max(at - now, MIN_CHANNEL_TIMER_S)
+            self._channel_timer = self._loop.call_later(delay_s, self._on_channel_timer)
+
+    def _on_channel_timer(self) -> None:
+        self._channel_timer = None
+        self._channel_timer_at = None
+        if self.channel is not None:
+            self.channel.on_timer(time.monotonic())
+            self.transmit()
+
+    def _close_channel(self) -> None:
+        # the socket may close next, and its descriptor be reused: never send on it again
+        self.channel = None
+        if self._channel_timer is not None:
+            self._channel_timer.cancel()
+            self._channel_timer = None
+            self._channel_timer_at = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close_channel()
+        super().connection_lost(exc)
 
     def transmit_soon(self) -> None:
         compat.transmit_soon(self)

@@ -61,7 +61,7 @@ from wangate.net.link import PathLink
 
 log = logging.getLogger("wangate.daemon")
 
-PENDING_LOW_WATER = 4  # datagrams queued inside aioquic before we stop adding
+PENDING_LOW_WATER = 16  # datagrams queued in a channel before we stop adding
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 # uvloop counts timer delays in whole milliseconds: a shorter one fires at once, before
 # its deadline, and re-armed it would spin the loop until the deadline passes
@@ -347,13 +347,16 @@ class PeerDriver:
             link.transmit()
 
     def fill(self, link: PathLink) -> None:
-        """Pull what the session has for ``link``'s path into aioquic, and send it.
+        """Pull what the session has for ``link``'s path into its channel, and send it.
 
-        aioquic's own DATAGRAM queue stays a few entries long, so that nothing waits
-        behind a full window: which path carries a shard is decided at transmit time.
+        The channel's queue stays a few entries long, so that nothing waits behind a
+        full window: which path carries a shard is decided at transmit time.
         """
-        session, path, pending = self._session, link.path, link.pending
+        session, path, channel = self._session, link.path, link.channel
         assert path is not None
+        if channel is None:
+            return
+        queue = channel.queue
         for _ in range(FILL_ROUNDS):
             now = self._clock()
             control = session.control_to_send(path, now)
@@ -362,16 +365,16 @@ class PeerDriver:
             added = 0
             # unpaced while critical data waits: what is pulled now must not wait for it
             critical = session.has_critical_for(path)
-            while len(pending) < PENDING_LOW_WATER:
+            while len(channel) < PENDING_LOW_WATER:
                 datagram = session.datagram_to_send(path, now)
                 if datagram is None:
                     break
-                link.send_datagram(datagram)
+                queue(datagram)
                 added += 1
-            link.pacer.burst = critical or session.has_critical_for(path)
+            channel.burst = critical or session.has_critical_for(path)
             link.flush()
-            if added == 0 or pending:
-                break  # nothing more to send, or aioquic's window/pacer is full
+            if added == 0 or len(channel):
+                break  # nothing more to send, or the window/pacer is full
         else:
             link.transmit_soon()  # more to send: continue after other work had a turn
 

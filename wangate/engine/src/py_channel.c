@@ -1,2 +1,300 @@
+/* wangate.engine._engine.Channel: a path's data plane (wg_channel.h) for Python.
+ *
+ * Python hands it datagrams and received UDP payloads, and asks it to flush and when
+ * to wake it; everything per packet happens in C. */
+#include <arpa/inet.h>
+#include <string.h>
+
+#include "wg_channel.h"
 #include "wg_py.h"
-int wg_py_add_channel_types(PyObject *module) { return 0; }
+
+typedef struct {
+    PyObject_HEAD
+    wg_channel ch;
+    int ready;
+} ChannelObject;
+
+static int parse_address(PyObject *address, struct sockaddr_storage *out, socklen_t *len) {
+    const char *host;
+    int port;
+    unsigned flowinfo = 0, scope_id = 0;
+    if (!PyArg_ParseTuple(address, "si|II", &host, &port, &flowinfo, &scope_id)) return -1;
+    if (port < 0 || port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port %d out of range", port);
+        return -1;
+    }
+    memset(out, 0, sizeof(*out));
+    struct sockaddr_in *v4 = (struct sockaddr_in *)out;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)out;
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)port);
+        *len = sizeof(*v4);
+    } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)port);
+        v6->sin6_flowinfo = htonl(flowinfo);
+        v6->sin6_scope_id = scope_id;
+        *len = sizeof(*v6);
+    } else {
+        PyErr_Format(PyExc_ValueError, "not a numeric IP address: %s", host);
+        return -1;
+    }
+    return 0;
+}
+
+static int Channel_init(ChannelObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"fd", "peer", "suite", "send_secret", "recv_secret",
+                             "max_packet_bytes", "initial_rtt_s", "key_update_packets", NULL};
+    int fd, suite;
+    PyObject *peer;
+    Py_buffer send, recv;
+    Py_ssize_t max_packet;
+    double initial_rtt_s;
+    unsigned long long key_update = WG_DEFAULT_KEY_UPDATE_PACKETS;
+    if (self->ready) {
+        PyErr_SetString(wg_LocalProtocolError, "a channel is set up once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iOiy*y*nd|K", kwlist, &fd, &peer, &suite, &send,
+                                     &recv, &max_packet, &initial_rtt_s, &key_update))
+        return -1;
+    struct sockaddr_storage address;
+    socklen_t address_len;
+    int rc = -1;
+    const char *why = NULL;
+    if (parse_address(peer, &address, &address_len) < 0) goto done;
+    if (max_packet < 0 || !(initial_rtt_s > 0.0 && initial_rtt_s < 60.0)) {
+        PyErr_SetString(wg_LocalProtocolError, "max_packet_bytes and initial_rtt_s must be positive");
+        goto done;
+    }
+    if (wg_channel_init(&self->ch, fd, (struct sockaddr *)&address, address_len, suite, send.buf,
+                        (size_t)send.len, recv.buf, (size_t)recv.len, (size_t)max_packet,
+                        initial_rtt_s, key_update, &why) < 0) {
+        PyErr_Format(wg_LocalProtocolError, "data-plane channel: %s", why);
+        goto done;
+    }
+    self->ready = 1;
+    rc = 0;
+done:
+    PyBuffer_Release(&send);
+    PyBuffer_Release(&recv);
+    return rc;
+}
+
+static void Channel_dealloc(ChannelObject *self) {
+    if (self->ready) wg_channel_free(&self->ch);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define READY(self)                                                               \
+    if (!(self)->ready) {                                                         \
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");      \
+        return NULL;                                                              \
+    }
+
+static PyObject *Channel_queue(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0) return NULL;
+    int rc = wg_channel_queue(&self->ch, data.buf, (size_t)data.len);
+    Py_ssize_t len = data.len;
+    PyBuffer_Release(&data);
+    if (rc < 0) {
+        PyErr_Format(wg_LocalProtocolError, "a datagram of %zd bytes does not fit (at most %zu)",
+                     len, self->ch.max_datagram_bytes);
+        return NULL;
+    }
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *Channel_flush(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    size_t sent;
+    Py_BEGIN_ALLOW_THREADS sent = wg_channel_flush(&self->ch, now);
+    Py_END_ALLOW_THREADS return PyLong_FromSize_t(sent);
+}
+
+/* False: not this channel's packet; None: handled, nothing for the session; bytes:
+ * one datagram; a list: several */
+static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    READY(self);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "receive(data, now)");
+        return NULL;
+    }
+    Py_buffer data;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) return NULL;
+    double now = PyFloat_AsDouble(args[1]);
+    if (now == -1.0 && PyErr_Occurred()) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    wg_parsed parsed;
+    int n = wg_channel_receive(&self->ch, data.buf, (size_t)data.len, now, &parsed);
+    PyBuffer_Release(&data);
+    const uint8_t *frames = self->ch.scratch + WG_SHORT_HEADER_LEN;
+    switch (n) {
+    case WG_RECEIVE_NOT_MINE:
+        Py_RETURN_FALSE;
+    case WG_RECEIVE_DROPPED:
+    case 0:
+        Py_RETURN_NONE;
+    case WG_RECEIVE_MALFORMED:
+        PyErr_SetString(wg_RemoteProtocolError, "malformed frames in a data-plane packet");
+        return NULL;
+    case WG_RECEIVE_BAD_ACK:
+        PyErr_SetString(wg_RemoteProtocolError, "an ACK of a packet never sent (RFC 9000 §13.1)");
+        return NULL;
+    case 1:
+        return PyBytes_FromStringAndSize((const char *)frames + parsed.datagram_off[0],
+                                         (Py_ssize_t)parsed.datagram_len[0]);
+    default:
+        break;
+    }
+    PyObject *list = PyList_New(n);
+    if (list == NULL) return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *b = PyBytes_FromStringAndSize((const char *)frames + parsed.datagram_off[i],
+                                                (Py_ssize_t)parsed.datagram_len[i]);
+        if (b == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, b);
+    }
+    return list;
+}
+
+static PyObject *Channel_timer(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    double at = wg_channel_timer(&self->ch, now);
+    if (at < 0) Py_RETURN_NONE;
+    return PyFloat_FromDouble(at);
+}
+
+static PyObject *Channel_on_timer(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    wg_channel_on_timer(&self->ch, now);
+    Py_RETURN_NONE;
+}
+
+#define STAT(name) \
+    if (PyDict_SetItemString(d, #name, v = PyLong_FromUnsignedLongLong(s->name)) < 0) goto fail; \
+    Py_DECREF(v);
+
+static PyObject *Channel_stats(ChannelObject *self, PyObject *unused) {
+    READY(self);
+    const wg_channel_stats *s = &self->ch.stats;
+    const wg_recovery *r = &self->ch.recovery;
+    PyObject *d = PyDict_New(), *v = NULL;
+    if (d == NULL) return NULL;
+    STAT(packets_sent) STAT(packets_received) STAT(bytes_sent) STAT(bytes_received)
+    STAT(datagrams_sent) STAT(datagrams_received) STAT(acked_packets) STAT(lost_packets)
+    STAT(lost_bytes) STAT(not_opened) STAT(replayed) STAT(send_dropped) STAT(send_errors)
+    STAT(key_updates) STAT(probes_sent)
+#define FIELD(key, value)                                                     \
+    if (PyDict_SetItemString(d, key, v = (value)) < 0) goto fail;             \
+    Py_DECREF(v);
+    FIELD("congestion_window", PyLong_FromUnsignedLongLong(r->cc.congestion_window))
+    FIELD("bytes_in_flight", PyLong_FromUnsignedLongLong(r->cc.bytes_in_flight))
+    FIELD("smoothed_rtt_s", PyFloat_FromDouble(r->rtt_smoothed))
+    FIELD("min_rtt_s", PyFloat_FromDouble(r->rtt_min))
+    FIELD("pacing_rate_bytes", PyFloat_FromDouble(r->pacer.pacing_rate_bytes))
+    FIELD("key_phase", PyLong_FromLong(self->ch.send_phase))
+    FIELD("queued", PyLong_FromSize_t(self->ch.queue_count))
+    return d;
+fail:
+    Py_XDECREF(v);
+    Py_DECREF(d);
+    return NULL;
+}
+
+static Py_ssize_t Channel_len(ChannelObject *self) {
+    return self->ready ? (Py_ssize_t)self->ch.queue_count : 0;
+}
+
+static PyObject *Channel_get_burst(ChannelObject *self, void *unused) {
+    return PyBool_FromLong(self->ready && self->ch.burst);
+}
+
+static int Channel_set_burst(ChannelObject *self, PyObject *value, void *unused) {
+    if (!self->ready || value == NULL) {
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
+        return -1;
+    }
+    int on = PyObject_IsTrue(value);
+    if (on < 0) return -1;
+    self->ch.burst = on;
+    self->ch.recovery.pacer.burst = on;
+    return 0;
+}
+
+static PyObject *Channel_get_recv_cid(ChannelObject *self, void *unused) {
+    READY(self);
+    return PyBytes_FromStringAndSize((const char *)self->ch.recv_cid, WG_CID_LEN);
+}
+
+static PyObject *Channel_get_send_cid(ChannelObject *self, void *unused) {
+    READY(self);
+    return PyBytes_FromStringAndSize((const char *)self->ch.send_cid, WG_CID_LEN);
+}
+
+static PyObject *Channel_get_datagram_bytes(ChannelObject *self, void *unused) {
+    READY(self);
+    return PyLong_FromSize_t(self->ch.max_datagram_bytes);
+}
+
+static PyMethodDef Channel_methods[] = {
+    {"queue", (PyCFunction)Channel_queue, METH_O,
+     "queue(datagram) -> bool: copied into the send queue; False when it is full"},
+    {"flush", (PyCFunction)Channel_flush, METH_O,
+     "flush(now) -> packets sent, within the window and the pacer"},
+    {"receive", (PyCFunction)(void (*)(void))Channel_receive, METH_FASTCALL,
+     "receive(data, now) -> False (not ours) | None | bytes | list[bytes]"},
+    {"timer", (PyCFunction)Channel_timer, METH_O, "timer(now) -> when to call on_timer, or None"},
+    {"on_timer", (PyCFunction)Channel_on_timer, METH_O, "on_timer(now): loss detection, probes"},
+    {"stats", (PyCFunction)Channel_stats, METH_NOARGS, "stats() -> dict of counters"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Channel_getset[] = {
+    {"burst", (getter)Channel_get_burst, (setter)Channel_set_burst,
+     "unpaced while critical data waits", NULL},
+    {"recv_cid", (getter)Channel_get_recv_cid, NULL, "the connection ID packets to us carry", NULL},
+    {"send_cid", (getter)Channel_get_send_cid, NULL, "the connection ID of packets we send", NULL},
+    {"datagram_bytes", (getter)Channel_get_datagram_bytes, NULL, "the largest datagram", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods Channel_as_sequence = {.sq_length = (lenfunc)Channel_len};
+
+static PyTypeObject ChannelType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wangate.engine._engine.Channel",
+    .tp_basicsize = sizeof(ChannelObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Channel(fd, peer, suite, send_secret, recv_secret, max_packet_bytes, "
+              "initial_rtt_s, key_update_packets=2**22): one path's data plane",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Channel_init,
+    .tp_dealloc = (destructor)Channel_dealloc,
+    .tp_methods = Channel_methods,
+    .tp_getset = Channel_getset,
+    .tp_as_sequence = &Channel_as_sequence,
+};
+
+int wg_py_add_channel_types(PyObject *module) {
+    if (PyType_Ready(&ChannelType) < 0) return -1;
+    Py_INCREF(&ChannelType);
+    if (PyModule_AddObject(module, "Channel", (PyObject *)&ChannelType) < 0) {
+        Py_DECREF(&ChannelType);
+        return -1;
+    }
+    return 0;
+}
