@@ -30,6 +30,14 @@ void wg_short_header(uint8_t *buf, const uint8_t cid[WG_CID_LEN], int key_phase,
 long wg_packet_seal(wg_aead *aead, wg_hp *hp, uint64_t pn, uint8_t *buf, size_t frames_len,
                     size_t cap);
 
+/* Apply header protection (RFC 9001 §5.4.1) to any protected QUIC v1 packet at `buf`
+ * (`len` bytes, its payload already sealed) whose packet number starts at `pn_offset`;
+ * its length is the first byte's PP bits + 1.  Long headers (form bit set) mask 4 bits
+ * of the first byte, short ones 5.  0, or -1 when the sample would lie past `len`.
+ * wg_packet_seal uses it; it also lets the RFC 9001 Appendix A long-header vectors be
+ * checked against this code. */
+int wg_header_protect(wg_hp *hp, uint8_t *buf, size_t len, size_t pn_offset);
+
 /* Remove header protection in place from the packet at `buf` (`len` bytes, DCID
  * already matched by the caller).  On success sets *key_phase and *pn (decoded
  * against `largest_pn`, RFC 9000 §A.3, -1 when none yet) and returns 0; -1 if the
