@@ -296,9 +296,9 @@ def test_probe_layout() -> None:
 
 def test_hello_layout() -> None:
     raw = encode_control(Hello("sh", "p1", 9, 1 << 20))
-    body = b"\x03" + u64(9) + u64(1 << 20) + b"\x02sh" + b"\x02p1"
+    body = b"\x04" + u64(9) + u64(1 << 20) + b"\x02sh" + b"\x02p1"
     assert raw == b"\x01" + u32(len(body)) + body
-    assert CONTROL_HEADER_BYTES == 5 and WIRE_VERSION == 3
+    assert CONTROL_HEADER_BYTES == 5 and WIRE_VERSION == 4
 
 
 def test_ack_layout_and_delay_clamp() -> None:
@@ -690,7 +690,7 @@ def test_largest_message_is_accepted() -> None:
     assert isinstance(decoded, ShardDatagram) and decoded.msg_len == 1 << 40
 
 
-HELLO_BODY = b"\x03" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
+HELLO_BODY = b"\x04" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
 
 
 @pytest.mark.parametrize(
@@ -700,7 +700,7 @@ HELLO_BODY = b"\x03" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
         (0x09, b"", "unknown control frame type 0x09"),
         (0xFF, b"", "unknown control frame type 0xff"),
         (0x01, HELLO_BODY[:16], "hello truncated"),
-        (0x01, b"\x02" + HELLO_BODY[1:], "peer speaks wire version 2, this gateway speaks 3"),
+        (0x01, b"\x03" + HELLO_BODY[1:], "peer speaks wire version 3, this gateway speaks 4"),
         (0x01, b"\x00" + HELLO_BODY[1:], "wire version 0"),
         (0x01, HELLO_BODY[:17], "hello truncated before site"),
         (0x01, HELLO_BODY[:18], "hello truncated inside site"),

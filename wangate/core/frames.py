@@ -121,7 +121,7 @@ __all__ = [
     "varint_bytes",
 ]
 
-WIRE_VERSION = 3  # 3: message headers name their job (proto/wire.md, "Versioning")
+WIRE_VERSION = 4  # 4: datagrams travel in the data plane's own packets (proto/engine.md)
 
 
 # control frame types

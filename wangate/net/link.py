@@ -27,7 +27,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.engine import Channel
+from wangate.engine import DATAGRAM_OVERHEAD_BYTES, Channel
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
@@ -44,16 +44,10 @@ CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1
 # client carry no ID at all.
 SERVER_CID_BYTES = 4
 CLIENT_CID_BYTES = 0
-# What a data-plane packet adds to its datagram (proto/engine.md): the short header (1
-# byte, the peer's 8-byte connection ID, a 4-byte packet number; RFC 9000 §17.3), the
-# AEAD tag (16, RFC 9001 §5.3), the DATAGRAM frame's type (RFC 9221 §4: the frame
-# fills its packet, so it goes without a length), and room for an ACK frame of one
-# range (type 1, largest acknowledged 4, delay 2, range count 1, first range 2; RFC 9000
-# §19.3), so that acks ride on data instead of taking packets of their own.
-DATAGRAM_OVERHEAD_BYTES = 1 + 8 + 4 + 16 + 1 + 10
 # the engine's timers are kept no closer than this: a loop's timer costs more than the
 # pacer's bucket lets through in it
 MIN_CHANNEL_TIMER_S = 0.0002
+ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
 
 
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
@@ -120,6 +114,7 @@ class PathLink(QuicConnectionProtocol):
         self.channel: Channel | None = None
         self._channel_timer: asyncio.TimerHandle | None = None
         self._channel_timer_at: float | None = None
+        self._received = 0  # data-plane packets read since the last flush
         self._after_receive: asyncio.Handle | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
@@ -179,6 +174,13 @@ class PathLink(QuicConnectionProtocol):
                 else:
                     for datagram in cast(list[bytes], got):
                         self._on_datagram(datagram)
+            if got is not False:
+                # a turn of the loop may read thousands: the sender hears of the first
+                # ones before the last are handled, or its RTT counts the whole turn
+                self._received += 1
+                if self._received >= ACK_EVERY_PACKETS and self.channel is not None:
+                    self._received = 0
+                    self.channel.flush(time.monotonic())
         if got is False:  # not the data plane's: the handshake, the control stream
             self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
             compat.process_events(self)
@@ -209,6 +211,13 @@ class PathLink(QuicConnectionProtocol):
                 self._handshake_done.set_exception(ConnectionError(reason))
                 self._handshake_done.exception()  # retrieved: nobody need be waiting
             self._mark_closed(f"connection closed: {reason}")
+
+    def fit_datagrams(self, max_datagram_size: int) -> None:
+        """Packets of at most ``max_datagram_size`` bytes (UDP payload) to the peer."""
+        self.max_datagram_size = min(self.max_datagram_size, max_datagram_size)
+        self.datagram_bytes = self.max_datagram_size - DATAGRAM_OVERHEAD_BYTES
+        if self.channel is not None:
+            self.channel.fit(self.max_datagram_size)
 
     def _on_handshake(self) -> None:
         if self.state is not LinkState.HANDSHAKING:
@@ -333,6 +342,7 @@ class PathLink(QuicConnectionProtocol):
         channel = self.channel
         if channel is not None:
             now = time.monotonic()
+            self._received = 0
             channel.flush(now)
             self._arm_channel_timer(channel, now)
         super().transmit()

@@ -47,6 +47,7 @@ from aioquic.quic.packet import (
 from aioquic.quic.retry import QuicRetryTokenHandler
 
 from wangate.core.admission import AdmissionLimits, HandshakeAdmission
+from wangate.engine import CID_BYTES as DATA_PLANE_CID_BYTES
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
 from wangate.net.drain import open_draining_endpoint
@@ -169,8 +170,10 @@ class PeerListener(asyncio.DatagramProtocol):
             return
         if data[0] & 0x80:  # long header: the ID's length, then the ID
             protocol = self._by_cid.get(data[6 : 6 + data[5]])
-        else:
-            protocol = self._by_cid.get(data[1 : 1 + self._configuration.connection_id_length])
+        else:  # the data plane's packets first: nearly all of them are
+            protocol = self._by_cid.get(data[1 : 1 + DATA_PLANE_CID_BYTES]) or self._by_cid.get(
+                data[1 : 1 + self._configuration.connection_id_length]
+            )
         if protocol is None:
             if not data[0] & 0x80 or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
                 self._drop()  # no Initial (nor Version Negotiation) in a short datagram

@@ -1,4 +1,5 @@
 /* wangate.engine._engine: the module, its exceptions, and every part's functions. */
+#include "wg_channel.h"
 #include "wg_py.h"
 
 PyObject *wg_WangateError;
@@ -6,8 +7,10 @@ PyObject *wg_LocalProtocolError;
 PyObject *wg_RemoteProtocolError;
 
 static struct PyModuleDef engine_module = {
-    PyModuleDef_HEAD_INIT, "wangate.engine._engine",
-    "wangate's native data plane (see wangate/engine/__init__.py)", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "wangate.engine._engine",
+    .m_doc = "wangate's native data plane (see wangate/engine/__init__.py)",
+    .m_size = -1,
 };
 
 static int add_methods(PyObject *module, PyMethodDef *methods) {
@@ -31,6 +34,12 @@ PyMODINIT_FUNC PyInit__engine(void) {
     if (!wg_WangateError || !wg_LocalProtocolError || !wg_RemoteProtocolError) return NULL;
     PyObject *module = PyModule_Create(&engine_module);
     if (module == NULL) return NULL;
+    if (PyModule_AddIntConstant(module, "CID_BYTES", WG_CID_LEN) < 0 ||
+        PyModule_AddIntConstant(module, "DATAGRAM_OVERHEAD_BYTES",
+                                WG_PACKET_OVERHEAD + 1 + WG_ACK_ROOM_BYTES) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     if (add_methods(module, wg_py_crypto_methods) < 0 ||
         add_methods(module, wg_py_frames_methods) < 0 ||
         add_methods(module, wg_py_cc_methods) < 0 || wg_py_add_cc_types(module) < 0 ||

@@ -108,6 +108,18 @@ static PyObject *Channel_queue(ChannelObject *self, PyObject *arg) {
     return PyBool_FromLong(rc);
 }
 
+static PyObject *Channel_fit(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    Py_ssize_t size = PyLong_AsSsize_t(arg);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (size < 0 || wg_channel_fit(&self->ch, (size_t)size) < 0) {
+        PyErr_Format(wg_LocalProtocolError, "max_packet_bytes %zd: at least 1200, at most %zu",
+                     size, self->ch.batch_stride);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Channel_flush(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
@@ -254,6 +266,8 @@ static PyObject *Channel_get_datagram_bytes(ChannelObject *self, void *unused) {
 static PyMethodDef Channel_methods[] = {
     {"queue", (PyCFunction)Channel_queue, METH_O,
      "queue(datagram) -> bool: copied into the send queue; False when it is full"},
+    {"fit", (PyCFunction)Channel_fit, METH_O,
+     "fit(max_packet_bytes): smaller packets from now on (datagram_bytes follows)"},
     {"flush", (PyCFunction)Channel_flush, METH_O,
      "flush(now) -> packets sent, within the window and the pacer"},
     {"receive", (PyCFunction)(void (*)(void))Channel_receive, METH_FASTCALL,

@@ -8,19 +8,6 @@
 
 /* ------------------------------------------------------------------ keys */
 
-int wg_data_plane_derive(int suite, const uint8_t *traffic_secret, size_t len, wg_secret *out,
-                         uint8_t cid[WG_CID_LEN]) {
-    size_t secret_len, key_len;
-    if (wg_suite_sizes(suite, &secret_len, &key_len) < 0 || len != secret_len) return -1;
-    out->suite = suite;
-    out->len = secret_len;
-    if (wg_hkdf_expand_label(suite, traffic_secret, len, "wangate dp", NULL, 0, out->bytes,
-                             secret_len) < 0)
-        return -1;
-    return wg_hkdf_expand_label(suite, out->bytes, secret_len, "wangate cid", NULL, 0, cid,
-                                WG_CID_LEN);
-}
-
 static void free_keys(wg_channel *ch) {
     wg_aead_free(&ch->send_aead);
     wg_hp_free(&ch->send_hp);
@@ -102,7 +89,9 @@ int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen
     }
     /* the largest datagram: a packet's header, tag, the frame type, room for an ACK */
     ch->max_datagram_bytes = max_packet_bytes - WG_PACKET_OVERHEAD - 1 - WG_ACK_ROOM_BYTES;
-    ch->queue_mem = malloc(WG_QUEUE_SLOTS * ch->max_datagram_bytes);
+    ch->queue_stride = ch->max_datagram_bytes;
+    ch->batch_stride = max_packet_bytes;
+    ch->queue_mem = malloc(WG_QUEUE_SLOTS * ch->queue_stride);
     ch->queue_len = calloc(WG_QUEUE_SLOTS, sizeof(uint16_t));
     ch->batch_mem = malloc(WG_BATCH_PACKETS * max_packet_bytes);
     ch->scratch = malloc(WG_MAX_PACKET_BYTES);
@@ -130,11 +119,20 @@ void wg_channel_free(wg_channel *ch) {
 
 /* ------------------------------------------------------------- sending */
 
+int wg_channel_fit(wg_channel *ch, size_t max_packet_bytes) {
+    if (max_packet_bytes < WG_MIN_PACKET_BYTES || max_packet_bytes > ch->batch_stride) return -1;
+    size_t datagram = max_packet_bytes - WG_PACKET_OVERHEAD - 1 - WG_ACK_ROOM_BYTES;
+    /* what is queued already was sized for the old limit: it goes out as it is */
+    ch->max_packet_bytes = max_packet_bytes;
+    ch->max_datagram_bytes = datagram;
+    return 0;
+}
+
 int wg_channel_queue(wg_channel *ch, const uint8_t *data, size_t len) {
     if (len > ch->max_datagram_bytes) return -1;
     if (ch->queue_count == WG_QUEUE_SLOTS) return 0;
     size_t slot = (ch->queue_head + ch->queue_count) % WG_QUEUE_SLOTS;
-    memcpy(ch->queue_mem + slot * ch->max_datagram_bytes, data, len);
+    memcpy(ch->queue_mem + slot * ch->queue_stride, data, len);
     ch->queue_len[slot] = (uint16_t)len;
     ch->queue_count++;
     return 1;
@@ -145,7 +143,7 @@ static void send_batch(wg_channel *ch) {
     struct iovec iov[WG_BATCH_PACKETS];
     size_t count = ch->batch_count, done = 0;
     for (size_t i = 0; i < count; i++) {
-        iov[i].iov_base = ch->batch_mem + i * ch->max_packet_bytes;
+        iov[i].iov_base = ch->batch_mem + i * ch->batch_stride;
         iov[i].iov_len = ch->batch_len[i];
         memset(&msgs[i], 0, sizeof(msgs[i]));
         msgs[i].msg_hdr.msg_name = &ch->peer;
@@ -171,13 +169,16 @@ static void send_batch(wg_channel *ch) {
 /* Build and seal one packet into the batch: an ACK if owed (when `with_ack`), a PING
  * for a probe, the next queued datagram if `datagram`.  0, or -1 if sealing failed. */
 static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int datagram) {
-    uint8_t *buf = ch->batch_mem + ch->batch_count * ch->max_packet_bytes;
-    size_t cap = ch->max_packet_bytes, room = cap - WG_PACKET_OVERHEAD;
+    uint8_t *buf = ch->batch_mem + ch->batch_count * ch->batch_stride;
+    size_t data_len = datagram ? ch->queue_len[ch->queue_head] : 0;
+    /* a datagram queued before the limit shrank still goes out whole */
+    size_t cap = ch->max_packet_bytes;
+    if (WG_PACKET_OVERHEAD + 1 + data_len > cap) cap = ch->batch_stride;
+    size_t room = cap - WG_PACKET_OVERHEAD;
     uint64_t pn = ch->recovery.next_pn;
     wg_short_header(buf, ch->send_cid, ch->send_phase, pn);
     uint8_t *frames = buf + WG_SHORT_HEADER_LEN;
     size_t off = 0;
-    size_t data_len = datagram ? ch->queue_len[ch->queue_head] : 0;
     int acked = 0;
     if (with_ack) {
         wg_ack ack;
@@ -193,7 +194,7 @@ static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int 
     if (ping) frames[off++] = WG_FRAME_PING;
     if (datagram) {
         frames[off++] = WG_FRAME_DATAGRAM; /* to the packet's end: no length (RFC 9221 §4) */
-        memcpy(frames + off, ch->queue_mem + ch->queue_head * ch->max_datagram_bytes, data_len);
+        memcpy(frames + off, ch->queue_mem + ch->queue_head * ch->queue_stride, data_len);
         off += data_len;
     }
     /* RFC 9000 §12.4: a packet holds at least one frame.  (Header protection's sample,
@@ -267,9 +268,12 @@ int wg_channel_receive(wg_channel *ch, const uint8_t *data, size_t len, double n
     memcpy(buf, data, len);
     int phase;
     uint64_t pn;
-    if (wg_packet_unmask(&ch->recv_hp, buf, len, ch->received.largest, &phase, &pn) < 0 ||
-        !wg_received_is_new(&ch->received, pn)) {
-        ch->stats.replayed++;
+    if (wg_packet_unmask(&ch->recv_hp, buf, len, ch->received.largest, &phase, &pn) < 0) {
+        ch->stats.not_opened++; /* reserved bits set: damaged or forged */
+        return WG_RECEIVE_DROPPED;
+    }
+    if (!wg_received_is_new(&ch->received, pn)) {
+        ch->stats.replayed++; /* before the AEAD: a replay costs a header check */
         return WG_RECEIVE_DROPPED;
     }
     long frames_len;

@@ -79,8 +79,9 @@ typedef struct wg_channel {
     uint64_t recv_phase_first_pn;
     wg_recovery recovery;
     wg_received received;
-    /* queued datagrams: slot i holds queue_len[i] bytes at queue_mem + i * max_datagram */
-    size_t max_datagram_bytes;
+    /* queued datagrams: slot i holds queue_len[i] bytes at queue_mem + i * queue_stride;
+     * the strides stay as set up while the limits may only shrink (wg_channel_fit) */
+    size_t max_datagram_bytes, queue_stride, batch_stride;
     uint8_t *queue_mem;
     uint16_t *queue_len;
     size_t queue_head, queue_count;
@@ -103,9 +104,9 @@ int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen
                     double initial_rtt_s, uint64_t key_update_packets, const char **why);
 void wg_channel_free(wg_channel *ch);
 
-/* the data plane's secret and receive connection ID for one direction (proto/engine.md) */
-int wg_data_plane_derive(int suite, const uint8_t *traffic_secret, size_t len, wg_secret *out,
-                         uint8_t cid[WG_CID_LEN]);
+/* Packets of at most `max_packet_bytes` from now on (never more than set up with, nor
+ * under 1200).  0, or -1 if out of range. */
+int wg_channel_fit(wg_channel *ch, size_t max_packet_bytes);
 
 /* copy one datagram into the queue: 1, or 0 when the queue is full, -1 when it is
  * larger than max_datagram_bytes */
