@@ -402,6 +402,13 @@ def test_derive_data_plane_is_what_proto_engine_md_says() -> None:
         _engine.derive_data_plane(AES128, bytes(48))
 
 
+def test_proto_engine_md_names_the_labels_used() -> None:
+    doc = (VECTORS.parent / "engine.md").read_text()
+    for label in ("wangate dp", "wangate cid", "quic key", "quic iv", "quic hp", "quic ku"):
+        assert f'"{label}"' in doc
+    assert GOLDEN.name in doc
+
+
 DP_SECRET_HEX = "3b129eda03e9dbcc2c04166c2df45b2df58a72cb436acaa555e2789e66d567bf"
 DP_CID_HEX = "b3d0adf81d50f329"
 
