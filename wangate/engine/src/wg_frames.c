@@ -119,7 +119,8 @@ static size_t ack_parse(const uint8_t *p, size_t len, wg_ack *ack) {
         if (range_len > largest) return 0;
         smallest = largest - range_len;
         /* the lowest ranges beyond what is kept are checked but left off */
-        if (ack->count < WG_MAX_ACK_RANGES) ack->ranges[ack->count++] = (wg_ack_range){smallest, largest};
+        if (ack->count < WG_MAX_ACK_RANGES)
+            ack->ranges[ack->count++] = (wg_ack_range){smallest, largest};
     }
     return off;
 }

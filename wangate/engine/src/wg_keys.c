@@ -138,7 +138,8 @@ int wg_aead_init(wg_aead *aead, const wg_secret *secret, int encrypt) {
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
     /* the cipher first, then the nonce length (12 bytes, RFC 9001 §5.3; the default of
      * all three AEADs, set anyway), then the key: from here on only the nonce changes */
-    int ok = ctx != NULL && EVP_CipherInit_ex(ctx, info.aead(), NULL, NULL, NULL, aead->encrypt) == 1 &&
+    int ok = ctx != NULL &&
+             EVP_CipherInit_ex(ctx, info.aead(), NULL, NULL, NULL, aead->encrypt) == 1 &&
              EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_IVLEN, WG_IV_LEN, NULL) == 1 &&
              EVP_CipherInit_ex(ctx, NULL, NULL, key, NULL, aead->encrypt) == 1;
     OPENSSL_cleanse(key, sizeof key);

@@ -72,6 +72,23 @@ long wg_packet_open(wg_aead *aead, uint64_t pn, uint8_t *buf, size_t len) {
     return wg_aead_open(aead, pn, buf, WG_SHORT_HEADER_LEN, len - WG_SHORT_HEADER_LEN);
 }
 
+int wg_data_plane_derive(int suite, const uint8_t *traffic_secret, size_t traffic_len,
+                         wg_secret *dp_secret, uint8_t cid[WG_CID_LEN]) {
+    size_t hash_len = 0;
+    if (dp_secret == NULL || cid == NULL || wg_suite_sizes(suite, &hash_len, NULL) < 0) return -1;
+    if (traffic_secret == NULL || traffic_len != hash_len) return -1;
+    /* a secret of its own, so that the data plane's keys are never the ones aioquic
+     * protects the control connection's packets with (those come from the traffic
+     * secret itself by "quic key", RFC 9001 §5.1) */
+    dp_secret->suite = suite;
+    dp_secret->len = hash_len;
+    if (wg_hkdf_expand_label(suite, traffic_secret, traffic_len, "wangate dp", NULL, 0,
+                             dp_secret->bytes, hash_len) < 0)
+        return -1;
+    return wg_hkdf_expand_label(suite, dp_secret->bytes, hash_len, "wangate cid", NULL, 0, cid,
+                                WG_CID_LEN);
+}
+
 /* RFC 9000 §A.3: the packet number closest to largest_pn + 1 whose low pn_nbits
  * bits are `truncated`.  Signed arithmetic of the RFC's pseudocode is done unsigned
  * with explicit guards so nothing wraps; pn_nbits other than 8, 16, 24 or 32 (no

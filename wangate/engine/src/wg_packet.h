@@ -49,6 +49,14 @@ int wg_packet_unmask(wg_hp *hp, uint8_t *buf, size_t len, int64_t largest_pn, in
  * buf + WG_SHORT_HEADER_LEN) or -1. */
 long wg_packet_open(wg_aead *aead, uint64_t pn, uint8_t *buf, size_t len);
 
+/* A data-plane direction's secret and the connection ID its receiver gets packets on,
+ * from that direction's TLS 1.3 application traffic secret 0 (proto/engine.md):
+ *     dp_secret = HKDF-Expand-Label(traffic_secret, "wangate dp", "", Hash.length)
+ *     cid       = HKDF-Expand-Label(dp_secret, "wangate cid", "", 8)
+ * `traffic_len` must be the suite's hash length.  0, or -1. */
+int wg_data_plane_derive(int suite, const uint8_t *traffic_secret, size_t traffic_len,
+                         wg_secret *dp_secret, uint8_t cid[WG_CID_LEN]);
+
 /* RFC 9000 §A.3 */
 uint64_t wg_decode_pn(int64_t largest_pn, uint64_t truncated, unsigned pn_nbits);
 
