@@ -31,7 +31,6 @@ SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
         "cpu": ("bench.transport.cpu", "CPU per byte against plain aioquic, loopback"),
         "workers": ("bench.transport.workers", "CPU per GiB with worker processes, loopback"),
         "throughput": ("bench.transport.throughput", "goodput of two daemons on loopback"),
-        "datagram": ("bench.transport.datagram", "CPU of writing a DATAGRAM frame"),
         "fec": ("bench.transport.fec", "FEC coding speed; congestion controllers in the lab"),
         "probe": ("bench.transport.probe", "wangate probe's readings against the lab's truth"),
         "floor": ("bench.transport.floor", "the kernel-UDP floor: Mbit per CPU-second, loopback"),

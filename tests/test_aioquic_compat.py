@@ -13,7 +13,6 @@ import pytest
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketRecovery
 from aioquic.quic.stream import QuicStreamSender
 
@@ -42,13 +41,14 @@ def _drop_after_init(monkeypatch: pytest.MonkeyPatch, cls: type, attribute: str)
 @pytest.mark.parametrize(
     ("cls", "attribute", "owner"),
     [
-        (QuicConnection, "_datagrams_pending", "QuicConnection"),
         (QuicConnection, "_network_paths", "QuicConnection"),
+        (QuicConnection, "_cryptos", "QuicConnection"),
         (QuicConnection, "_handshake_complete", "QuicConnection"),
         (QuicConnection, "_peer_cid", "QuicConnection"),
         (QuicConnection, "_original_destination_connection_id", "QuicConnection"),
         (QuicConnection, "_streams", "QuicConnection"),
         (QuicPacketRecovery, "_pacer", "QuicPacketRecovery"),
+        (QuicPacketRecovery, "_rtt_smoothed", "QuicPacketRecovery"),
         (QuicConnectionProtocol, "_quic", "QuicConnectionProtocol"),
         (QuicConnectionProtocol, "_timer", "QuicConnectionProtocol"),
         (QuicConnectionProtocol, "_connection_id_issued_handler", "QuicConnectionProtocol"),
@@ -73,11 +73,8 @@ def test_a_moved_attribute_is_named(
     ("cls", "attribute", "owner"),
     [
         (QuicConnection, "_replenish_connection_ids", "QuicConnection"),
-        (QuicConnection, "_write_datagram_frame", "QuicConnection"),
         (QuicConnectionProtocol, "_process_events", "QuicConnectionProtocol"),
         (QuicConnectionProtocol, "_transmit_soon", "QuicConnectionProtocol"),
-        (QuicPacketBuilder, "remaining_flight_space", "QuicPacketBuilder"),
-        (QuicPacketBuilder, "start_frame", "QuicPacketBuilder"),
     ],
 )
 def test_a_moved_method_is_named(
@@ -99,7 +96,7 @@ def test_an_initialize_hook_that_is_never_called_is_named(monkeypatch: pytest.Mo
 def test_the_daemon_refuses_to_start_with_an_incompatible_aioquic(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    _drop_after_init(monkeypatch, QuicConnection, "_datagrams_pending")
+    _drop_after_init(monkeypatch, QuicConnection, "_network_paths")
     _, sh_site = write_site_configs(tmp_path, 2, 1, mtu=1500)
     gateway = Gateway(load_config(sh_site.config_path))
 
@@ -112,7 +109,7 @@ def test_the_daemon_refuses_to_start_with_an_incompatible_aioquic(
     with pytest.raises(GatewayError) as error:
         asyncio.run(start())
     assert error.value.code == "startup"
-    assert "'_datagrams_pending'" in str(error.value)
+    assert "'_network_paths'" in str(error.value)
     assert not sh_site.socket_path.exists()  # it stopped before listening
 
 

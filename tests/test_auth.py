@@ -38,8 +38,8 @@ from wangate.errors import AuthenticationError, ConfigError, LocalProtocolError
 from wangate.net.tls import (
     ALPN,
     AUTHENTICATION_FAILED_ERROR_CODE,
+    CIPHER_SUITES,
     IDLE_TIMEOUT_S,
-    MAX_DATAGRAM_FRAME_SIZE,
     authenticate_peer,
     client_quic_configuration,
     require_client_certificate,
@@ -377,7 +377,10 @@ def test_configurations(pki: Pki) -> None:
         assert configuration.is_client is is_client
         assert configuration.alpn_protocols == ["wangate/1"]
         assert configuration.max_datagram_size == size
-        assert configuration.max_datagram_frame_size == MAX_DATAGRAM_FRAME_SIZE == 65536
+        # no DATAGRAM frames in aioquic: datagrams travel in the data plane's packets
+        assert configuration.max_datagram_frame_size is None
+        assert [int(c) for c in configuration.cipher_suites] == [int(c) for c in CIPHER_SUITES]
+        assert int(configuration.cipher_suites[0]) == 0x1301  # the cheapest to seal
         assert configuration.idle_timeout == IDLE_TIMEOUT_S == 10.0
         assert configuration.cafile == str(pki.ours / "ca.pem")
         assert configuration.session_ticket is None

@@ -1,38 +1,37 @@
-"""A link's datagram size and the bytes of its packets, on real aioquic connections.
+"""A link's datagram size, its connection IDs, and the data plane's keys, on real
+aioquic connections and real data-plane channels.
 
 Two aioquic connections configured as wangate configures them (real TLS, in memory: the
 bytes go from one to the other without sockets) finish their handshake: the client's
 first Initial carries an 8-byte Destination Connection ID although the client issues
-zero-length IDs, the server issues 4-byte IDs, and short headers carry those. Then
-DATAGRAM frames: one that fills its packet goes without its length (RFC 9221 §4), so a
-datagram of ``max_datagram_size - 20 - peer ID`` makes a packet of exactly
-``max_datagram_size`` bytes; a link's own datagrams leave room for an ACK; one byte
-more than a packet holds never leaves (it would block the queue).
+zero-length IDs, the server issues 4-byte IDs, and short headers carry those. Their
+secrets give both ends the same data-plane keys and connection IDs (proto/engine.md).
+A data-plane packet adds 40 bytes to its datagram (13 of header, 16 of tag, the frame
+type, and 10 of room for the ACK it owes): a full datagram alone makes a packet 10
+bytes short of the path's size, and with a one-range ACK it still fits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
+import pytest
 from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.events import DatagramFrameReceived, HandshakeCompleted
+from aioquic.quic.events import HandshakeCompleted, StreamDataReceived
 from aioquic.quic.packet import pull_quic_header
 
 from wangate.certs import create_ca, issue_site_certificate
 from wangate.config import load_config
 from wangate.daemon import Gateway
+from wangate.engine import DATAGRAM_OVERHEAD_BYTES, PathChannel, _engine
+from wangate.errors import LocalProtocolError
 from wangate.loopback import write_site_configs
 from wangate.net import aioquic_compat as compat
-from wangate.net.link import (
-    ACK_ROOM_BYTES,
-    CLIENT_CID_BYTES,
-    QUIC_PACKET_OVERHEAD_BYTES,
-    SERVER_CID_BYTES,
-    datagram_overhead_bytes,
-)
+from wangate.net.link import CLIENT_CID_BYTES, SERVER_CID_BYTES
 
 MAX_DATAGRAM_SIZE = 1472  # a 1500-byte IPv4 path
 SERVER = ("127.0.0.2", 4433)
@@ -43,7 +42,7 @@ class Pair:
     def __init__(self, tmp_path: Path) -> None:
         create_ca(tmp_path)
         cert, key = issue_site_certificate(tmp_path, "sh")
-        common = {"max_datagram_frame_size": 65536, "max_datagram_size": MAX_DATAGRAM_SIZE}
+        common = {"max_datagram_size": MAX_DATAGRAM_SIZE}
         server_cfg = QuicConfiguration(
             is_client=False, alpn_protocols=["t"], connection_id_length=SERVER_CID_BYTES, **common
         )
@@ -59,8 +58,6 @@ class Pair:
             configuration=server_cfg,
             original_destination_connection_id=self.first_header.destination_cid,
         )
-        for connection in (client, server):
-            compat.datagram_frames_without_length(connection)
         pending = first
         now = 0.0
         for _ in range(10):  # the handshake's flights
@@ -98,12 +95,12 @@ class Pair:
         return packets
 
 
-def _received(connection: QuicConnection) -> list[bytes]:
-    received = []
+def _stream(connection: QuicConnection) -> bytes:
+    data = b""
     while (event := connection.next_event()) is not None:
-        if isinstance(event, DatagramFrameReceived):
-            received.append(event.data)
-    return received
+        if isinstance(event, StreamDataReceived):
+            data += event.data
+    return data
 
 
 def test_connection_ids_client_none_server_four_first_initial_eight(tmp_path: Path) -> None:
@@ -113,70 +110,117 @@ def test_connection_ids_client_none_server_four_first_initial_eight(tmp_path: Pa
     assert header.source_cid == b""  # the client's own ID: zero-length
     assert pair.client.original_destination_connection_id == header.destination_cid
     assert len(pair.server.host_cid) == SERVER_CID_BYTES == 4
-    assert compat.peer_cid_bytes(pair.client) == 4 and compat.peer_cid_bytes(pair.server) == 0
     # short headers: to the server its 4-byte ID, to the client no ID at all
-    pair.client.send_datagram_frame(b"c" * 100)
+    pair.client.send_stream_data(0, b"c" * 100)
     (to_server,) = pair.client_sends(now=1.0)
     assert to_server[0] & 0x80 == 0
     short = pull_quic_header(Buffer(data=to_server), host_cid_length=4)
     assert short.destination_cid == pair.server.host_cid
-    pair.server.send_datagram_frame(b"s" * 100)
+    assert _stream(pair.server) == b"c" * 100
+    pair.server.send_stream_data(0, b"s" * 100)
     packets = pair.server_sends(now=1.1)
     assert packets[-1][0] & 0x80 == 0
     assert pull_quic_header(Buffer(data=packets[-1]), host_cid_length=0).destination_cid == b""
-    assert _received(pair.server) == [b"c" * 100] and _received(pair.client) == [b"s" * 100]
+    assert _stream(pair.client) == b"s" * 100
     # the client issued no further IDs (RFC 9000 §5.1.1), the server its usual 7 more
     assert [len(c.cid) for c in pair.client._host_cids] == [0]
     assert all(len(c.cid) == 4 for c in pair.server._host_cids)
 
 
-def test_a_datagram_that_fills_the_packet_goes_without_its_length(tmp_path: Path) -> None:
+def test_both_ends_of_a_handshake_derive_the_same_data_plane(tmp_path: Path) -> None:
     pair = Pair(tmp_path)
-    for send, sender_to, peer_cid in (
-        (pair.client_sends, pair.server, SERVER_CID_BYTES),
-        (pair.server_sends, pair.client, CLIENT_CID_BYTES),
-    ):
-        sender = pair.client if sender_to is pair.server else pair.server
-        # QUIC's 20 bytes and the connection ID: the rest is the datagram's
-        limit = MAX_DATAGRAM_SIZE - QUIC_PACKET_OVERHEAD_BYTES - peer_cid
-        assert QUIC_PACKET_OVERHEAD_BYTES == 20
-        now = pair.settle(2.0 if sender is pair.client else 3.0)
-        for size in (limit, limit - 1):  # exactly; one byte short: a PADDING frame first
-            sender.send_datagram_frame(bytes([size % 251]) * size)
-            packets = send(now=now)
-            assert [len(p) for p in packets] == [MAX_DATAGRAM_SIZE]
-            assert _received(sender_to) == [bytes([size % 251]) * size]
-            now += 0.001
-        # two bytes short: the length form fits exactly (no PADDING), 1 + 2 bytes of frame
-        sender.send_datagram_frame(b"l" * (limit - 2))
-        assert [len(p) for p in send(now=now)] == [MAX_DATAGRAM_SIZE]
-        now += 0.05
-        # a small one keeps its length: header, type, 2-byte length, data, tag
-        sender.send_datagram_frame(b"m" * 100)
-        assert [len(p) for p in send(now=now)] == [1 + peer_cid + 2 + 1 + 2 + 100 + 16]
-        assert _received(sender_to) == [b"l" * (limit - 2), b"m" * 100]
-        sender.send_datagram_frame(b"f" * (limit + 1))  # one byte more never leaves
-        assert send(now=now + 1.0) == []  # the pacer long open
-        assert len(sender._datagrams_pending) == 1
-        sender._datagrams_pending.clear()
+    suite, client_send, client_recv = compat.one_rtt_secrets(pair.client)
+    server_suite, server_send, server_recv = compat.one_rtt_secrets(pair.server)
+    assert suite == server_suite == 0x1302  # aioquic's first choice: TLS_AES_256_GCM_SHA384
+    assert client_send == server_recv and client_recv == server_send
+    assert client_send != client_recv and len(client_send) == 48
+    dp_up, cid_up = _engine.derive_data_plane(suite, client_send)
+    dp_down, cid_down = _engine.derive_data_plane(suite, client_recv)
+    assert cid_up != cid_down and dp_up not in (client_send, dp_down)
+    a, b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), socket.socket(socket.AF_INET)
+    try:
+        client = PathChannel(
+            a.fileno(), SERVER, suite, client_send, client_recv, MAX_DATAGRAM_SIZE, 0.01
+        )
+        server = PathChannel(
+            a.fileno(), CLIENT, suite, server_send, server_recv, MAX_DATAGRAM_SIZE, 0.01
+        )
+        assert client.send_cid == server.recv_cid == cid_up
+        assert server.send_cid == client.recv_cid == cid_down
+    finally:
+        a.close()
+        b.close()
 
 
-def test_a_links_full_datagram_rides_with_the_ack_it_owes(tmp_path: Path) -> None:
-    pair = Pair(tmp_path)
-    assert ACK_ROOM_BYTES == 10
-    assert datagram_overhead_bytes(4) == 34 and datagram_overhead_bytes(0) == 30
-    pair.server.send_datagram_frame(b"x" * 100)  # the client owes the server an ACK
-    pair.server_sends(now=1.0)
-    size = MAX_DATAGRAM_SIZE - datagram_overhead_bytes(SERVER_CID_BYTES)
-    pair.client.send_datagram_frame(b"d" * size)
-    packets = pair.client_sends(now=1.01)
-    assert len(packets) == 1  # the ACK and the datagram in one packet
-    assert len(packets[0]) <= MAX_DATAGRAM_SIZE
-    assert _received(pair.server) == [b"d" * size]
-    # alone, it leaves a packet 8 bytes short of full: the length takes 2 of the room's 10
-    pair.client.send_datagram_frame(b"e" * size)
-    assert [len(p) for p in pair.client_sends(now=2.0)] == [MAX_DATAGRAM_SIZE - 8]
-    assert _received(pair.server) == [b"e" * size]
+class ChannelPair:
+    def __init__(self) -> None:
+        self.socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        for sock in self.socks:
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+        up, down = bytes(range(32)), bytes(range(1, 33))
+        a, b = (sock.getsockname() for sock in self.socks)
+        self.a = PathChannel(self.socks[0].fileno(), b, 0x1301, up, down, MAX_DATAGRAM_SIZE, 0.01)
+        self.b = PathChannel(self.socks[1].fileno(), a, 0x1301, down, up, MAX_DATAGRAM_SIZE, 0.01)
+
+    def sent_to(self, index: int) -> list[bytes]:
+        packets = []
+        while True:
+            try:
+                packets.append(self.socks[index].recv(65536))
+            except BlockingIOError:
+                return packets
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
+@pytest.fixture
+def channels() -> ChannelPair:
+    pair = ChannelPair()
+    yield pair  # type: ignore[misc]
+    pair.close()
+
+
+def test_a_full_datagram_leaves_room_for_the_ack_it_owes(channels: ChannelPair) -> None:
+    a, b = channels.a, channels.b
+    assert DATAGRAM_OVERHEAD_BYTES == 40
+    assert a.datagram_bytes == MAX_DATAGRAM_SIZE - 40 == 1432
+    full = b"d" * a.datagram_bytes
+    a.queue(full)
+    a.flush(1.0)
+    (alone,) = channels.sent_to(1)
+    assert len(alone) == MAX_DATAGRAM_SIZE - 10  # the ACK room unused
+    assert b.receive(alone, 1.0) == full
+    # b now owes a an ACK: one range, 1 + 1 + 1 + 1 + 1 bytes; it rides with b's datagram
+    b.queue(full)
+    b.flush(1.0)
+    (with_ack,) = channels.sent_to(0)
+    assert len(with_ack) == MAX_DATAGRAM_SIZE - 10 + 5
+    assert a.receive(with_ack, 1.0) == full
+    assert a.stats()["acked_packets"] == 1
+    with pytest.raises(LocalProtocolError, match="does not fit"):
+        a.queue(full + b"+")
+
+
+def test_a_smaller_path_size_applies_to_what_comes_next(channels: ChannelPair) -> None:
+    a, b = channels.a, channels.b
+    full = b"q" * a.datagram_bytes
+    a.queue(full)  # queued under the old size: it still leaves whole
+    a.fit(1300)
+    assert a.datagram_bytes == 1300 - 40
+    with pytest.raises(LocalProtocolError, match="does not fit"):
+        a.queue(full)
+    a.queue(b"s" * 1260)
+    a.flush(1.0)
+    packets = channels.sent_to(1)
+    assert [len(p) for p in packets] == [MAX_DATAGRAM_SIZE - 10, 1300 - 10]
+    assert [b.receive(p, 1.0) for p in packets] == [full, b"s" * 1260]
+    with pytest.raises(LocalProtocolError, match="at least 1200"):
+        a.fit(1199)
+    with pytest.raises(LocalProtocolError, match="at most 1472"):
+        a.fit(1500)
 
 
 async def _gateway_links(directory: Path) -> None:
@@ -195,23 +239,26 @@ async def _gateway_links(directory: Path) -> None:
             await asyncio.sleep(0.01)
         accepted = bj.peers["sh"].links[path.name]
         assert path.max_datagram_size == MAX_DATAGRAM_SIZE
-        # the dialer sends to the listener's 4-byte ID, the listener to the dialer's none
+        # aioquic: the dialer sends to the listener's 4-byte ID, the listener to none
         assert len(dialed._quic.host_cid) == 0 and len(accepted._quic.host_cid) == 4
-        assert compat.peer_cid_bytes(dialed._quic) == 4
-        assert compat.peer_cid_bytes(accepted._quic) == 0
-        assert dialed.datagram_bytes == MAX_DATAGRAM_SIZE - 34 == 1438
-        assert accepted.datagram_bytes == MAX_DATAGRAM_SIZE - 30 == 1442
+        # the data plane: each end sends to the 8-byte ID the other receives on
+        assert dialed.channel is not None and accepted.channel is not None
+        assert dialed.channel.send_cid == accepted.channel.recv_cid
+        assert accepted.channel.send_cid == dialed.channel.recv_cid
+        (listener,) = bj.backend.endpoint._servers
+        assert listener._by_cid[accepted.channel.recv_cid] is accepted
+        assert dialed.datagram_bytes == accepted.datagram_bytes == MAX_DATAGRAM_SIZE - 40
         senders = (
             sh.peers["bj"].view._paths[path.name].sender,
             bj.peers["sh"].view._paths[path.name].sender,
         )
-        assert [s.datagram_bytes for s in senders] == [1438, 1442]
+        assert [s.datagram_bytes for s in senders] == [1432, 1432]
     finally:
         await sh.close()
         await bj.close()
 
 
-def test_a_gateway_pairs_links_size_datagrams_by_the_peers_connection_id(
+def test_a_gateway_routes_and_sizes_the_data_plane(
     tmp_path: Path,
 ) -> None:
     asyncio.run(_gateway_links(tmp_path))

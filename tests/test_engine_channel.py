@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from wangate.engine import Channel
-from wangate.errors import LocalProtocolError
+from wangate.engine import PathChannel, _engine
+from wangate.errors import LocalProtocolError, RemoteProtocolError
 
 SUITE = 0x1301  # TLS_AES_128_GCM_SHA256
 SECRET_AB = bytes(range(32))  # a's application traffic secret: a -> b
@@ -27,11 +27,11 @@ class Pair:
             sock.setblocking(False)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         a_addr, b_addr = (sock.getsockname() for sock in self.socks)
-        self.a = Channel(
+        self.a = PathChannel(
             self.socks[0].fileno(), b_addr, SUITE, SECRET_AB, SECRET_BA, PACKET_BYTES, 0.01,
             key_update_packets,
         )  # fmt: skip
-        self.b = Channel(
+        self.b = PathChannel(
             self.socks[1].fileno(), a_addr, SUITE, SECRET_BA, SECRET_AB, PACKET_BYTES, 0.01,
             key_update_packets,
         )  # fmt: skip
@@ -190,10 +190,37 @@ def test_misuse_is_a_local_error(pair: Pair) -> None:
         assert pair.a.queue(b"q") is True
     assert pair.a.queue(b"q") is False  # the queue is full
     with pytest.raises(LocalProtocolError, match="cipher suite"):
-        Channel(pair.socks[0].fileno(), ("127.0.0.1", 9), 0x9999, SECRET_AB, SECRET_BA, 1452, 0.01)
-    with pytest.raises(LocalProtocolError, match="wrong length|cipher suite"):
-        Channel(pair.socks[0].fileno(), ("127.0.0.1", 9), SUITE, b"short", SECRET_BA, 1452, 0.01)
+        PathChannel(
+            pair.socks[0].fileno(), ("127.0.0.1", 9), 0x9999, SECRET_AB, SECRET_BA, 1452, 0.01
+        )
+    with pytest.raises(LocalProtocolError, match=r"wrong length|cipher suite"):
+        PathChannel(
+            pair.socks[0].fileno(), ("127.0.0.1", 9), SUITE, b"short", SECRET_BA, 1452, 0.01
+        )
     with pytest.raises(LocalProtocolError, match="1200"):
-        Channel(pair.socks[0].fileno(), ("127.0.0.1", 9), SUITE, SECRET_AB, SECRET_BA, 1000, 0.01)
+        PathChannel(
+            pair.socks[0].fileno(), ("127.0.0.1", 9), SUITE, SECRET_AB, SECRET_BA, 1000, 0.01
+        )
     with pytest.raises(ValueError, match="numeric"):
-        Channel(pair.socks[0].fileno(), ("localhost", 9), SUITE, SECRET_AB, SECRET_BA, 1452, 0.01)
+        PathChannel(
+            pair.socks[0].fileno(), ("localhost", 9), SUITE, SECRET_AB, SECRET_BA, 1452, 0.01
+        )
+
+
+def _sealed_by_a(frames: bytes, pn: int) -> bytes:
+    """A packet as a's channel would seal it, frames chosen by the test."""
+    dp_secret, cid = _engine.derive_data_plane(SUITE, SECRET_AB)
+    return _engine.seal_short_packet(SUITE, dp_secret, cid, 0, pn, frames)
+
+
+def test_an_authenticated_peers_bad_frames_are_its_error(pair: Pair) -> None:
+    datagram = bytes([0x31, 3]) + b"abc"  # DATAGRAM with a length
+    assert pair.b.receive(_sealed_by_a(datagram, 0), pair.now) == b"abc"
+    two = datagram + bytes([0x30]) + b"rest"
+    assert pair.b.receive(_sealed_by_a(two, 1), pair.now) == [b"abc", b"rest"]
+    with pytest.raises(RemoteProtocolError, match="malformed frames"):
+        pair.b.receive(_sealed_by_a(bytes([0x1F]) + b"junk", 2), pair.now)  # unknown type
+    never_sent = _engine.encode_ack([(0, 50)], 0)  # b has sent nothing
+    with pytest.raises(RemoteProtocolError, match="never sent"):
+        pair.b.receive(_sealed_by_a(never_sent, 3), pair.now)
+    assert pair.b.receive(_sealed_by_a(datagram, 4), pair.now) == b"abc"  # still serving

@@ -173,6 +173,9 @@ LAYER_RULES = {
                         "wangate.workers"},
     "wangate.workers": {"wangate.localapi", "wangate.daemon", "wangate.client"},
     "wangate.localapi": {"wangate.gateway", "wangate.net", "wangate.workers", "wangate.daemon"},
+    "wangate.engine": {"wangate.core", "wangate.net", "wangate.localapi", "wangate.delivery",
+                       "wangate.gateway", "wangate.workers", "wangate.daemon",
+                       "wangate.service", "wangate.client"},
 }  # fmt: skip
 
 

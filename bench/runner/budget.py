@@ -103,13 +103,13 @@ def loss_budget(record: dict[str, Any], scenario: Scenario | None = None) -> dic
     source = float(peer["source_bytes"])
     repair_sent = float(peer["fec_bytes"]) + float(peer["repair_bytes"])
     mtu = min(p.mtu for p in specs)
-    from wangate.net.link import SERVER_CID_BYTES, datagram_overhead_bytes
+    from wangate.engine import DATAGRAM_OVERHEAD_BYTES
 
-    # the gateway measured may be of either wire version: 20 bytes of datagram header
-    # (wire version 2, messages of 16 KiB to 1 GiB; 42-46 in version 1) and the packet's
-    # overhead (34 toward the dialed side, 30 toward the dialer; 40 before) only set
-    # this count, which is shown, not used in the parts
-    overhead = datagram_overhead_bytes(SERVER_CID_BYTES)
+    # the gateway measured may be of any wire version: 20 bytes of datagram header
+    # (wire version 2 and later; 42-46 in version 1) and the packet's overhead (40 in
+    # the data plane's packets, wire version 4; 30-34 in version 3's QUIC DATAGRAM
+    # frames) only set this count, which is shown, not used in the parts
+    overhead = DATAGRAM_OVERHEAD_BYTES
     symbol = mtu - 28 - overhead - 20  # IPv4 in the lab
     data_packets = (source + repair_sent) / symbol
     # losses strike data and control packets alike: the data's share of them lost payload

@@ -3,7 +3,7 @@ from typing import Any
 CID_BYTES: int
 DATAGRAM_OVERHEAD_BYTES: int
 
-class Channel:
+class PathChannel:
     burst: bool
     @property
     def recv_cid(self) -> bytes: ...

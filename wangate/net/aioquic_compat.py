@@ -1,9 +1,9 @@
 """Every private part of aioquic wangate relies on, in one place, checked at start-up.
 
 aioquic (1.7.2) has no public API for what a gateway needs here: asking a client for
-its certificate and reading it, swapping the pacer, looking at the DATAGRAM queue and
-the peer's address, a client with zero-length connection IDs, DATAGRAM frames
-without a length field, and a listener of its own routing datagrams to its protocols.
+its certificate and reading it, swapping the pacer, the peer's address, the secrets the
+data plane's keys come from, a client with zero-length connection IDs, and a listener
+of its own routing datagrams to its protocols.
 Each access goes through a function below, and
 :func:`check_aioquic` exercises all of them on a throw-away connection when the daemon
 starts: if an aioquic upgrade renamed or moved one, the daemon refuses to start with
@@ -15,23 +15,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aioquic
+from aioquic import tls
 
 # aioquic.buffer's Buffer, from the module that types it: aioquic.buffer imports it
 # without re-exporting it, which mypy --strict refuses
 from aioquic._buffer import Buffer as Buffer
-from aioquic import tls
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer
-from aioquic.buffer import size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketPacer
 from aioquic.quic.stream import QuicStreamSender
 
@@ -42,7 +38,6 @@ T = TypeVar("T")
 
 # (object, attribute, what wangate uses it for): what check_aioquic() looks for
 _CONNECTION_ATTRIBUTES = (
-    ("_datagrams_pending", "the DATAGRAM queue the links keep short"),
     ("_network_paths", "the peer's address shown by `wangate paths`"),
     ("_initialize", "the hook that makes a server ask for a client certificate"),
     ("_handshake_complete", "authenticating a peer only after its handshake"),
@@ -53,7 +48,6 @@ _CONNECTION_ATTRIBUTES = (
     ("_peer_cid", "a client's first Initial connection ID, the short header's size"),
     ("_original_destination_connection_id", "a client's first Initial connection ID"),
     ("_replenish_connection_ids", "a client that issues no connection IDs"),
-    ("_write_datagram_frame", "DATAGRAM frames without a length field"),
     ("_streams", "the bytes a stream has yet to send"),
     ("_cryptos", "the path's TLS 1.3 secrets, from which the data plane's keys come"),
 )
@@ -107,11 +101,8 @@ def check_aioquic() -> None:
     for attribute, why in _CONNECTION_ATTRIBUTES:
         if not hasattr(connection, attribute):
             raise _missing("QuicConnection", attribute, why)
-    if not isinstance(connection._datagrams_pending, deque):
-        raise _missing("QuicConnection", "_datagrams_pending", "a deque of datagrams")
     if not isinstance(getattr(connection._peer_cid, "cid", None), bytes):
         raise _missing("QuicConnectionId", "cid", "the peer's connection ID")
-    _check_builder()
     if not hasattr(QuicStreamSender(stream_id=0, writable=True), "_buffer"):
         raise _missing("QuicStreamSender", "_buffer", "the bytes a stream has yet to send")
     recovery = connection._loss
@@ -146,15 +137,6 @@ def check_aioquic() -> None:
     server = _in_a_running_loop(lambda: QuicServer(configuration=QuicConfiguration()))
     if not hasattr(server, "_transport"):
         raise _missing("QuicServer", "_transport", "a server's socket")
-
-
-_BUILDER_ATTRIBUTES = ("remaining_buffer_space", "remaining_flight_space", "start_frame")
-
-
-def _check_builder() -> None:
-    for attribute in _BUILDER_ATTRIBUTES:
-        if not hasattr(QuicPacketBuilder, attribute):
-            raise _missing("QuicPacketBuilder", attribute, "DATAGRAM frames without a length")
 
 
 def _in_a_running_loop(make: Callable[[], T]) -> T:
@@ -223,11 +205,6 @@ def closed_by_peer(connection: QuicConnection) -> str | None:
     return event.reason_phrase or f"error 0x{event.error_code:x}"
 
 
-def datagrams_pending(connection: QuicConnection) -> deque[bytes]:
-    """aioquic's queue of DATAGRAM frames not yet sent (no public view of it)."""
-    return connection._datagrams_pending
-
-
 def one_rtt_secrets(connection: QuicConnection) -> tuple[int, bytes, bytes]:
     """The cipher suite and the application traffic secrets (ours, the peer's) of a
     connection whose handshake completed (RFC 8446 §7.1), before any key update."""
@@ -287,51 +264,9 @@ def _no_new_ids() -> None:
     return None
 
 
-def peer_cid_bytes(connection: QuicConnection) -> int:
-    """The length of the connection ID this connection's short headers carry."""
-    return len(connection._peer_cid.cid)
-
-
-def datagram_frames_without_length(connection: QuicConnection) -> None:
-    """Make ``connection`` write a DATAGRAM frame that fills the rest of its packet
-    without its length (type 0x30, RFC 9221 §4), saving the length's 2 bytes.
-
-    The length-less form runs to the end of the packet, so nothing may follow it: it is
-    used only where the length form does not fit and the datagram takes all but at most
-    a byte or two of the packet, which PADDING frames (RFC 9000 §19.1) ahead of it fill.
-    Anything else is written as aioquic writes it."""
-    write_with_length = connection._write_datagram_frame
-
-    def write(builder: QuicPacketBuilder, data: bytes, frame_type: QuicFrameType) -> bool:
-        length = len(data)
-        room = min(builder.remaining_buffer_space, builder.remaining_flight_space)
-        left = room - 1 - length  # what a length-less frame would leave unused
-        if left < 0 or left >= size_uint_var(length):  # too large, or the length fits
-            return write_with_length(builder=builder, data=data, frame_type=frame_type)
-        if left:
-            builder.start_frame(QuicFrameType.PADDING, capacity=left).push_bytes(
-                bytes(left - 1)  # start_frame wrote the first PADDING byte
-            )
-        buf = builder.start_frame(QuicFrameType.DATAGRAM, capacity=1 + length)
-        buf.push_bytes(data)
-        return True
-
-    setattr(connection, "_write_datagram_frame", write)  # noqa: B010 - instance override
-
-
 def congestion_control(connection: QuicConnection) -> Any:
     """The connection's congestion controller (the pacer takes its rate from ours)."""
     return getattr(connection._loss, "_cc", None)
-
-
-def write_datagram_frame(
-    connection: QuicConnection, builder: QuicPacketBuilder, data: bytes, frame_type: QuicFrameType
-) -> bool:
-    """Write one DATAGRAM frame as ``connection`` does when it builds a packet."""
-    written: bool = connection._write_datagram_frame(
-        builder=builder, data=data, frame_type=frame_type
-    )
-    return written
 
 
 def stream_unsent_bytes(connection: QuicConnection, stream_id: int) -> int:

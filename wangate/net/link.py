@@ -27,10 +27,11 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.engine import DATAGRAM_OVERHEAD_BYTES, Channel
+from wangate.engine import DATAGRAM_OVERHEAD_BYTES, PathChannel
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
+from wangate.net.pacing import install_burstable_pacer
 
 if TYPE_CHECKING:
     from wangate.net.peer_driver import PeerDriver
@@ -110,8 +111,9 @@ class PathLink(QuicConnectionProtocol):
         self._decoder = ControlStreamDecoder()
         self._hello_sent = False
         self._protocol_errors = 0
+        install_burstable_pacer(quic)  # the control stream, paced by the model's rate
         # the path's data plane, from the handshake on: every datagram goes through it
-        self.channel: Channel | None = None
+        self.channel: PathChannel | None = None
         self._channel_timer: asyncio.TimerHandle | None = None
         self._channel_timer_at: float | None = None
         self._received = 0  # data-plane packets read since the last flush
@@ -164,7 +166,7 @@ class PathLink(QuicConnectionProtocol):
         got: bytes | list[bytes] | bool | None = False
         if channel is not None:
             try:
-                got = channel.receive(data, time.monotonic())
+                got = channel.receive(cast(bytes, data), time.monotonic())
             except RemoteProtocolError as exc:  # opened with the peer's key: its fault
                 self._protocol_error(exc)
                 got = None
@@ -239,7 +241,7 @@ class PathLink(QuicConnectionProtocol):
         address = compat.peer_address(self._quic)
         assert address is not None and self._transport is not None
         sock = self._transport.get_extra_info("socket")
-        self.channel = Channel(
+        self.channel = PathChannel(
             sock.fileno(),
             address,
             suite,
@@ -347,7 +349,7 @@ class PathLink(QuicConnectionProtocol):
             self._arm_channel_timer(channel, now)
         super().transmit()
 
-    def _arm_channel_timer(self, channel: Channel, now: float) -> None:
+    def _arm_channel_timer(self, channel: PathChannel, now: float) -> None:
         at = channel.timer(now)
         if at == self._channel_timer_at:
             return

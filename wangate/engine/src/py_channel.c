@@ -1,4 +1,4 @@
-/* wangate.engine._engine.Channel: a path's data plane (wg_channel.h) for Python.
+/* wangate.engine._engine.PathChannel: a path's data plane (wg_channel.h) for Python.
  *
  * Python hands it datagrams and received UDP payloads, and asks it to flush and when
  * to wake it; everything per packet happens in C. */
@@ -290,10 +290,10 @@ static PyGetSetDef Channel_getset[] = {
 static PySequenceMethods Channel_as_sequence = {.sq_length = (lenfunc)Channel_len};
 
 static PyTypeObject ChannelType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wangate.engine._engine.Channel",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wangate.engine._engine.PathChannel",
     .tp_basicsize = sizeof(ChannelObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Channel(fd, peer, suite, send_secret, recv_secret, max_packet_bytes, "
+    .tp_doc = "PathChannel(fd, peer, suite, send_secret, recv_secret, max_packet_bytes, "
               "initial_rtt_s, key_update_packets=2**22): one path's data plane",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Channel_init,
@@ -306,7 +306,7 @@ static PyTypeObject ChannelType = {
 int wg_py_add_channel_types(PyObject *module) {
     if (PyType_Ready(&ChannelType) < 0) return -1;
     Py_INCREF(&ChannelType);
-    if (PyModule_AddObject(module, "Channel", (PyObject *)&ChannelType) < 0) {
+    if (PyModule_AddObject(module, "PathChannel", (PyObject *)&ChannelType) < 0) {
         Py_DECREF(&ChannelType);
         return -1;
     }

@@ -53,6 +53,13 @@ static int next_recv_phase(wg_channel *ch, uint64_t pn) {
     return 0;
 }
 
+/* A packet of ours that carried an ACK was acknowledged: what that ACK said needs no
+ * saying again (RFC 9000 §13.2.4).  The token is the ACK's largest + 1, 0 for none. */
+static void ack_delivered(void *ctx, uint64_t pn, const wg_sent *packet) {
+    wg_channel *ch = ctx;
+    if (packet->token > 0) wg_received_forget(&ch->received, packet->token - 1);
+}
+
 int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen_t peer_len,
                     int suite, const uint8_t *send_secret, size_t send_len,
                     const uint8_t *recv_secret, size_t recv_len, size_t max_packet_bytes,
@@ -103,6 +110,8 @@ int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen
         return -1;
     }
     wg_received_init(&ch->received);
+    ch->recovery.on_acked = ack_delivered;
+    ch->recovery.on_acked_ctx = ch;
     return 0;
 }
 
@@ -180,6 +189,7 @@ static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int 
     uint8_t *frames = buf + WG_SHORT_HEADER_LEN;
     size_t off = 0;
     int acked = 0;
+    uint64_t token = 0;
     if (with_ack) {
         wg_ack ack;
         if (wg_received_ack(&ch->received, &ack, now, WG_ACK_DELAY_EXPONENT)) {
@@ -188,6 +198,7 @@ static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int 
             if (n > 0) {
                 off += n;
                 acked = 1;
+                token = ack.ranges[0].largest + 1;
             }
         }
     }
@@ -204,7 +215,7 @@ static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int 
     long sealed = wg_packet_seal(&ch->send_aead, &ch->send_hp, pn, buf, off, cap);
     if (sealed < 0) return -1;
     int eliciting = ping || datagram;
-    if (wg_recovery_on_sent(&ch->recovery, (size_t)sealed, eliciting, 0, now) < 0) return -1;
+    if (wg_recovery_on_sent(&ch->recovery, (size_t)sealed, eliciting, token, now) < 0) return -1;
     if (eliciting && !ch->burst) wg_pacer_update_after_send(&ch->recovery.pacer, now);
     if (acked) wg_received_ack_sent(&ch->received);
     if (datagram) {
