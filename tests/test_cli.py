@@ -54,6 +54,9 @@ def test_paths_json_has_the_contract_keys(sites: LoopbackSites) -> None:
         assert list(row) == every_key  # every row has every key, in the documented order
         assert row["state"] in ("up", "degraded")
         assert isinstance(row["capacity_mbps"], float) and row["capacity_mbps"] >= 0.0
+        plane = row["data_plane"]  # every datagram went through the path's channel
+        assert plane["packets_sent"] >= plane["datagrams_sent"] > 0
+        assert plane["not_opened"] == plane["send_errors"] == 0
         assert row["role"] in ("critical", "backup", "bulk")
         assert row["local"].startswith("127.0.10.")
         assert row["remote"].startswith("127.0.11.")

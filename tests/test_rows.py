@@ -27,6 +27,7 @@ UP: dict[str, Any] = {
     "lost_bytes": 12, "spurious_losses": 1, "rto_ms": 250.0, "peer_role": "bulk",
     "last_switch_s": 0.25, "last_switch_reason": "fiber-b lost 3 probes",
     "capacity_mbps": 95.5, "jobs": {"default": {"bytes_sent": 3 << 30, "datagrams_sent": 9000}},
+    "data_plane": {"packets_sent": 9001, "not_opened": 2, "smoothed_rtt_s": 0.09},
 }  # fmt: skip
 
 

@@ -66,6 +66,8 @@ class PathRow:
     worker: int | None = None  # the worker process that carries it ([workers] count >= 2)
     # per job: what it sent on this path ({"bytes_sent": n, "datagrams_sent": n})
     jobs: Mapping[str, Any] = field(default_factory=dict)
+    # the connection's data plane (proto/engine.md): its packet counters and controller
+    data_plane: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def not_connected(

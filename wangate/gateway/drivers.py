@@ -234,6 +234,8 @@ class DriverBackend:
                     }
                     for job, s in stats.items()
                 }
+                if link is not None and link.channel is not None:
+                    row["data_plane"] = link.channel.stats()
                 if path.name in view.path_names:
                     row.update(view.path_snapshot(path.name, now))
                     if link is None:
