@@ -64,6 +64,9 @@ ROW_UP: dict[str, Any] = {
     "role": "critical", "peer_state": "degraded", "capacity_mbps": 96.0,
     "jobs": {"default": {"bytes_sent": 100, "datagrams_sent": 1},
              "llama": {"bytes_sent": 123356, "datagrams_sent": 90}},
+    "data_plane": {"packets_sent": 91, "packets_received": 50, "lost_packets": 1,
+                   "not_opened": 4, "replayed": 3, "send_dropped": 0, "key_updates": 0,
+                   "congestion_window": 92928, "pacing_rate_bytes": 6250000.0},
 }  # fmt: skip
 ROW_DOWN: dict[str, Any] = {
     "peer": "sh", "path": 'we"ird', "local": "*", "remote": "(peer dials)", "state": "down",
@@ -171,6 +174,33 @@ wangate_path_lost_bytes_total{peer="sh",path="fiber-a"} 1200
 # HELP wangate_path_spurious_losses_total Datagrams declared lost that were acknowledged later.
 # TYPE wangate_path_spurious_losses_total counter
 wangate_path_spurious_losses_total{peer="sh",path="fiber-a"} 2
+# HELP wangate_data_plane_packets_sent_total Data-plane packets sent.
+# TYPE wangate_data_plane_packets_sent_total counter
+wangate_data_plane_packets_sent_total{peer="sh",path="fiber-a"} 91
+# HELP wangate_data_plane_packets_received_total Data-plane packets received and opened.
+# TYPE wangate_data_plane_packets_received_total counter
+wangate_data_plane_packets_received_total{peer="sh",path="fiber-a"} 50
+# HELP wangate_data_plane_packets_lost_total Data-plane packets declared lost (RFC 9002).
+# TYPE wangate_data_plane_packets_lost_total counter
+wangate_data_plane_packets_lost_total{peer="sh",path="fiber-a"} 1
+# HELP wangate_data_plane_not_opened_total Packets for this path failing header checks or the AEAD.
+# TYPE wangate_data_plane_not_opened_total counter
+wangate_data_plane_not_opened_total{peer="sh",path="fiber-a"} 4
+# HELP wangate_data_plane_replayed_total Packets seen before, or older than the replay window.
+# TYPE wangate_data_plane_replayed_total counter
+wangate_data_plane_replayed_total{peer="sh",path="fiber-a"} 3
+# HELP wangate_data_plane_send_dropped_total Packets the socket's full send buffer refused.
+# TYPE wangate_data_plane_send_dropped_total counter
+wangate_data_plane_send_dropped_total{peer="sh",path="fiber-a"} 0
+# HELP wangate_data_plane_key_updates_total Key phases moved to (RFC 9001 6).
+# TYPE wangate_data_plane_key_updates_total counter
+wangate_data_plane_key_updates_total{peer="sh",path="fiber-a"} 0
+# HELP wangate_data_plane_congestion_window_bytes The controller's window.
+# TYPE wangate_data_plane_congestion_window_bytes gauge
+wangate_data_plane_congestion_window_bytes{peer="sh",path="fiber-a"} 92928
+# HELP wangate_data_plane_pacing_rate_bytes_per_second The pacer's rate.
+# TYPE wangate_data_plane_pacing_rate_bytes_per_second gauge
+wangate_data_plane_pacing_rate_bytes_per_second{peer="sh",path="fiber-a"} 6250000
 # HELP wangate_peer_paths_up Paths to the peer now connected.
 # TYPE wangate_peer_paths_up gauge
 wangate_peer_paths_up{peer="sh"} 1

@@ -277,6 +277,30 @@ _PATH_VALUES: tuple[tuple[str, MetricKind, str, str, float], ...] = (
 )  # fmt: skip
 
 
+# (metric, kind, help, key of PathRow.data_plane): the connection's data plane
+_DATA_PLANE_VALUES: tuple[tuple[str, MetricKind, str, str], ...] = (
+    ("wangate_data_plane_packets_sent_total", "counter", "Data-plane packets sent.",
+     "packets_sent"),
+    ("wangate_data_plane_packets_received_total", "counter",
+     "Data-plane packets received and opened.", "packets_received"),
+    ("wangate_data_plane_packets_lost_total", "counter",
+     "Data-plane packets declared lost (RFC 9002).", "lost_packets"),
+    ("wangate_data_plane_not_opened_total", "counter",
+     "Packets for this path failing header checks or the AEAD.",
+     "not_opened"),
+    ("wangate_data_plane_replayed_total", "counter",
+     "Packets seen before, or older than the replay window.", "replayed"),
+    ("wangate_data_plane_send_dropped_total", "counter",
+     "Packets the socket's full send buffer refused.", "send_dropped"),
+    ("wangate_data_plane_key_updates_total", "counter", "Key phases moved to (RFC 9001 6).",
+     "key_updates"),
+    ("wangate_data_plane_congestion_window_bytes", "gauge", "The controller's window.",
+     "congestion_window"),
+    ("wangate_data_plane_pacing_rate_bytes_per_second", "gauge", "The pacer's rate.",
+     "pacing_rate_bytes"),
+)  # fmt: skip
+
+
 def _path_families(rows: Sequence[PathRow]) -> Iterator[Metric]:
     # with worker processes a path has one connection per worker: one series each
     per_worker = any(row.worker is not None for row in rows)
@@ -313,6 +337,12 @@ def _path_families(rows: Sequence[PathRow]) -> Iterator[Metric]:
             value: float | None = getattr(row, field_name)
             if value is not None:
                 family.add_metric(key(row), _clean(value if factor == 1 else value * factor))
+        yield family
+    for name, kind, help_text, data_key in _DATA_PLANE_VALUES:
+        family = _family(name, kind, help_text, base)
+        for row in rows:
+            if data_key in row.data_plane:
+                family.add_metric(key(row), _clean(float(row.data_plane[data_key])))
         yield family
 
 

@@ -48,7 +48,7 @@ int wg_received_ack_due(const wg_received *r, double now);
 void wg_received_ack_sent(wg_received *r);
 /* An ACK frame acknowledging packets up to `pn` was itself acknowledged: stop sending
  * ranges at or below `pn` (RFC 9000 §13.2.4; aioquic's _on_ack_delivery).  The replay
- * window is unchanged.  (Added to the header.) */
+ * window is unchanged. */
 void wg_received_forget(wg_received *r, uint64_t pn);
 
 #endif

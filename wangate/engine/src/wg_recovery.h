@@ -53,12 +53,12 @@ typedef struct wg_recovery_report {
  * controller hears of the batch, as aioquic calls delivery handlers; a callback must
  * not call wg_recovery functions (it may queue events). */
 typedef void (*wg_lost_fn)(void *ctx, uint64_t pn, const wg_sent *packet);
-typedef void (*wg_acked_fn)(void *ctx, uint64_t pn, const wg_sent *packet); /* added */
+typedef void (*wg_acked_fn)(void *ctx, uint64_t pn, const wg_sent *packet);
 
 typedef struct wg_recovery {
     wg_sent *ring;
     size_t ring_cap;      /* a power of two */
-    size_t ring_max;      /* added: the ring grows by doubling up to this */
+    size_t ring_max;      /* the ring grows by doubling up to this */
     uint64_t first_pn;    /* oldest packet number still in the ring */
     uint64_t next_pn;     /* the next to be sent */
     int64_t largest_acked; /* -1: none */
@@ -70,12 +70,12 @@ typedef struct wg_recovery {
     /* RTT (RFC 9002 §5), seconds; floored at 1 ms as aioquic does */
     int rtt_initialized;
     double rtt_latest, rtt_min, rtt_smoothed, rtt_variance, rtt_initial;
-    double rtt_first_sample_at; /* added: persistent congestion (§7.6.2) counts from it */
+    double rtt_first_sample_at; /* persistent congestion (§7.6.2) counts from it */
     wg_cc cc;
     wg_pacer pacer;
     wg_lost_fn on_lost; /* may be NULL */
     void *on_lost_ctx;
-    wg_acked_fn on_acked; /* added; may be NULL */
+    wg_acked_fn on_acked; /* may be NULL */
     void *on_acked_ctx;
 } wg_recovery;
 
