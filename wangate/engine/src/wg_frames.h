@@ -14,7 +14,8 @@
 #define WG_FRAME_DATAGRAM_LEN 0x31
 
 #define WG_MAX_ACK_RANGES 32 /* ranges kept and sent; older ones are dropped */
-#define WG_VARINT_MAX ((uint64_t)1 << 62) - 1
+/* parenthesized whole (it was not), so that it can be used in any expression */
+#define WG_VARINT_MAX (((uint64_t)1 << 62) - 1)
 
 /* An ACK frame's content: ranges of packet numbers, highest first. */
 typedef struct wg_ack_range {
@@ -27,7 +28,8 @@ typedef struct wg_ack {
     wg_ack_range ranges[WG_MAX_ACK_RANGES];
 } wg_ack;
 
-/* varints, RFC 9000 §16: the encoded size (1, 2, 4 or 8), writing, reading */
+/* varints, RFC 9000 §16: the encoded size (1, 2, 4 or 8; 0 above WG_VARINT_MAX),
+ * writing, reading */
 size_t wg_varint_len(uint64_t v);
 /* writes v at p if it fits in `cap`; returns bytes written, 0 if not */
 size_t wg_varint_put(uint8_t *p, size_t cap, uint64_t v);
@@ -51,8 +53,9 @@ typedef struct wg_parsed {
 } wg_parsed;
 
 /* Parse a packet's frames.  0, or -1 for a malformed or unknown frame, an ACK frame
- * whose ranges go below zero, a second ACK frame, or more than 16 DATAGRAM frames.
- * RFC 9000 §12.4: a packet with an unknown frame is an error. */
+ * whose ranges go below zero, a second ACK frame, more than 16 DATAGRAM frames, or no
+ * frames at all.  RFC 9000 §12.4: a packet with an unknown frame is an error, and so
+ * is a packet with no frames. */
 int wg_frames_parse(const uint8_t *p, size_t len, wg_parsed *out);
 
 #endif

@@ -30,6 +30,14 @@ void wg_short_header(uint8_t *buf, const uint8_t cid[WG_CID_LEN], int key_phase,
 long wg_packet_seal(wg_aead *aead, wg_hp *hp, uint64_t pn, uint8_t *buf, size_t frames_len,
                     size_t cap);
 
+/* Apply header protection (RFC 9001 §5.4.1) to any protected QUIC v1 packet at `buf`
+ * (`len` bytes, its payload already sealed) whose packet number starts at `pn_offset`;
+ * its length is the first byte's PP bits + 1.  Long headers (form bit set) mask 4 bits
+ * of the first byte, short ones 5.  0, or -1 when the sample would lie past `len`.
+ * wg_packet_seal uses it; it also lets the RFC 9001 Appendix A long-header vectors be
+ * checked against this code. */
+int wg_header_protect(wg_hp *hp, uint8_t *buf, size_t len, size_t pn_offset);
+
 /* Remove header protection in place from the packet at `buf` (`len` bytes, DCID
  * already matched by the caller).  On success sets *key_phase and *pn (decoded
  * against `largest_pn`, RFC 9000 §A.3, -1 when none yet) and returns 0; -1 if the
@@ -40,6 +48,14 @@ int wg_packet_unmask(wg_hp *hp, uint8_t *buf, size_t len, int64_t largest_pn, in
 /* Open the payload of an unmasked packet; returns the frames' length (they start at
  * buf + WG_SHORT_HEADER_LEN) or -1. */
 long wg_packet_open(wg_aead *aead, uint64_t pn, uint8_t *buf, size_t len);
+
+/* A data-plane direction's secret and the connection ID its receiver gets packets on,
+ * from that direction's TLS 1.3 application traffic secret 0 (proto/engine.md):
+ *     dp_secret = HKDF-Expand-Label(traffic_secret, "wangate dp", "", Hash.length)
+ *     cid       = HKDF-Expand-Label(dp_secret, "wangate cid", "", 8)
+ * `traffic_len` must be the suite's hash length.  0, or -1. */
+int wg_data_plane_derive(int suite, const uint8_t *traffic_secret, size_t traffic_len,
+                         wg_secret *dp_secret, uint8_t cid[WG_CID_LEN]);
 
 /* RFC 9000 §A.3 */
 uint64_t wg_decode_pn(int64_t largest_pn, uint64_t truncated, unsigned pn_nbits);
