@@ -26,6 +26,7 @@ fuzz_localapi fuzz_wire import_graph inbound inbound_progress lab_model localapi
 localapi_replies message names outbound outbox outbox_jobs pacing paths placement probe_rate
 rangeset replay scheduler workers_receiving workers_stripes
 engine_cc
+engine_recovery engine_received
 engine_crypto engine_frames"""
 SIM = """capacity governor late_timer liveness repair_budget rows selector session session_fec
 session_idle session_jobs session_reads"""

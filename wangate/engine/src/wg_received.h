@@ -33,15 +33,22 @@ void wg_received_init(wg_received *r);
 /* 1 if `pn` may be opened (new and within the window), 0 if not */
 int wg_received_is_new(const wg_received *r, uint64_t pn);
 /* A verified packet.  An ACK is due at once after WG_ACK_ELICITING_THRESHOLD
- * ack-eliciting packets, else `max_ack_delay_s` after the first. */
-void wg_received_add(wg_received *r, uint64_t pn, int ack_eliciting, double now,
-                     double max_ack_delay_s);
-/* 1 and the frame's content in *ack (ack_delay encoded with `ack_delay_exponent`) if
- * anything was received since the start; 0 if nothing ever was */
+ * ack-eliciting packets, else `max_ack_delay_s` after the first.  Returns 1 if it was
+ * recorded, 0 if it was not new (counted in `duplicates` or `too_old`; header change:
+ * the return value was void). */
+int wg_received_add(wg_received *r, uint64_t pn, int ack_eliciting, double now,
+                    double max_ack_delay_s);
+/* 1 and the frame's content in *ack (ack_delay encoded with `ack_delay_exponent`,
+ * at most 20 (RFC 9000 §18.2), larger values taken as 20) if there is anything to
+ * acknowledge; 0 if nothing was received, or all of it was forgotten */
 int wg_received_ack(const wg_received *r, wg_ack *ack, double now, unsigned ack_delay_exponent);
 /* 1 if an ACK is due at `now` (threshold reached or ack_at passed) */
 int wg_received_ack_due(const wg_received *r, double now);
 /* An ACK went out: nothing is owed until the next ack-eliciting packet. */
 void wg_received_ack_sent(wg_received *r);
+/* An ACK frame acknowledging packets up to `pn` was itself acknowledged: stop sending
+ * ranges at or below `pn` (RFC 9000 §13.2.4; aioquic's _on_ack_delivery).  The replay
+ * window is unchanged.  (Added to the header.) */
+void wg_received_forget(wg_received *r, uint64_t pn);
 
 #endif
