@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py Makefile $(ENGINE_SOURCES) | $(VENV)/bin/pytho
 	$(VENV)/bin/pip install -q -e '.[test]' 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
-.PHONY: setup demo test lint asan
+.PHONY: setup demo test lint asan leakcheck fuzz-setup fuzz-build fuzz fuzz-atheris
 setup: $(STAMP)
 
 demo: $(STAMP)
@@ -65,6 +65,59 @@ asan: $(STAMP)
 	if [ -n "$$(ls $(SAN_LOGS))" ]; then \
 		head -n 100 $(SAN_LOGS)/*; echo "make asan: sanitizer reports in $(SAN_LOGS)/"; status=1; \
 	fi; exit $$status
+
+# The engine's tests under valgrind (bench/engine/leaks.sh): fails on a block the engine
+# allocated and lost. PYTEST_ARGS picks the tests (default: engine crypto and frames).
+leakcheck: $(STAMP)
+	bench/engine/leaks.sh $(PYTEST_ARGS)
+
+# libFuzzer targets of the engine's decoders (wangate/engine/fuzz/README.md), built with
+# clang against the engine's C files (not the Python module's), ASan and UBSan on. Each
+# runs FUZZ_SECONDS from the corpus it grew before, seeded from the golden vectors.
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= $(shell command -v clang-14 || command -v clang)
+FUZZ_PACKAGES := clang-14 libclang-rt-14-dev
+FUZZ_DIR := wangate/engine/fuzz
+FUZZ_OUT := build/fuzz
+FUZZ_TARGETS := fuzz_frames fuzz_packet
+FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
+	-fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter
+ENGINE_C := $(filter-out %/module.c,$(filter-out wangate/engine/src/py_%,$(wildcard wangate/engine/src/*.c)))
+
+fuzz-setup:
+	@if [ "$$(id -u)" = 0 ]; then apt-get install -y $(FUZZ_PACKAGES); \
+	else echo "make fuzz-setup: as root, run: apt-get install -y $(FUZZ_PACKAGES)"; exit 1; fi
+
+$(FUZZ_OUT)/fuzz_%: $(FUZZ_DIR)/fuzz_%.c $(ENGINE_C) $(wildcard wangate/engine/src/*.h)
+	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
+	@mkdir -p $(FUZZ_OUT)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Iwangate/engine/src -o $@ $< $(ENGINE_C) -lcrypto
+
+fuzz-build: $(addprefix $(FUZZ_OUT)/,$(FUZZ_TARGETS))
+
+fuzz: fuzz-build $(STAMP)
+	$(VENV)/bin/python $(FUZZ_DIR)/make_seeds.py $(FUZZ_OUT)/seeds
+	@for t in $(FUZZ_TARGETS); do mkdir -p $(FUZZ_OUT)/corpus/$$t; \
+		$(FUZZ_OUT)/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-artifact_prefix=$(FUZZ_OUT)/$$t- $(FUZZ_OUT)/corpus/$$t $(FUZZ_OUT)/seeds/$$t \
+			$$(ls -d $(FUZZ_DIR)/regressions/$$t 2>/dev/null) || exit 1; \
+	done
+
+# The atheris harnesses of the engine through its binding (tests/fuzz/fuzz_engine_*.py),
+# FUZZ_SECONDS each, with the engine built by clang with libFuzzer's coverage; the normal
+# engine is reinstalled afterwards, as by make asan.
+ATHERIS_COVERAGE := -fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp
+fuzz-atheris: $(STAMP)
+	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
+	$(VENV)/bin/pip install -q 'atheris>=2.3'
+	rm -f $(STAMP)
+	@trap '$(VENV)/bin/pip install -q --no-deps -e . && touch $(STAMP)' EXIT; \
+	CC=$(FUZZ_CC) CFLAGS=$(ATHERIS_COVERAGE) $(VENV)/bin/pip install -q --no-deps -e . && \
+	for t in engine_frames engine_packet; do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
+		$(VENV)/bin/python tests/fuzz/fuzz_$$t.py $(FUZZ_OUT)/atheris/$$t tests/fuzz/corpus/$$t \
+			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			-artifact_prefix=$(FUZZ_OUT)/atheris/$$t- || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check wangate tests bench examples

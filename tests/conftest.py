@@ -27,7 +27,8 @@ localapi_replies message names outbound outbox outbox_jobs pacing paths placemen
 rangeset replay scheduler workers_receiving workers_stripes
 engine_cc
 engine_recovery engine_received
-engine_crypto engine_frames"""
+engine_crypto engine_frames
+engine_fuzz_regressions"""
 SIM = """capacity governor late_timer liveness repair_budget rows selector session session_fec
 session_idle session_jobs session_reads"""
 DAEMONS = """aioquic_compat auth cli client client_timeout collective congestion connect_race
