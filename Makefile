@@ -31,22 +31,19 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 	WANGATE_TEST_WORKERS=2 $(VENV)/bin/python -m pytest -q -m "not single_process and not slow" $(WORKER_TESTS)
 
-# The suite once more against an engine built with AddressSanitizer and UBSan
-# (WANGATE_ENGINE_SANITIZE=1, setup.py). gcc's sanitizer runtimes are preloaded into the
-# interpreter and, through the environment, into every daemon a test starts. Whatever
-# the engine mallocs is checked, and so is every Python buffer over 512 bytes (pymalloc
-# hands those to malloc): packets and batches. SAN_PYTHONMALLOC=malloc sends the small
-# objects through ASan too, at twice the cost. CPython is not instrumented and keeps
-# memory it never frees, so leaks are not reported here (make leakcheck). Reports go to
-# files in $(SAN_LOGS), one per process (pytest's capture would swallow them, a
-# daemon's log is deleted with its test): any report fails the run. libubsan is preloaded
-# before libasan, or UBSan's reports ignore log_path (both runtimes export the function
-# that sets it); verify_asan_link_order=0 allows that order. The normal engine is
-# reinstalled afterwards, pass or fail; if that is interrupted, the missing stamp makes
-# the next make rebuild it.
-# Cost, measured on a mix of daemon, sim and pure tests: 1.1x the wall time of a normal
-# run (1.25x its CPU time), plus two engine builds of 3 s each; SAN_PYTHONMALLOC=malloc:
-# 2x. The whole suite: about 7.5 min where make test's first run takes 6.5.
+# The suite once more against an engine built with ASan and UBSan (WANGATE_ENGINE_SANITIZE=1,
+# setup.py). gcc's runtimes are preloaded into the interpreter and, through the
+# environment, into every daemon a test starts. What the engine mallocs is checked, and
+# every Python buffer over 512 bytes (pymalloc hands those to malloc): packets, batches;
+# SAN_PYTHONMALLOC=malloc checks the small objects too. CPython itself keeps memory it
+# never frees, so leaks are left to make leakcheck. Reports go to files in $(SAN_LOGS),
+# one per process (pytest's capture or a deleted daemon log would hide them); any report
+# fails the run. libubsan comes first in LD_PRELOAD, or its reports ignore log_path;
+# verify_asan_link_order=0 allows that. The normal engine is reinstalled afterwards,
+# pass or fail (interrupted, the missing stamp makes the next make reinstall it).
+# Cost, against a normal run: 1.1x the wall time of daemon, sim and pure tests (1.25x
+# their CPU), 1.7x that of the torch tests, plus two engine builds (5 s each): 8 to 10 min
+# for the suite where make test's first run takes 6.5; twice that with SAN_PYTHONMALLOC=malloc.
 # One file while working: make asan PYTEST_ARGS="tests/test_config.py"
 PYTEST_ARGS ?=
 SAN_LOGS := build/sanitizer
