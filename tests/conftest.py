@@ -25,7 +25,8 @@ config_access config_jobs error_codes estimator fairqueue fec frames fuzz_codec 
 fuzz_localapi fuzz_wire import_graph inbound inbound_progress lab_model localapi_protocol
 localapi_replies message names outbound outbox outbox_jobs pacing paths placement probe_rate
 rangeset replay scheduler workers_receiving workers_stripes
-engine_crypto engine_frames engine_cc engine_recovery engine_received"""
+engine_crypto engine_frames engine_cc engine_recovery engine_received
+engine_fuzz_regressions"""
 SIM = """capacity governor late_timer liveness repair_budget rows selector session session_fec
 session_idle session_jobs session_reads"""
 DAEMONS = """aioquic_compat auth cli client client_timeout collective congestion connect_race

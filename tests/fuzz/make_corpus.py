@@ -8,6 +8,7 @@ Inputs that once broke a target are kept beside them as ``regression-<what>``.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import targets  # type: ignore[import-not-found]
@@ -16,6 +17,7 @@ from wangate.core.coding import CodingShape
 from wangate.core.fec import BlockEncoder
 from wangate.core.frames import encode_repair, encode_shard
 from wangate.core.message import MessageHeader, message_checksum
+from wangate.engine import _engine
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "proto" / "vectors"
@@ -64,6 +66,26 @@ def reassembly_seeds() -> list[bytes]:
     return [targets.reassembly_input(d) for d in (list(shards.values()), lossy, bad)]
 
 
+def engine_seeds() -> dict[str, list[bytes]]:
+    """The engine's golden packet (opened against the largest it names) and its frames,
+    and a few packets sealed with the engine_packet target's keys, every suite."""
+    frames, packets = [], []
+    for path in sorted(VECTORS.glob("engine_*.hex")):
+        text = path.read_text()
+        fields = json.loads(text.partition("# fields: ")[2].partition("\n")[0])
+        frames.append(bytes.fromhex(fields["frames"]))
+        packet = hex_vector(path.stem)
+        packets.append(targets.engine_packet_input(fields["suite"], fields["largest_pn"], packet))
+    ack = _engine.encode_ack([(20, 30), (10, 15), (0, 3)], 25)
+    frames += [ack, b"\x01", b"\x01\x00\x00", b"\x31\x03abc\x30rest"]
+    for suite in targets.ENGINE_SUITES:
+        key = targets.engine_secret(suite)
+        for pn, body in ((0, b"\x01"), (7, ack + b"\x30data"), (2**31 + 5, b"\x00" * 40)):
+            packet = _engine.seal_short_packet(suite, key, bytes(range(8)), pn == 7, pn, body)
+            packets.append(targets.engine_packet_input(suite, pn - 1, packet))
+    return {"engine_frames": frames, "engine_packet": packets}
+
+
 def seeds() -> dict[str, list[bytes]]:
     control = [hex_vector(f"wire_{name}") for name in CONTROL]
     localapi = [hex_vector(path.stem) for path in sorted(VECTORS.glob("localapi_*.hex"))]
@@ -110,6 +132,7 @@ def seeds() -> dict[str, list[bytes]]:
             b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",
         ],
         "probe_packet": [hex_vector(path.stem) for path in sorted(VECTORS.glob("probe_*.hex"))],
+        **engine_seeds(),
     }
 
 

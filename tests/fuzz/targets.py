@@ -24,6 +24,7 @@ import tempfile
 import zlib
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from wangate.codec import decode_tensor, encode_tensor, parse_spec, read_meta
 from wangate.codec.frame import CODEC_NONE
@@ -471,6 +472,81 @@ def metrics_request_head(data: bytes) -> None:
         assert method.isalpha() and path.startswith("/") and "?" not in path
 
 
+# ------------------------------------------------------------------ the engine (C)
+
+VARINT_MAX = 2**62 - 1
+ENGINE_SUITES = (0x1301, 0x1302, 0x1303)
+
+
+def engine_secret(suite: int) -> bytes:
+    """The engine_packet target's keys, the same as wangate/engine/fuzz/fuzz_packet.c's:
+    AES-128-GCM the golden vector's dp_secret, the others byte i = (suite + 31 i) % 256."""
+    if suite == 0x1301:
+        text = (
+            (Path(__file__).resolve().parents[2] / "proto" / "vectors")
+            .joinpath("engine_short_packet_aes128gcm.hex")
+            .read_text()
+        )
+        return bytes.fromhex(text.split('"dp_secret": "')[1].split('"')[0])
+    return bytes((suite + 31 * i) % 256 for i in range(48 if suite == 0x1302 else 32))
+
+
+def _engine_module() -> Any:
+    """``wangate.engine._engine``, imported on first use: an engine built with coverage for
+    atheris (fuzz_engine_*.py) loads only once the fuzzer runs."""
+    from wangate.engine import _engine
+
+    return _engine
+
+
+def engine_frames(data: bytes) -> None:
+    """``_engine.parse_frames`` and ``decode_varint`` through the binding: a parsed ACK
+    encodes (``encode_ack``) to a frame that parses back to it; a varint to its value."""
+    _engine = _engine_module()
+    with contextlib.suppress(RemoteProtocolError):  # truncated: the frames are refused too
+        value, size = _engine.decode_varint(data)
+        assert size == 1 << (data[0] >> 6) and 0 <= value <= VARINT_MAX
+        shortest = _engine.encode_varint(value)
+        assert len(shortest) <= size and _engine.decode_varint(shortest) == (value, len(shortest))
+    parsed = _engine.parse_frames(data)
+    assert sum(len(d) for d in parsed["datagrams"]) < len(data)
+    assert parsed["ack_eliciting"] or not parsed["datagrams"]
+    ack = parsed["ack"]
+    if ack is not None:
+        frame = _engine.encode_ack(ack["ranges"], ack["ack_delay"])
+        assert _engine.parse_frames(frame) == {"ack_eliciting": False, "ack": ack, "datagrams": []}
+
+
+def engine_packet_input(suite: int, largest_pn: int, packet: bytes) -> bytes:
+    """The engine_packet target's input: suite index, largest_pn + 1 (u64), the packet."""
+    return bytes([ENGINE_SUITES.index(suite)]) + struct.pack(">Q", largest_pn + 1) + packet
+
+
+def engine_packet(data: bytes) -> None:
+    """``_engine.open_short_packet`` with fixed keys (byte 0: the suite, bytes 1-8: the
+    largest packet number received + 1), then ``Received``: a packet that opens seals
+    again to exactly its bytes, and its packet number is new once, then not."""
+    _engine = _engine_module()
+    if len(data) < 9:
+        return
+    suite = ENGINE_SUITES[data[0] % 4 % 3]
+    largest = struct.unpack(">Q", data[1:9])[0] % (VARINT_MAX + 2) - 1
+    packet = data[9:]
+    key = engine_secret(suite)
+    key_phase, pn, frames_ = _engine.open_short_packet(suite, key, packet, largest)
+    assert len(frames_) == len(packet) - 29
+    if pn > VARINT_MAX:  # decoded next to the largest packet number there can be
+        return
+    resealed = _engine.seal_short_packet(suite, key, packet[1:9], bool(key_phase), pn, frames_)
+    assert resealed == packet
+    received = _engine.Received()
+    assert received.is_new(pn)
+    assert received.add(pn, True, 0.0, 0.025)
+    assert not received.is_new(pn) and not received.add(pn, True, 0.0, 0.025)
+    assert received.ack(0.0)[0] == [(pn, pn)]
+    _engine.parse_frames(frames_)
+
+
 TARGETS = {
     "datagram": datagram,
     "control_stream": control_stream,
@@ -484,6 +560,8 @@ TARGETS = {
     "fec_block": fec_block,
     "reassembly": reassembly,
     "metrics_request_head": metrics_request_head,
+    "engine_frames": engine_frames,
+    "engine_packet": engine_packet,
 }
 
 
