@@ -106,6 +106,9 @@ def test_a_restarted_peer_leaves_nothing_in_flight_and_fresh_receivers() -> None
     assert a.sender.inflight == {}
     assert (a.receiver.newest_seq, a.receiver.received_bytes) == (0, 64)
     assert a.receiver.ack_deadline() is None
+    # nor in the estimator's count (before, it stayed there for good: bulk planning and
+    # the FEC tails saw the path fuller than it was)
+    assert a.sender.estimator.bytes_in_flight == 0
 
 
 def test_the_best_srtt_is_of_connected_paths() -> None:

@@ -103,10 +103,13 @@ class PathTable:
         return self.move(path, record, state.kind, state.reason), went_down
 
     def peer_restarted(self) -> None:
-        """The peer is a new instance: nothing of ours is in flight to it any more, and
-        it counts its sequence numbers and its clock afresh."""
+        """The peer is a new instance: nothing of ours is in flight to it any more (nor
+        in the path's estimate of it), and it counts its sequence numbers and its clock
+        afresh."""
         for record in self.records.values():
-            record.sender.take_all_inflight()
+            estimator = record.sender.estimator
+            for sent in record.sender.take_all_inflight():
+                estimator.on_abandoned(sent.size_bytes, sent.sent_at)
             record.receiver = PathReceiver(received_bytes=record.receiver.received_bytes)
 
     # ------------------------------------------------------------------- reads
