@@ -300,7 +300,6 @@ class PathRecord:
     state: PathStateKind = PathStateKind.UP
     why: str = "connected"
     probe_heard_at: float = -math.inf  # the peer's last keep-alive probe on this path
-    credit_sent_at: float = -math.inf
 
     @property
     def usable(self) -> bool:

@@ -1,7 +1,7 @@
 """Our side of sending to one peer: messages from submit to the peer's "done", what each
 path carries next, and what a lost datagram sends again.
 
-Part of ``PeerSession`` (which owns the paths and the event queue it shares): a
+Part of ``PeerSession`` (whose path table, control outbox and event queue it shares): a
 message waits in the ``Outbox`` until the peer's credit admits it, then the
 ``OutboundQueue`` cuts it into pieces that the ``PathScheduler`` places, critical
 pieces on the critical route and bulk where it finishes first. Keep-alive probes go
@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 
 from wangate.core.buffer import Buffer
+from wangate.core.control_outbox import ControlOutbox
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, MessageDelivered, SendFailed
 from wangate.core.fairqueue import JobSendStats
@@ -46,6 +47,7 @@ from wangate.core.scheduler import (
     PathScheduler,
 )
 from wangate.core.states import PathStateKind
+from wangate.core.timers import TimerName
 
 PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 # An idle path needs one probe per interval between the two sites, not one each way:
@@ -68,6 +70,7 @@ class Sender:
         peer: str,
         paths: dict[str, PathRecord],
         events: deque[Event],
+        control: ControlOutbox,
         now: float,
         coding: CodingPolicy | None,
         governor: BulkGovernor | None,
@@ -76,13 +79,13 @@ class Sender:
         self.peer = peer
         self._paths = paths  # the session's, shared
         self._events = events  # the session's, shared
+        self._control_outbox = control  # the session's: a new critical route is news to the peer
         self._next_msg_id = 1
         self.outbox = Outbox(peer)  # submitted, not yet admitted by credit; deadlines
         self.queue = OutboundQueue(coding)
         self.queue.waiting = self.outbox.waiting
         self.queue.header_bytes = message_header_bytes
         self.scheduler = PathScheduler()
-        self.route_dirty = False  # tell the peer our critical route
         self.last_critical_at = -CRITICAL_ACTIVE_S
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self.governor = governor or BulkGovernor(target_delay_s=math.inf)
@@ -188,17 +191,18 @@ class Sender:
             if message.acked_at is not None and now - message.acked_at > timeout_s:
                 self.queue.poke(message.msg_id)
 
-    def deadlines(self) -> list[float]:
-        """When sending needs the timer next (with ``probe_due_at`` and the paths' own)."""
-        deadlines = [self.scheduler.next_select_at]
+    def deadlines(self) -> dict[TimerName, float]:
+        """When sending needs the timer next, by name (a name absent: not now); with
+        ``probe_due_at`` and the paths' own, the session adds to it."""
+        deadlines: dict[TimerName, float] = {"route selection": self.scheduler.next_select_at}
         message_deadline = self.outbox.next_deadline(self.queue.messages)
         if message_deadline is not None:
-            deadlines.append(message_deadline)
+            deadlines["message deadline"] = message_deadline
         if self.queue.messages:
-            deadlines.append(self._done_check_at)
+            deadlines["done check"] = self._done_check_at
             bulk_at = self.governor.next_allowed_at()
             if bulk_at is not None and self.queue.has_bulk_work:
-                deadlines.append(bulk_at)
+                deadlines["bulk pacing"] = bulk_at
         return deadlines
 
     def set_peer_limits(self, max_message_bytes: int) -> None:
@@ -395,7 +399,7 @@ class Sender:
         change = self.scheduler.update(now, self._estimators(), open_paths, interval_s)
         if change is not None:
             self._events.append(change)
-            self.route_dirty = True
+            self._control_outbox.owe_route()
             left = self._paths.get(change.previous or "")
             if left is not None and left.sender.estimator.state(now).kind != PathStateKind.UP:
                 self._rescue_critical(left)

@@ -19,9 +19,16 @@ Delivery (proto/delivery.md): a message is *done* when the peer gateway holds al
 (``MessagesDone``) and *taken* when a trainer there took it (``MessagesTaken``). Between
 the two the sender keeps its (id, tag, step): if the peer restarts, those fail.
 
-``PeerSession`` is the one facade. Sending is ``wangate.core.sending``, the control
-streams (acks, credit, done, taken) ``wangate.core.control``, one path's record
-``wangate.core.paths``, the peer's state ``wangate.core.liveness``.
+``PeerSession`` is the one facade, and its collaborators own their state, as aioquic's
+``QuicConnection`` delegates to its recovery and streams: the paths' records and which
+are up (``PathTable``, ``wangate.core.path_table``; one record is
+``wangate.core.paths``), sending (``Sender``, ``wangate.core.sending``), what we owe the
+peer on the control streams (``ControlOutbox``, ``wangate.core.control_outbox``) and
+what it sends there (``ControlStreams``, ``wangate.core.control``), receiving
+(``Reassembly``, ``wangate.core.inbound``), the peer's state (``PeerLiveness``,
+``wangate.core.liveness``) and every deadline (``TimerTable``, ``wangate.core.timers``).
+The session keeps what spans them: the order in which an input or the timer reaches
+each (ARCHITECTURE.md, "The service order of a peer's session").
 """
 
 from __future__ import annotations
@@ -32,57 +39,35 @@ from collections.abc import Callable, Mapping
 
 from wangate.core.buffer import Buffer
 from wangate.core.control import ControlStreams
-from wangate.core.estimator import PathEstimator
-from wangate.core.events import Event, PathStateChanged, PeerStateChanged
+from wangate.core.control_outbox import ControlOutbox
+from wangate.core.events import Event, PeerStateChanged
 from wangate.core.fairqueue import JobSendStats
-from wangate.core.frames import (
-    MAX_DATAGRAM_HEADER_BYTES,
-    ControlFrame,
-    ProbeDatagram,
-    RepairDatagram,
-    decode_datagram,
-)
+from wangate.core.frames import ControlFrame, ProbeDatagram, RepairDatagram, decode_datagram
 from wangate.core.governor import BulkGovernor
-from wangate.core.inbound import (
-    DEFAULT_IDLE_TIMEOUT_S,
-    MAX_DONE_PENDING,
-    Allocate,
-    Free,
-    Reassembly,
-)
+from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, Allocate, Free, Reassembly
 from wangate.core.jobs import JobPolicy
-from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
+from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PeerLiveness
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
-from wangate.core.paths import (
-    CRITICAL_ACK_DELAY_S,
-    MAX_ACK_DELAY_S,
-    PathReceiver,
-    PathRecord,
-    PathSender,
-)
+from wangate.core.path_table import PathTable
+from wangate.core.paths import CRITICAL_ACK_DELAY_S, MAX_ACK_DELAY_S, PathRecord
 from wangate.core.sending import Sender
 from wangate.core.states import PathStateKind, PeerStateKind
+from wangate.core.timers import LATE_TIMER_RECHECK_S as LATE_TIMER_RECHECK_S
+from wangate.core.timers import LATE_TIMER_S as LATE_TIMER_S
+from wangate.core.timers import TimerTable
 from wangate.errors import LocalProtocolError, PeerUnreachable
 
-# A timer that fires this late says our process was held up (a busy host): acks that
-# arrived meanwhile may still wait unread, and judging the paths now would declare lost
-# what they cover (each in-flight datagram past its timeout: a second of repairs for
-# nothing). The timer's work waits for one more turn of the driver's loop, which reads
-# the sockets first (no timer is armed sooner than 1 ms: uvloop polls before it fires).
-LATE_TIMER_S = 0.005
-LATE_TIMER_RECHECK_S = 0.001
-# After a late timer the peer has this many of its best path's round trips (at least
-# ANSWER_MIN_S) to answer what we send on waking before it can be judged unreachable.
+# After a late timer (``wangate.core.timers``) the peer has this many of its best path's
+# round trips (at least ANSWER_MIN_S) to answer what we send on waking before it can be
+# judged unreachable.
 ANSWER_RTTS = 3
 ANSWER_MIN_S = 0.05
-MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
 
 
 class PeerSession:
-    """One peer's session: the paths, the peer's liveness, receiving and the timer
-    here; sending (``Sender``) and the control streams (``ControlStreams``) share its
-    path records and its event queue."""
+    """One peer's session: its collaborators (see the module notes) share its event
+    queue and its path table's records; what an input or the timer does is here."""
 
     def __init__(
         self,
@@ -105,11 +90,8 @@ class PeerSession:
         # a window below one message could never admit that message
         self.inbox_window_bytes = max(inbox_window_bytes, max_message_bytes)
         self._events: deque[Event] = deque()
-        self._paths: dict[str, PathRecord] = {}
-        self._send = Sender(local_site, peer, self._paths, self._events, now, coding, governor)
-        self._queue, self._scheduler = self._send.queue, self._send.scheduler
-        self._liveness = PeerLiveness(peer_dead_s, now)
-        self.configured_paths = configured_paths
+        self._path_table = PathTable(self._events, configured_paths)
+        self._paths = self._path_table.records  # shared with the sender and the control
         self._inbound = Reassembly(
             max_message_bytes,
             self.inbox_window_bytes,
@@ -117,14 +99,31 @@ class PeerSession:
             idle_timeout_s=partial_idle_s,
             screen=screen,
         )
-        self._control = ControlStreams(
-            self._paths, self._events, self._send, self._inbound, self.inbox_window_bytes
+        self._control_outbox = ControlOutbox(self._paths, self._inbound)
+        self._send = Sender(
+            local_site, peer, self._paths, self._events, self._control_outbox, now, coding, governor
         )
+        self._queue, self._scheduler = self._send.queue, self._send.scheduler
+        self._liveness = PeerLiveness(peer_dead_s, now)
+        self._control = ControlStreams(
+            self._events, self._send, self._inbound, self.inbox_window_bytes
+        )
+        self._timers = TimerTable()
         self._largest_msg_id_in = 0  # against which truncated message ids are expanded
-        self._timer_at: float | None = None  # what get_timer last asked for
-        self._recheck_at: float | None = None  # a late timer's work, after a read
-        self._answer_by: float | None = None  # a late timer's judgement of the peer
-        self.late_timers = 0  # timers that fired late enough to wait for a read first
+
+    @property
+    def configured_paths(self) -> int:
+        """The peer is "up" only with this many paths up."""
+        return self._path_table.configured_paths
+
+    @configured_paths.setter
+    def configured_paths(self, count: int) -> None:
+        self._path_table.configured_paths = count
+
+    @property
+    def late_timers(self) -> int:
+        """Timers that fired late enough to wait for a read first."""
+        return self._timers.late_timers
 
     # ------------------------------------------------------------------- paths
 
@@ -134,22 +133,13 @@ class PeerSession:
 
     def path_up(self, path: str, *, datagram_bytes: int, now: float) -> None:
         """A path's connection is established and authenticated."""
-        if datagram_bytes < MIN_DATAGRAM_BYTES:
-            raise LocalProtocolError(f"path {path}: datagrams of {datagram_bytes} B are too small")
-        record = self._paths.get(path)
-        if record is None:
-            record = PathRecord(PathSender(path, datagram_bytes, PathEstimator()), PathReceiver())
-            self._paths[path] = record
-        sender = record.sender
-        sender.datagram_bytes = datagram_bytes
-        record.connected = True
-        sender.last_sent_at = now  # first probe after an interval: the peer may not be ready
-        sender.estimator.on_heard(now)
+        record = self._path_table.connect(path, datagram_bytes, now)
         self._heard_peer(now)
-        self._control.credit_dirty.add(path)
-        self._send.route_dirty = True
+        self._control_outbox.owe_credit(path)
+        self._control_outbox.owe_route()
         # a degraded path whose connection was replaced is not news
-        self._move_path(path, record, PathStateKind.UP, "connected", quiet=not record.usable)
+        quiet = not record.usable
+        self._path_table.move(path, record, PathStateKind.UP, "connected", quiet=quiet)
         self._send.reselect(now)
 
     def path_down(self, path: str, now: float, reason: str) -> None:
@@ -158,48 +148,25 @@ class PeerSession:
         if record is None:
             return
         self._gone(path, record, now)
-        record.connected = False
-        self._move_path(path, record, PathStateKind.DOWN, reason)
-        # acks owed on the old connection die with it; the byte count carries on, and so
-        # do the references the peer's truncated sequence numbers and stamps expand against
-        old = record.receiver
-        record.receiver = PathReceiver(
-            newest_seq=old.newest_seq,
-            clock_units=old.clock_units,
-            received_bytes=old.received_bytes,
-        )
+        self._path_table.disconnect(path, record, reason)
         self._send.reselect(now)
 
     def _gone(self, path: str, record: PathRecord, now: float) -> None:
         """``path`` carries nothing more (closed, or silent past its timeout): what it had
         in flight goes out elsewhere, and so do the frames about whole messages it may
         have taken with it."""
-        sender = record.sender
-        self._send.requeue(record, sender.take_all_inflight(), outage=True)
-        sender.estimator.forget_losses()
-        self._control.path_lost(path, now)
-
-    def _move_path(
-        self, path: str, record: PathRecord, state: PathStateKind, why: str, *, quiet: bool = False
-    ) -> bool:
-        """Every change of a path's state: reported as ``PathStateChanged`` unless
-        ``quiet``; whether it changed."""
-        changed = record.move(path, state, why)
-        if changed and not quiet:
-            self._events.append(PathStateChanged(path, state, why))
-        return changed
+        self._send.requeue(record, self._path_table.outage(record), outage=True)
+        self._control_outbox.path_lost(path, now)
 
     def peer_restarted(self, now: float) -> None:
         """The peer came back as a new instance: it forgot everything in progress, and
         every message it held for its trainers is lost."""
         self._send.peer_restarted()
         self._control.peer_restarted()
+        self._control_outbox.peer_restarted()
         self._liveness.restarted(now)
         self._update_liveness(now)
-        for record in self._paths.values():
-            record.sender.take_all_inflight()
-            # the new instance counts its sequence numbers and its clock afresh
-            record.receiver = PathReceiver(received_bytes=record.receiver.received_bytes)
+        self._path_table.peer_restarted()
         self._largest_msg_id_in = 0
         self._inbound.peer_restarted()
 
@@ -212,15 +179,11 @@ class PeerSession:
     def peer_state(self, now: float) -> tuple[PeerStateKind, str]:
         """(state, reason): the state is up, degraded, unreachable or restarted."""
         state = self._judged_state(now)
-        return state, self._liveness.reason(now, *self._paths_up(), state)
-
-    def _paths_up(self) -> tuple[int, int]:
-        up = sum(1 for r in self._paths.values() if r.connected and r.state == PathStateKind.UP)
-        return up, max(self.configured_paths, len(self._paths))
+        return state, self._liveness.reason(now, *self._path_table.paths_up(), state)
 
     def _update_liveness(self, now: float) -> None:
         liveness = self._liveness
-        paths = self._paths_up()
+        paths = self._path_table.paths_up()
         state = liveness.classify(now, *paths)
         if state == PeerStateKind.UNREACHABLE and not liveness.unreachable:
             liveness.unreachable = True
@@ -237,17 +200,12 @@ class PeerSession:
         was held up and the peer's silence includes ours. What the peer sent meanwhile
         may wait unread, or it may have sent nothing (no DATAGRAM gets through a window
         full of ours unacknowledged). So the timer judges the peer only once it had the
-        time to answer what we send on waking (LATE_TIMER_S, ``_answer_wait_s``)."""
-        if self._recheck_at is not None:
-            return True
-        if self._answer_by is not None and now < self._answer_by:
-            return True
-        return self._timer_at is not None and now - self._timer_at > LATE_TIMER_S
+        time to answer what we send on waking (``TimerTable``, ``_answer_wait_s``)."""
+        return self._timers.held_up(now)
 
     def _answer_wait_s(self) -> float:
         """How long the peer may take to answer: a few round trips of its best path."""
-        srtts = [r.sender.estimator.srtt_s for r in self._paths.values() if r.connected]
-        wait_s = max(ANSWER_MIN_S, ANSWER_RTTS * min(srtts, default=0.0))
+        wait_s = max(ANSWER_MIN_S, ANSWER_RTTS * self._path_table.best_srtt_s())
         return min(wait_s, self._liveness.peer_dead_s)
 
     def _judged_state(self, now: float) -> PeerStateKind:
@@ -255,7 +213,7 @@ class PeerSession:
         paths, a send): nothing changes. While held up, the state last committed."""
         if self._held_up(now):
             return self._liveness.state
-        return self._liveness.classify(now, *self._paths_up())
+        return self._liveness.classify(now, *self._path_table.paths_up())
 
     def check_reachable(self, now: float) -> None:
         """Raise ``PeerUnreachable`` while the peer is unreachable."""
@@ -345,7 +303,9 @@ class PeerSession:
 
     def control_to_send(self, path: str, now: float) -> bytes:
         """Control frames due on ``path``'s stream (may be empty)."""
-        return self._control.to_send(path, now)
+        route = self._scheduler.selector.current
+        granted = self._control.granted_bytes
+        return self._control_outbox.to_send(path, now, granted_bytes=granted, route=route)
 
     # --------------------------------------------------------------- receiving
 
@@ -377,10 +337,9 @@ class PeerSession:
         """A trainer took received message ``msg_id``: its bytes no longer count against
         the window, and the sender learns it was delivered."""
         self._inbound.release(body_bytes)
-        control = self._control
-        control.credit_dirty.update(self._paths)
-        if msg_id and len(control.taken_pending) < MAX_DONE_PENDING:
-            control.taken_pending[msg_id] = None
+        self._control_outbox.owe_credit_everywhere()
+        if msg_id:
+            self._control_outbox.owe_taken(msg_id)
 
     @property
     def granted_bytes(self) -> int:
@@ -389,10 +348,7 @@ class PeerSession:
     def _heard(self, path: str, record: PathRecord, now: float) -> None:
         """Anything at all arrived on ``path``: a path declared down is back."""
         self._heard_peer(now)
-        record.sender.estimator.on_heard(now)
-        if not record.usable and record.connected:
-            record.sender.back_at = now
-            self._move_path(path, record, PathStateKind.UP, "heard again")
+        self._path_table.heard(path, record, now)
 
     def handle_control(self, path: str, frame: ControlFrame, now: float) -> None:
         """One control frame from the peer on ``path``'s stream, dispatched by its type;
@@ -406,74 +362,67 @@ class PeerSession:
     # ------------------------------------------------------------ timers/events
 
     def get_timer(self) -> float | None:
+        """The next deadline: the timer table's earliest, each named deadline set afresh
+        from its owner (a name absent: not now)."""
+        timers = self._timers
         deadlines = self._send.deadlines()
-        liveness_at = self._liveness.next_change_at()
-        if self._answer_by is not None:  # the peer is not judged before then
-            liveness_at = max(liveness_at, self._answer_by)
-        deadlines.append(liveness_at)
-        if self._inbound.inbound and self._hearing_peer():  # get_timer runs per datagram
-            expiry = self._inbound.next_expiry()
+        # the peer is not judged before the answer-by hold
+        deadlines["peer liveness"] = timers.not_before_answer(self._liveness.next_change_at())
+        inbound = self._inbound
+        if inbound.inbound and self._path_table.hearing_peer():  # get_timer runs per datagram
+            expiry = inbound.next_expiry()
             if expiry is not None:
-                deadlines.append(expiry)
+                deadlines["inbound expiry"] = expiry
         for name, record in self._paths.items():
             if not record.connected:
                 continue  # nothing in flight, nothing owed, and no probe until path_up
             sender = record.sender
             loss = sender.loss_deadline()
             if loss is not None:
-                deadlines.append(loss)
-            deadlines.append(self._send.probe_due_at(name, record))
+                deadlines["loss", name] = loss
+            deadlines["probe", name] = self._send.probe_due_at(name, record)
             heard_at = sender.estimator.last_heard_at
             if record.usable and heard_at is not None:
-                deadlines.append(heard_at + sender.estimator.silence_timeout_s())
+                deadlines["silence", name] = heard_at + sender.estimator.silence_timeout_s()
             ack = record.receiver.ack_deadline()
             if ack is not None:
-                deadlines.append(ack)
-        timer = min(deadlines)
-        if self._recheck_at is not None:
-            timer = max(timer, self._recheck_at)  # nothing is judged before that read
-        self._timer_at = timer
-        return timer
-
-    def _hearing_peer(self) -> bool:
-        return any(r.open for r in self._paths.values())
+                deadlines["ack", name] = ack
+        return timers.arm(deadlines)
 
     def _expire_inbound(self, now: float) -> None:
         inbound = self._inbound
         if not inbound.inbound:
             return
-        if not self._hearing_peer():
+        if not self._path_table.hearing_peer():
             inbound.restart_clocks(now)  # an outage does not make the peer's messages idle
             return
         dropped = len(inbound.rejections)
         inbound.expire(now)
         if len(inbound.rejections) > dropped:
-            self._control.credit_dirty.update(self._paths)  # their bytes count as consumed
+            self._control_outbox.owe_credit_everywhere()  # their bytes count as consumed
 
     def handle_timer(self, now: float) -> None:
-        late_s = 0.0 if self._timer_at is None else now - self._timer_at
-        if self._recheck_at is None and late_s > LATE_TIMER_S:
-            self._recheck_at = now + LATE_TIMER_RECHECK_S
-            if self._answer_by is None:  # never extended: late timers may come in a row
-                self._answer_by = now + self._answer_wait_s()
-            self.late_timers += 1
+        """The timer fired: unless it is late (``TimerTable``), the session's service
+        in its fixed order. Every step runs at every timer, not only at its own
+        deadline: the peer's liveness and the paths' states commit what inputs changed
+        since, whatever deadline woke it, and the order fixes the events'."""
+        timers = self._timers
+        if timers.defer_if_late(now, self._answer_wait_s):
             return
-        self._recheck_at = None
-        if self._answer_by is None or now >= self._answer_by:
-            self._answer_by = None
+        if timers.answer_due(now):
             self._update_liveness(now)
         send = self._send
         send.expire(now)
         self._expire_inbound(now)
         changed = False
+        table = self._path_table
         for name, record in self._paths.items():
             sender = record.sender
             send.requeue(record, sender.detect_lost(now, alone=send.alone(name)))
             if not record.connected:
                 continue
-            state = sender.estimator.state(now)
-            went_down = record.usable and state.kind == PathStateKind.DOWN
-            changed |= self._move_path(name, record, state.kind, state.reason)
+            moved, went_down = table.judge(name, record, now)
+            changed |= moved
             if went_down:
                 self._gone(name, record, now)
         if changed or now >= send.scheduler.next_select_at:
@@ -486,31 +435,17 @@ class PeerSession:
     # ------------------------------------------------------------------- views
 
     def path_snapshot(self, path: str, now: float) -> dict[str, object]:
-        record = self._paths[path]
-        sender = record.sender
-        row: dict[str, object] = dict(sender.estimator.snapshot(now))
-        row["recv_bytes"] = record.receiver.received_bytes
-        row["usable"] = record.usable
-        row["spurious_losses"] = sender.spurious_losses
-        row["rto_ms"] = sender.retransmission_timeout_s() * 1e3
-        row["role"] = self._scheduler.role(path)
-        row["peer_role"] = "critical" if self._control.peer_critical_path == path else "bulk"
-        change = self._scheduler.last_change
-        row["last_switch_s"] = None if change is None else round(now - change.at, 3)
-        row["last_switch_reason"] = None if change is None else change.reason
-        # A silent peer's paths are not "up" while the path's own timeout runs (it is
-        # generous so a busy host does not flap): they follow the peer's silence.
+        scheduler = self._scheduler
+        change = scheduler.last_change
+        routing: dict[str, object] = {
+            "role": scheduler.role(path),
+            "peer_role": "critical" if self._control.peer_critical_path == path else "bulk",
+            "last_switch_s": None if change is None else round(now - change.at, 3),
+            "last_switch_reason": None if change is None else change.reason,
+        }
         peer_state = self._judged_state(now)
-        heard_at = sender.estimator.last_heard_at
-        silent_s = math.inf if heard_at is None else now - heard_at
-        if peer_state == PeerStateKind.UNREACHABLE:
-            row["state"] = PathStateKind.DOWN
-            row["state_reason"] = f"peer unreachable: {self._liveness.silence_reason(now)}"
-        elif silent_s > PEER_QUIET_S and row.get("state") == PathStateKind.UP:
-            row["state"] = PathStateKind.DEGRADED
-            row["state_reason"] = f"silent for {silent_s:.1f} s"
-        row["peer_state"] = peer_state
-        return row
+        silence = self._liveness.silence_reason(now)
+        return self._path_table.snapshot(path, now, routing, peer_state, silence)
 
     @property
     def messages_received(self) -> int:
@@ -538,7 +473,7 @@ class PeerSession:
             "inbound_in_progress": len(inbound.inbound),
             "repair_datagrams": send.repair_datagrams,
             "send_gaps": send.send_gaps,
-            "late_timers": self.late_timers,
+            "late_timers": self._timers.late_timers,
             "send_gap_us": int(send.send_gap_s * 1e6),
             "repair_bytes": queue.repair_bytes,
             "source_bytes": queue.source_bytes,
