@@ -274,12 +274,12 @@ def trade(seed: int = 1, messages: int = 24) -> str:
     import random
     from unittest import mock
 
-    import wangate.core.session as session_module
+    import wangate.core.sending as sending_module
     from tests.fakelink import LinkProfile, SimulatedPair, make_header
     from wangate.core.events import MessageDelivered
     from wangate.core.outbound import CodingPolicy, OutboundQueue
 
-    horizon = session_module.repair_horizon_bytes
+    horizon = sending_module.repair_horizon_bytes
     weighed = OutboundQueue._tail_repair_pays
     # (tail sizing, whether a message's own tail pays) per policy
     policies: dict[str, tuple[Any, Any]] = {
@@ -297,7 +297,7 @@ def trade(seed: int = 1, messages: int = 24) -> str:
         link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
         for label, (tail, pays) in policies.items():
             with (
-                mock.patch.object(session_module, "repair_horizon_bytes", tail),
+                mock.patch.object(sending_module, "repair_horizon_bytes", tail),
                 mock.patch.object(OutboundQueue, "_tail_repair_pays", pays),
             ):
                 pair = SimulatedPair(
@@ -327,7 +327,7 @@ def trade(seed: int = 1, messages: int = 24) -> str:
         link = LinkProfile(delay_s=0.040, drop_rate=loss, rate_bps=50e6)
         for label, (tail, pays) in policies.items():
             with (
-                mock.patch.object(session_module, "repair_horizon_bytes", tail),
+                mock.patch.object(sending_module, "repair_horizon_bytes", tail),
                 mock.patch.object(OutboundQueue, "_tail_repair_pays", pays),
             ):
                 pair = SimulatedPair(
