@@ -4,9 +4,9 @@ A randomized, seeded fault soak in the WAN lab (bench/robustness/soak/__init__.p
 what it does and checks). With ``--tree`` (repeatable) each run is done again with that
 tree's daemons, alternately with this tree's (bench/tree.py); ``--runs N`` repeats the
 round. Every run has the same seed, so the same fault schedule. Records go to
-``results/soak/<tree>/seed<N>[-w<workers>][-run<i>]/`` (run.json, summary.md, the
-daemons' logs); the table to stdout, or the records as JSON with ``--json``. Exits 1
-if an invariant failed in any run. Needs root and /dev/net/tun.
+``results/soak/<tree>/seed<N>[-w<workers>]/<date>-<time>[-run<i>]/`` (run.json,
+summary.md, the daemons' logs); the table to stdout, or the records as JSON with
+``--json``. Exits 1 if an invariant failed in any run. Needs root and /dev/net/tun.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import platform
 import shlex
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sites", type=int, default=3, choices=(2, 3))
     parser.add_argument("--paths", type=int, default=2, choices=(2, 3), help="per pair of sites")
     parser.add_argument("--workers", type=int, default=1, help="[workers] count of every daemon")
-    parser.add_argument("--rate-mbps", type=float, default=4.0, help="offered per flow")
+    parser.add_argument("--rate-mbps", type=float, default=8.0, help="offered per flow")
     parser.add_argument("--link-mbps", type=float, default=20.0, help="every path's rate")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--results", type=Path, default=RESULTS / "soak")
@@ -62,8 +63,10 @@ def options(args: argparse.Namespace) -> Options:
 
 
 def out_dir(results: Path, tree: Tree, opts: Options, index: int, runs: int) -> Path:
+    """``<tree>/seed<N>[-w<workers>]/<date>-<time>[-run<i>]``: a run never overwrites another."""
     name = f"seed{opts.seed}" + (f"-w{opts.workers}" if opts.workers > 1 else "")
-    return results / tree.slug / (name + (f"-run{index}" if runs > 1 else ""))
+    when = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return results / tree.slug / name / (when + (f"-run{index}" if runs > 1 else ""))
 
 
 def summary(record: dict[str, Any]) -> str:

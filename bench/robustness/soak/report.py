@@ -71,6 +71,9 @@ def table(records: list[dict[str, Any]]) -> str:
     ]
     for label, classes in bad:
         rows.append((label, [_bad(sum(v["classes"][c] for c in classes)) for v in verdicts]))
+    recv_errors = [sum(r.get("recv_errors", {}).values()) for r in records]
+    if any(recv_errors):
+        rows.append(("receive errors (not timeouts)", [str(n) for n in recv_errors]))
     for site in sites:
         rows.append((f"RSS {site} after warm-up -> end, MiB", [_rss(r, site) for r in records]))
     rows.append(("invariants hold", [met(r["ok"]) for r in records]))

@@ -39,7 +39,7 @@ class Options:
     sites: int = 3
     paths: int = 2
     workers: int = 1
-    rate_mbps: float = 4.0  # offered per flow
+    rate_mbps: float = 8.0  # offered per flow
     link_mbps: float = 20.0
 
     @property
