@@ -193,11 +193,16 @@ def rss_flat(start_mib: float, end_mib: float) -> bool:
     return growth < RSS_GROWTH_MIB and growth < RSS_GROWTH_SHARE * start_mib
 
 
-def rss_violations(rss: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+def rss_violations(rss: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One violation per site whose daemon (with its workers) grew past the bound;
     ``rss`` maps a site to ``{"start_mib", "end_mib"}``."""
     return [
-        {"class": "rss", "site": site, **values}
+        {
+            "class": "rss",
+            "site": site,
+            "start_mib": values["start_mib"],
+            "end_mib": values["end_mib"],
+        }
         for site, values in sorted(rss.items())
         if not rss_flat(values["start_mib"], values["end_mib"])
     ]

@@ -145,7 +145,8 @@ class Sender(threading.Thread):
                 self.step += 1
                 next_at = max(next_at, now - 1.0) + spec.size * 8 / self.rate_bps
                 if not self._send(client, spec):
-                    client = self._lost(client)
+                    self._lost(client)
+                    client = None
                 continue
             if not self.open:
                 time.sleep(min(0.2, max(0.005, next_at - now)))
@@ -153,7 +154,8 @@ class Sender(threading.Thread):
             room = phase == "run" and len(self.open) < self.window
             timeout = max(0.05, min(1.0, next_at - now)) if room else 1.0
             if not self._wait(client, timeout):
-                client = self._lost(client)
+                self._lost(client)
+                client = None
 
     def _send(self, client: wangate.Client, spec: plan.MessageSpec) -> bool:
         """Send one message; False when the connection is lost."""
@@ -206,7 +208,6 @@ class Sender(threading.Thread):
             resolve(sent, "unknown", lost, "wait")
         self.open.clear()
         client.close()
-        return None
 
 
 class Receiver(threading.Thread):
