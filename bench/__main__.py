@@ -47,6 +47,10 @@ SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
         "flood": ("bench.robustness.flood", "forged QUIC packets against a daemon pair"),
         "faults": ("bench.robustness.faults", "kills, restarts, deadlines as a trainer sees them"),
         "watchdog": ("bench.robustness.watchdog", "event-loop stalls as systemd's watchdog sees"),
+        "soak": (
+            "bench.robustness.soak.cli",
+            "seeded random faults in the lab, invariants checked",
+        ),
     },
     "training": {
         "fidelity": ("bench.training.fidelity", "PyTorch DDP and DiLoCo over real gateways"),

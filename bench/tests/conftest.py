@@ -14,6 +14,7 @@ TIERS = {
     "test_floor.py": "daemons",
     "test_jobs.py": "pure",
     "test_runner.py": "pure",
+    "test_soak.py": "pure",
     "test_suites.py": "pure",
 }
 
