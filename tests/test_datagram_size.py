@@ -24,12 +24,10 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import HandshakeCompleted, StreamDataReceived
 from aioquic.quic.packet import pull_quic_header
 
+from tests.one_path import one_path
 from wangate.certs import create_ca, issue_site_certificate
-from wangate.config import load_config
-from wangate.daemon import Gateway
 from wangate.engine import DATAGRAM_OVERHEAD_BYTES, PathChannel, _engine
 from wangate.errors import LocalProtocolError
-from wangate.loopback import write_site_configs
 from wangate.net import aioquic_compat as compat
 from wangate.net.link import CLIENT_CID_BYTES, SERVER_CID_BYTES
 
@@ -224,20 +222,8 @@ def test_a_smaller_path_size_applies_to_what_comes_next(channels: ChannelPair) -
 
 
 async def _gateway_links(directory: Path) -> None:
-    bj_site, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
-    bj = Gateway(load_config(bj_site.config_path))
-    sh = Gateway(load_config(sh_site.config_path))  # not started: it only dials
-    await bj.start()
-    try:
-        path = sh.config.peer("bj").paths[0]
-        dialed = await sh.backend.endpoint.open_link("bj", path)
-        await dialed.wait_handshake(10.0)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10.0
-        while path.name not in bj.peers["sh"].links or path.name not in sh.peers["bj"].links:
-            assert loop.time() < deadline, "the path never came up"
-            await asyncio.sleep(0.01)
-        accepted = bj.peers["sh"].links[path.name]
+    async with one_path(directory) as link:
+        bj, sh, path, dialed, accepted = link.bj, link.sh, link.path, link.dialed, link.accepted
         assert path.max_datagram_size == MAX_DATAGRAM_SIZE
         # aioquic: the dialer sends to the listener's 4-byte ID, the listener to none
         assert len(dialed._quic.host_cid) == 0 and len(accepted._quic.host_cid) == 4
@@ -253,9 +239,6 @@ async def _gateway_links(directory: Path) -> None:
             bj.peers["sh"].view._paths[path.name].sender,
         )
         assert [s.datagram_bytes for s in senders] == [1432, 1432]
-    finally:
-        await sh.close()
-        await bj.close()
 
 
 def test_a_gateway_routes_and_sizes_the_data_plane(

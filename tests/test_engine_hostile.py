@@ -15,29 +15,15 @@ import random
 import socket
 from pathlib import Path
 
-from wangate.config import load_config
-from wangate.daemon import Gateway
-from wangate.loopback import write_site_configs
+from tests.one_path import one_path
 
 FORGED = 3000
 
 
 async def _forge(directory: Path) -> None:
-    bj_site, sh_site = write_site_configs(directory, 2, 1, mtu=1500)
-    bj = Gateway(load_config(bj_site.config_path))
-    sh = Gateway(load_config(sh_site.config_path))  # not started: it only dials
-    await bj.start()
     forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        path = sh.config.peer("bj").paths[0]
-        dialed = await sh.backend.endpoint.open_link("bj", path)
-        await dialed.wait_handshake(10.0)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10.0
-        while path.name not in bj.peers["sh"].links or path.name not in sh.peers["bj"].links:
-            assert loop.time() < deadline, "the path never came up"
-            await asyncio.sleep(0.01)
-        accepted = bj.peers["sh"].links[path.name]
+    async with one_path(directory) as link:
+        dialed, accepted = link.dialed, link.accepted
         assert accepted.channel is not None
         cid = accepted.channel.recv_cid
         await asyncio.sleep(0.3)
@@ -64,10 +50,7 @@ async def _forge(directory: Path) -> None:
         assert after["packets_received"] > before["packets_received"]  # the peer's still open
         assert accepted.state.value == "up" and dialed.state.value == "up"
         assert dialed.channel is not None and dialed.channel.stats()["not_opened"] == 0
-    finally:
-        forger.close()
-        await sh.close()
-        await bj.close()
+    forger.close()
 
 
 def test_forged_packets_with_a_live_connection_id_are_dropped_and_counted(

@@ -13,6 +13,16 @@ static struct PyModuleDef engine_module = {
     .m_size = -1,
 };
 
+int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name) {
+    if (PyType_Ready(type) < 0) return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 static int add_methods(PyObject *module, PyMethodDef *methods) {
     for (PyMethodDef *m = methods; m->ml_name != NULL; m++) {
         PyObject *f = PyCFunction_NewEx(m, NULL, PyModule_GetNameObject(module));

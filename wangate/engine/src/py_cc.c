@@ -433,17 +433,7 @@ static PyTypeObject PacerType = {
     .tp_getset = pacer_getset,
 };
 
-static int add_type(PyObject *module, PyTypeObject *type, const char *name) {
-    if (PyType_Ready(type) < 0) return -1;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
-    }
-    return 0;
-}
-
 int wg_py_add_cc_types(PyObject *module) {
-    if (add_type(module, &CongestionModelType, "CongestionModel") < 0) return -1;
-    return add_type(module, &PacerType, "Pacer");
+    if (wg_py_add_type(module, &CongestionModelType, "CongestionModel") < 0) return -1;
+    return wg_py_add_type(module, &PacerType, "Pacer");
 }

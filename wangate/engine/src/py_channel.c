@@ -304,11 +304,5 @@ static PyTypeObject ChannelType = {
 };
 
 int wg_py_add_channel_types(PyObject *module) {
-    if (PyType_Ready(&ChannelType) < 0) return -1;
-    Py_INCREF(&ChannelType);
-    if (PyModule_AddObject(module, "PathChannel", (PyObject *)&ChannelType) < 0) {
-        Py_DECREF(&ChannelType);
-        return -1;
-    }
-    return 0;
+    return wg_py_add_type(module, &ChannelType, "PathChannel");
 }

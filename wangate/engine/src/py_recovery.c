@@ -501,19 +501,9 @@ static PyTypeObject ReceivedType = {
     .tp_getset = Received_getset,
 };
 
-static int add_type(PyObject *module, PyTypeObject *type, const char *name) {
-    if (PyType_Ready(type) < 0) return -1;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
-    }
-    return 0;
-}
-
 int wg_py_add_recovery_types(PyObject *module) {
-    if (add_type(module, &RecoveryType, "Recovery") < 0) return -1;
-    if (add_type(module, &ReceivedType, "Received") < 0) return -1;
+    if (wg_py_add_type(module, &RecoveryType, "Recovery") < 0) return -1;
+    if (wg_py_add_type(module, &ReceivedType, "Received") < 0) return -1;
     if (PyModule_AddIntConstant(module, "WG_MAX_ACK_RANGES", WG_MAX_ACK_RANGES) < 0 ||
         PyModule_AddIntConstant(module, "WG_REPLAY_WINDOW", WG_REPLAY_WINDOW) < 0 ||
         PyModule_AddIntConstant(module, "WG_PTO_PROBES", WG_PTO_PROBES) < 0 ||

@@ -16,6 +16,9 @@ extern PyMethodDef wg_py_crypto_methods[];
 extern PyMethodDef wg_py_frames_methods[];
 extern PyMethodDef wg_py_cc_methods[];
 
+/* ready `type` and add it to `module` as `name`: 0, or -1 with an exception set */
+int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name);
+
 /* each part's types: 0 on success, -1 with an exception set */
 int wg_py_add_cc_types(PyObject *module);
 int wg_py_add_recovery_types(PyObject *module);
