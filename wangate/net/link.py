@@ -1,9 +1,11 @@
 """One QUIC connection carrying one WAN path to one peer gateway.
 
 A link handshakes, authenticates the peer's site, exchanges the ``Hello`` and from
-then on only moves bytes between aioquic and its :class:`~wangate.net.peer_driver.
-PeerDriver`: what arrives (DATAGRAM frames, control frames) goes to the driver, and
-whenever aioquic may send, the driver fills the link from the session (pull, not push).
+then on only moves bytes between its :class:`~wangate.net.peer_driver.PeerDriver` and
+the wire: datagrams through the path's data-plane channel (``wangate.engine``, keyed
+from this handshake), control frames through aioquic's stream. What arrives goes to
+the driver; whenever the channel may send, the driver fills it from the session (pull,
+not push).
 
 A link's life is explicit (:class:`LinkState`), h11-style: every transition is in
 ``_TRANSITIONS`` and any other is a :class:`~wangate.errors.LocalProtocolError`::
@@ -45,9 +47,17 @@ CONTROL_STREAM_ID = 0  # the dialer's first bidirectional stream (RFC 9000 §2.1
 # client carry no ID at all.
 SERVER_CID_BYTES = 4
 CLIENT_CID_BYTES = 0
-# the engine's timers are kept no closer than this: a loop's timer costs more than the
-# pacer's bucket lets through in it
-MIN_CHANNEL_TIMER_S = 0.0002
+# uvloop counts timer delays in whole milliseconds: a shorter one fires at once, before
+# its deadline, and re-armed it would spin the loop until the deadline passes
+MIN_TIMER_DELAY_S = 0.001
+
+
+def timer_delay_s(deadline: float, now: float) -> float:
+    """The delay to arm for ``deadline``: now if due, else at least MIN_TIMER_DELAY_S."""
+    delay_s = max(0.0, deadline - now)
+    return MIN_TIMER_DELAY_S if 0.0 < delay_s < MIN_TIMER_DELAY_S else delay_s
+
+
 ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
 
 
@@ -104,7 +114,6 @@ class PathLink(QuicConnectionProtocol):
         self.peer = peer  # known up front when we dial; from the certificate when we accept
         self.path = path
         self.max_datagram_size = datagram_bytes  # of the UDP payload; the packets' limit
-        self.datagram_bytes = datagram_bytes - DATAGRAM_OVERHEAD_BYTES  # the largest we send
         self.state = LinkState.HANDSHAKING
         self.driver: PeerDriver | None = None  # set once up
         self.refused: str | None = None  # why we closed it, if we did
@@ -128,6 +137,11 @@ class PathLink(QuicConnectionProtocol):
                 f"link {self.peer}/{self.path}: {self.state.value} -> {to.value} is not allowed"
             )
         self.state = to
+
+    @property
+    def datagram_bytes(self) -> int:
+        """The largest datagram this link sends (its channel's limit too)."""
+        return self.max_datagram_size - DATAGRAM_OVERHEAD_BYTES
 
     @property
     def authenticated(self) -> bool:
@@ -163,31 +177,35 @@ class PathLink(QuicConnectionProtocol):
         # aioquic transmits after every datagram; one turn of the loop may read dozens,
         # and one answer after all of them costs one pass instead of one each.
         channel = self.channel
-        got: bytes | list[bytes] | bool | None = False
-        if channel is not None:
-            try:
-                got = channel.receive(cast(bytes, data), time.monotonic())
-            except RemoteProtocolError as exc:  # opened with the peer's key: its fault
-                self._protocol_error(exc)
-                got = None
-            if got is not None and got is not False and self.state is LinkState.UP:
-                if type(got) is bytes:
-                    self._on_datagram(got)
-                else:
-                    for datagram in cast(list[bytes], got):
-                        self._on_datagram(datagram)
-            if got is not False:
-                # a turn of the loop may read thousands: the sender hears of the first
-                # ones before the last are handled, or its RTT counts the whole turn
-                self._received += 1
-                if self._received >= ACK_EVERY_PACKETS and self.channel is not None:
-                    self._received = 0
-                    self.channel.flush(time.monotonic())
-        if got is False:  # not the data plane's: the handshake, the control stream
+        if channel is None or not self._data_plane_received(channel, cast(bytes, data)):
+            # not the data plane's: the handshake, the control stream
             self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
             compat.process_events(self)
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
+
+    def _data_plane_received(self, channel: PathChannel, data: bytes) -> bool:
+        """False if ``data`` is not a packet of ``channel``'s."""
+        try:
+            got = channel.receive(data, time.monotonic())
+        except RemoteProtocolError as exc:  # opened with the peer's key: its fault
+            self._protocol_error(exc)
+            got = None
+        if got is False:
+            return False
+        if got is not None and self.state is LinkState.UP:
+            if type(got) is bytes:
+                self._on_datagram(got)
+            else:
+                for datagram in cast(list[bytes], got):
+                    self._on_datagram(datagram)
+        # a turn of the loop may read thousands: the sender hears of the first ones
+        # before the last are handled, or its RTT counts the whole turn
+        self._received += 1
+        if self._received >= ACK_EVERY_PACKETS and self.channel is not None:
+            self._received = 0
+            self.channel.flush(time.monotonic())
+        return True
 
     def _answer_received(self) -> None:
         self._after_receive = None
@@ -217,7 +235,6 @@ class PathLink(QuicConnectionProtocol):
     def fit_datagrams(self, max_datagram_size: int) -> None:
         """Packets of at most ``max_datagram_size`` bytes (UDP payload) to the peer."""
         self.max_datagram_size = min(self.max_datagram_size, max_datagram_size)
-        self.datagram_bytes = self.max_datagram_size - DATAGRAM_OVERHEAD_BYTES
         if self.channel is not None:
             self.channel.fit(self.max_datagram_size)
 
@@ -250,7 +267,6 @@ class PathLink(QuicConnectionProtocol):
             self.max_datagram_size,
             compat.smoothed_rtt_s(self._quic),
         )
-        self.datagram_bytes = self.channel.datagram_bytes
         if not self.dialed:  # a listener's socket is shared: route the ID to this link
             compat.route_connection_id(self, self.channel.recv_cid)
 
@@ -358,8 +374,9 @@ class PathLink(QuicConnectionProtocol):
             self._channel_timer = None
         self._channel_timer_at = at
         if at is not None:
-            delay_s = max(at - now, MIN_CHANNEL_TIMER_S)
-            self._channel_timer = self._loop.call_later(delay_s, self._on_channel_timer)
+            self._channel_timer = self._loop.call_later(
+                timer_delay_s(at, now), self._on_channel_timer
+            )
 
     def _on_channel_timer(self) -> None:
         self._channel_timer = None

@@ -57,15 +57,12 @@ from wangate.core.session import PeerSession
 from wangate.core.states import PeerStateKind
 from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError, failure_text
 from wangate.metrics import GatewayMetrics
-from wangate.net.link import PathLink
+from wangate.net.link import PathLink, timer_delay_s
 
 log = logging.getLogger("wangate.daemon")
 
 PENDING_LOW_WATER = 16  # datagrams queued in a channel before we stop adding
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
-# uvloop counts timer delays in whole milliseconds: a shorter one fires at once, before
-# its deadline, and re-armed it would spin the loop until the deadline passes
-MIN_TIMER_DELAY_S = 0.001
 
 Clock = Callable[[], float]
 # why a session refuses a message it is handed (None: it takes it)
@@ -387,9 +384,7 @@ class PeerDriver:
             self._timer = None
         self._timer_at = deadline
         if deadline is not None:
-            delay_s = max(0.0, deadline - self._clock())
-            if 0.0 < delay_s < MIN_TIMER_DELAY_S:
-                delay_s = MIN_TIMER_DELAY_S
+            delay_s = timer_delay_s(deadline, self._clock())
             self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def _drain_events(self) -> None:

@@ -45,8 +45,7 @@ PyMODINIT_FUNC PyInit__engine(void) {
     PyObject *module = PyModule_Create(&engine_module);
     if (module == NULL) return NULL;
     if (PyModule_AddIntConstant(module, "CID_BYTES", WG_CID_LEN) < 0 ||
-        PyModule_AddIntConstant(module, "DATAGRAM_OVERHEAD_BYTES",
-                                WG_PACKET_OVERHEAD + 1 + WG_ACK_ROOM_BYTES) < 0) {
+        PyModule_AddIntConstant(module, "DATAGRAM_OVERHEAD_BYTES", WG_DATAGRAM_OVERHEAD) < 0) {
         Py_DECREF(module);
         return NULL;
     }

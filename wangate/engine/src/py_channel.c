@@ -233,7 +233,7 @@ static Py_ssize_t Channel_len(ChannelObject *self) {
 }
 
 static PyObject *Channel_get_burst(ChannelObject *self, void *unused) {
-    return PyBool_FromLong(self->ready && self->ch.burst);
+    return PyBool_FromLong(self->ready && self->ch.recovery.pacer.burst);
 }
 
 static int Channel_set_burst(ChannelObject *self, PyObject *value, void *unused) {
@@ -243,7 +243,6 @@ static int Channel_set_burst(ChannelObject *self, PyObject *value, void *unused)
     }
     int on = PyObject_IsTrue(value);
     if (on < 0) return -1;
-    self->ch.burst = on;
     self->ch.recovery.pacer.burst = on;
     return 0;
 }

@@ -94,8 +94,7 @@ int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen
         *why = "libcrypto could not set up the keys";
         return -1;
     }
-    /* the largest datagram: a packet's header, tag, the frame type, room for an ACK */
-    ch->max_datagram_bytes = max_packet_bytes - WG_PACKET_OVERHEAD - 1 - WG_ACK_ROOM_BYTES;
+    ch->max_datagram_bytes = max_packet_bytes - WG_DATAGRAM_OVERHEAD;
     ch->queue_stride = ch->max_datagram_bytes;
     ch->batch_stride = max_packet_bytes;
     ch->queue_mem = malloc(WG_QUEUE_SLOTS * ch->queue_stride);
@@ -130,10 +129,9 @@ void wg_channel_free(wg_channel *ch) {
 
 int wg_channel_fit(wg_channel *ch, size_t max_packet_bytes) {
     if (max_packet_bytes < WG_MIN_PACKET_BYTES || max_packet_bytes > ch->batch_stride) return -1;
-    size_t datagram = max_packet_bytes - WG_PACKET_OVERHEAD - 1 - WG_ACK_ROOM_BYTES;
     /* what is queued already was sized for the old limit: it goes out as it is */
     ch->max_packet_bytes = max_packet_bytes;
-    ch->max_datagram_bytes = datagram;
+    ch->max_datagram_bytes = max_packet_bytes - WG_DATAGRAM_OVERHEAD;
     return 0;
 }
 
@@ -216,7 +214,7 @@ static int build_packet(wg_channel *ch, double now, int with_ack, int ping, int 
     if (sealed < 0) return -1;
     int eliciting = ping || datagram;
     if (wg_recovery_on_sent(&ch->recovery, (size_t)sealed, eliciting, token, now) < 0) return -1;
-    if (eliciting && !ch->burst) wg_pacer_update_after_send(&ch->recovery.pacer, now);
+    if (eliciting) wg_pacer_update_after_send(&ch->recovery.pacer, now); /* a no-op in burst */
     if (acked) wg_received_ack_sent(&ch->received);
     if (datagram) {
         ch->queue_head = (ch->queue_head + 1) % WG_QUEUE_SLOTS;
@@ -254,7 +252,7 @@ size_t wg_channel_flush(wg_channel *ch, double now) {
         }
         int may_send = ch->queue_count > 0 &&
                        wg_recovery_can_send(&ch->recovery, ch->max_packet_bytes) &&
-                       (ch->burst || wg_pacer_next_send_time(&ch->recovery.pacer, now) < 0);
+                       wg_pacer_next_send_time(&ch->recovery.pacer, now) < 0;
         if (may_send) {
             if (build_packet(ch, now, 1, 0, 1) < 0) break;
         } else if (owe_ack) {
@@ -332,7 +330,7 @@ double wg_channel_timer(wg_channel *ch, double now) {
     if (ch->received.unacked_eliciting > 0 && ch->received.ack_at >= 0 &&
         (at < 0 || ch->received.ack_at < at))
         at = ch->received.ack_at;
-    if (ch->queue_count > 0 && !ch->burst &&
+    if (ch->queue_count > 0 &&
         wg_recovery_can_send(&ch->recovery, ch->max_packet_bytes)) {
         /* the pacer holds a packet back: wake up when it lets one go */
         double paced = wg_pacer_next_send_time(&ch->recovery.pacer, now);

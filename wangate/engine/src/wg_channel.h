@@ -42,6 +42,8 @@
 /* an ACK frame beside a full datagram: type, largest (4), delay (2), count, first
  * range (2); a longer one goes in a packet of its own */
 #define WG_ACK_ROOM_BYTES 10
+/* what a packet adds to its datagram: header and tag, the frame type, the ACK room */
+#define WG_DATAGRAM_OVERHEAD (WG_PACKET_OVERHEAD + 1 + WG_ACK_ROOM_BYTES)
 
 typedef struct wg_channel_stats {
     uint64_t packets_sent, packets_received, bytes_sent, bytes_received;
@@ -86,7 +88,6 @@ typedef struct wg_channel {
     uint16_t *queue_len;
     size_t queue_head, queue_count;
     int probes_due;
-    int burst; /* unpaced while critical data waits (the window still holds) */
     /* the batch being built */
     uint8_t *batch_mem;
     size_t batch_count;
