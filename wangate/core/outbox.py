@@ -33,6 +33,16 @@ from wangate.core.fairqueue import NO_POLICY
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 from wangate.core.outbound import OutboundMessage
 
+# Of a trainer's deadline, what is spent before its message reaches a session and is not
+# counted: a message handed on at once keeps the deadline as the trainer gave it, so its
+# failure names that deadline, not one a few microseconds shorter.
+DEADLINE_SLACK_S = 0.01
+
+
+def deadline_left_s(deadline_s: float, spent_s: float) -> float:
+    """What is left of ``deadline_s`` after ``spent_s`` on the way to a session."""
+    return deadline_s if spent_s < DEADLINE_SLACK_S else max(0.001, deadline_s - spent_s)
+
 
 class WaitingMessages:
     """Messages waiting to start, a FIFO per job; read as one collection (``len``,

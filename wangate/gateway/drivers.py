@@ -22,6 +22,7 @@ from wangate.core.fairqueue import JobSendStats
 from wangate.core.liveness import PEER_QUIET_S
 from wangate.core.message import MAX_HEADER_BYTES, MessageHeader
 from wangate.core.outbound import CodingPolicy
+from wangate.core.outbox import deadline_left_s
 from wangate.core.states import PathStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.errors import ErrorCode, GatewayError, LinkError
@@ -175,11 +176,13 @@ class DriverBackend:
             submission.meta,
             submission.job,
         )
-        deadline_s = submission.deadline_s
+        deadline_s, now = submission.deadline_s, time.monotonic()
         return self.peers[submission.peer].submit(
             header,
             submission.payload,
-            deadline_at=None if deadline_s is None else arrived_at + deadline_s,
+            deadline_at=None
+            if deadline_s is None
+            else now + deadline_left_s(deadline_s, now - arrived_at),
         )
 
     def message_state(self, peer: str, msg_id: int) -> str | None:

@@ -30,6 +30,7 @@ from typing import Any
 from wangate.checksum import crc32_combine
 from wangate.config import Config
 from wangate.core.fairqueue import JobSendStats
+from wangate.core.outbox import deadline_left_s
 from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.trainers import TrainerDelivery
@@ -60,7 +61,6 @@ log = logging.getLogger("wangate.workers")
 
 STARTUP_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 4  # sends of one stripe that failed (a worker that exits does not count)
-DEADLINE_SLACK_S = 0.01  # of a deadline spent in the coordinator that a worker ignores
 RESTART_BACKOFF_S = 1.0  # a worker that exits within this of its start waits this long
 # failures a new attempt cannot mend
 # (one worker finding the peer unreachable is not final: another may reach it; the
@@ -294,10 +294,9 @@ class Coordinator:
             remaining_s = -1.0
             if message.deadline_at is not None and message.deadline_s is not None:
                 remaining_s = max(0.001, message.deadline_at - now)
-                if not stripe.sends and message.deadline_s - remaining_s < DEADLINE_SLACK_S:
-                    # sent on at once: the deadline as the trainer gave it (its failure
-                    # names it), not less the coordinator's few microseconds
-                    remaining_s = message.deadline_s
+                if not stripe.sends:  # a first send: spent in the coordinator, not counted
+                    spent_s = message.deadline_s - remaining_s
+                    remaining_s = deadline_left_s(message.deadline_s, spent_s)
             stripe.sends += 1
             fd, offset = stripe.source()
             handle.send(
