@@ -5,15 +5,17 @@ STAMP := $(VENV)/.installed
 # The torch tests run in CI with this CPU build (users: pip install wangate[torch]).
 TORCH_VERSION ?= 2.13.0
 
-# The engine (wangate.engine._engine) is built by pip from setup.py: a changed C source or
-# header reinstalls, which rebuilds the extension in wangate/engine/.
+# The engine (wangate.engine._engine) and the compiled core (mypyc, setup.py's
+# COMPILED_CORE) are built by pip from setup.py: a changed C source, header or core module
+# reinstalls, which rebuilds the extensions beside their sources.
 ENGINE_SOURCES := $(wildcard wangate/engine/src/*.c wangate/engine/src/*.h)
+CORE_SOURCES := $(wildcard wangate/core/*.py)
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml setup.py Makefile $(ENGINE_SOURCES) | $(VENV)/bin/python
+$(STAMP): pyproject.toml setup.py Makefile $(ENGINE_SOURCES) $(CORE_SOURCES) | $(VENV)/bin/python
 	$(VENV)/bin/pip install -q -e '.[test]' 'torch==$(TORCH_VERSION)'
 	touch $(STAMP)
 
@@ -39,7 +41,8 @@ test: $(STAMP)
 # never frees, so leaks are left to make leakcheck. Reports go to files in $(SAN_LOGS),
 # one per process (pytest's capture or a deleted daemon log would hide them); any report
 # fails the run. libubsan comes first in LD_PRELOAD, or its reports ignore log_path;
-# verify_asan_link_order=0 allows that. The normal engine is reinstalled afterwards,
+# verify_asan_link_order=0 allows that. Only the engine is swapped, rebuilt in place
+# (ENGINE_BUILD: the compiled core stays as it is); the normal engine is rebuilt afterwards,
 # pass or fail (interrupted, the missing stamp makes the next make reinstall it).
 # Cost, against a normal run: 1.1x the wall time of daemon, sim and pure tests (1.25x
 # their CPU), 1.7x that of the torch tests, plus two engine builds (5 s each): 8 to 10 min
@@ -50,6 +53,7 @@ test: $(STAMP)
 # freed memory from counting as growth in the tests that bound a daemon's RSS.
 # One file while working: make asan PYTEST_ARGS="tests/test_config.py"
 PYTEST_ARGS ?=
+ENGINE_BUILD := WANGATE_COMPILE_CORE=0 $(VENV)/bin/python setup.py -q build_ext --inplace --force
 SAN_LOGS := build/sanitizer
 SAN_PYTHONMALLOC ?= pymalloc
 SAN_ENV = LD_PRELOAD="$(shell gcc -print-file-name=libubsan.so) $(shell gcc -print-file-name=libasan.so)" \
@@ -60,8 +64,8 @@ SAN_ENV = LD_PRELOAD="$(shell gcc -print-file-name=libubsan.so) $(shell gcc -pri
 asan: $(STAMP)
 	rm -f $(STAMP)
 	rm -rf $(SAN_LOGS) && mkdir -p $(SAN_LOGS)
-	@trap '$(VENV)/bin/pip install -q --no-deps -e . && touch $(STAMP)' EXIT; \
-	WANGATE_ENGINE_SANITIZE=1 $(VENV)/bin/pip install -q --no-deps -e . && \
+	@trap '$(ENGINE_BUILD) && touch $(STAMP)' EXIT; \
+	WANGATE_ENGINE_SANITIZE=1 $(ENGINE_BUILD) && \
 	$(SAN_ENV) $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS); status=$$?; \
 	if [ -n "$$(ls $(SAN_LOGS))" ]; then \
 		head -n 100 $(SAN_LOGS)/*; echo "make asan: sanitizer reports in $(SAN_LOGS)/"; status=1; \
@@ -112,8 +116,8 @@ fuzz-atheris: $(STAMP)
 	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
 	$(VENV)/bin/pip install -q 'atheris>=2.3'
 	rm -f $(STAMP)
-	@trap '$(VENV)/bin/pip install -q --no-deps -e . && touch $(STAMP)' EXIT; \
-	CC=$(FUZZ_CC) CFLAGS=$(ATHERIS_COVERAGE) $(VENV)/bin/pip install -q --no-deps -e . && \
+	@trap '$(ENGINE_BUILD) && touch $(STAMP)' EXIT; \
+	CC=$(FUZZ_CC) CFLAGS=$(ATHERIS_COVERAGE) $(ENGINE_BUILD) && \
 	for t in engine_frames engine_packet; do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
 		$(VENV)/bin/python tests/fuzz/fuzz_$$t.py $(FUZZ_OUT)/atheris/$$t tests/fuzz/corpus/$$t \
 			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

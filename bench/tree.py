@@ -8,7 +8,8 @@ the emulator and the bench itself are always this tree's. A tree is
 - a folder holding a ``wangate`` package: a checkout, or an export
   (``git archive REV wangate | tar -x -C DIR``);
 - or a git revision of this repository (a commit, a branch, a tag), exported once into
-  ``results/trees/<commit>/`` and reused.
+  ``results/trees/<commit>/``, its native parts built there by its own setup.py, and
+  reused.
 
 A daemon runs a tree's code because its environment puts the tree first on its path
 (``PYTHONPATH``) and keeps its working folder off it (``PYTHONSAFEPATH``: ``python -m``
@@ -22,6 +23,7 @@ import argparse
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +91,32 @@ def resolve(value: str) -> Tree:
     except subprocess.CalledProcessError:
         raise SystemExit(f"--tree {value}: neither a folder nor a git revision") from None
     export = EXPORTS / commit
-    if not (export / "wangate" / "__init__.py").is_file():
-        export.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", commit, "wangate"], capture_output=True, check=True
-        )
-        subprocess.run(["tar", "-x", "-C", str(export)], input=archive.stdout, check=True)
+    if not (export / BUILT).is_file():
+        _export(commit, export)
     return Tree(export, commit)
+
+
+BUILT = ".built"  # an export's marker: extracted, and its extensions built
+
+
+def _export(commit: str, export: Path) -> None:
+    """``commit``'s package into ``export``, with what its setup.py builds (its engine,
+    its compiled core) built in place, as pip builds them for a checkout."""
+    export.mkdir(parents=True, exist_ok=True)
+    paths = ["wangate"]
+    for name in ("setup.py", "pyproject.toml"):
+        probe = ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{name}"]
+        if subprocess.run(probe, capture_output=True).returncode == 0:
+            paths.append(name)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, *paths], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(export)], input=archive.stdout, check=True)
+    if (export / "setup.py").is_file():
+        subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=export, check=True
+        )
+    (export / BUILT).touch()
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:

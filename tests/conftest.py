@@ -64,3 +64,24 @@ def assign_tiers(items: list[pytest.Item], tiers: dict[str, str], directory: Pat
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     assign_tiers(items, TIERS, Path(__file__).resolve().parent)
+
+
+def stale_compiled_modules(core: Path) -> list[str]:
+    """The core modules whose compiled form (mypyc, setup.py) is older than their source:
+    Python would import the compiled one, so the tests would run yesterday's code."""
+    stale = []
+    for compiled in sorted(core.glob("*.so")):
+        source = compiled.with_name(compiled.name.split(".")[0] + ".py")
+        if source.exists() and source.stat().st_mtime > compiled.stat().st_mtime:
+            stale.append(source.name)
+    return stale
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    core = Path(__file__).resolve().parent.parent / "wangate" / "core"
+    stale = stale_compiled_modules(core)
+    if stale:
+        raise pytest.UsageError(
+            f"wangate/core: {', '.join(stale)} changed since they were compiled; "
+            "run `make setup` (or delete wangate/core/*.so to test them interpreted)"
+        )

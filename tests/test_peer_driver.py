@@ -260,6 +260,21 @@ def test_a_refused_delivery_keeps_its_place_among_its_sources_messages(tmp_path:
 # ------------------------------------------------------------ draining
 
 
+class _Replaying:
+    """A session whose events are the given ones (a compiled session's methods cannot be
+    replaced on the instance)."""
+
+    def __init__(self, session: object, events: list[MessageReceived]) -> None:
+        self._session = session
+        self._events = events
+
+    def next_event(self) -> MessageReceived | None:
+        return self._events.pop() if self._events else None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
+
+
 def test_a_drain_of_events_never_runs_inside_another(tmp_path: Path) -> None:
     """What a drain does to the session only queues events for the same drain; a sink
     that fed an input back into the driver from inside it would re-enter, and is
@@ -269,8 +284,7 @@ def test_a_drain_of_events_never_runs_inside_another(tmp_path: Path) -> None:
         _, sh_site = write_site_configs(tmp_path, 2, 1, mtu=1500)
         sh = Gateway(load_config(sh_site.config_path))
         driver = sh.peers["bj"]
-        events = [received(1, 10)]
-        driver._session.next_event = lambda: events.pop() if events else None  # type: ignore[method-assign]
+        driver._session = _Replaying(driver._session, [received(1, 10)])  # type: ignore[assignment]
 
         class Reentering:
             def received(self, source: str, event: MessageReceived) -> bool:

@@ -55,7 +55,8 @@ def fingerprint(value: Any, seen: dict[int, int] | None = None) -> Any:
     if hasattr(value, "__dict__"):
         fields.update(vars(value))
     for cls in type(value).__mro__:
-        for slot in getattr(cls, "__slots__", ()):
+        # a class compiled by mypyc (setup.py) names its attributes in __mypyc_attrs__
+        for slot in (*getattr(cls, "__slots__", ()), *getattr(cls, "__mypyc_attrs__", ())):
             if hasattr(value, slot):
                 fields[slot] = getattr(value, slot)
     if not fields:

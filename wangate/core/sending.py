@@ -431,7 +431,11 @@ class Sender:
         queue.largest_datagram_bytes = max(s.datagram_bytes for s in senders)
         # random loss seen by a block spread over the paths in proportion to their rates
         rates = [s.estimator.planning_rate_bps for s in senders]
-        loss = sum(s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True))
+        # declared: mypy infers float | Literal[0] for this sum, which the compiled core
+        # (mypyc) divides as an int
+        loss: float = sum(
+            s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True)
+        )
         loss /= sum(rates)
         queue.repair_count = parity_for_loss(
             loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
