@@ -8,7 +8,7 @@ UndefinedBehaviorSanitizer (``make asan`` runs the suite against such a build).
 
 The core's per-datagram logic (scheduling, acks, loss detection, FEC bookkeeping,
 reassembly) runs as C compiled from its typed Python by mypyc: the same source, the
-same behaviour (mypyc checks the annotations at run time), about twice the datagrams
+same behaviour (mypyc checks the annotations at run time), 1.4-1.8x the datagrams
 per CPU-second (bench/RESULTS.md).  The compiled modules lie beside their sources and
 are imported in their place (delete them to run the core interpreted).
 ``WANGATE_COMPILE_CORE=0`` builds the engine alone and leaves compiled modules as they
@@ -77,7 +77,7 @@ class BuildEngine(build_ext):
     def finalize_options(self) -> None:
         # here, not at import, and only when building: pip runs this file for metadata too
         # (which asks build_ext for its sources), and mypyc type-checks and translates the
-        # core each time it is called (about a minute)
+        # core each time it is called
         modules = self.distribution.ext_modules
         building = BUILDING_COMMANDS & set(self.distribution.commands)
         added = any(e.name.startswith("wangate.core.") for e in modules)
