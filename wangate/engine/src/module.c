@@ -24,13 +24,18 @@ int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name) {
 }
 
 static int add_methods(PyObject *module, PyMethodDef *methods) {
+    /* a new reference; each function takes its own */
+    PyObject *name = PyModule_GetNameObject(module);
+    if (name == NULL) return -1;
     for (PyMethodDef *m = methods; m->ml_name != NULL; m++) {
-        PyObject *f = PyCFunction_NewEx(m, NULL, PyModule_GetNameObject(module));
+        PyObject *f = PyCFunction_NewEx(m, NULL, name);
         if (f == NULL || PyModule_AddObject(module, m->ml_name, f) < 0) {
             Py_XDECREF(f);
+            Py_DECREF(name);
             return -1;
         }
     }
+    Py_DECREF(name);
     return 0;
 }
 
