@@ -69,7 +69,7 @@ class ControlStreams:
         """Every message the old instance held for its trainers is lost."""
         why = f"peer {self._send.peer} restarted with it in its inbox, before a trainer took it"
         for msg_id, (tag, step) in self.held.items():
-            self._events.append(SendFailed(msg_id, why, tag, step))
+            self._events.append(SendFailed(msg_id, why, tag, step, restarted=True))
         self.held.clear()
 
     def _on_ack(self, path: str, frame: Ack, now: float) -> None:

@@ -50,6 +50,9 @@ class SendFailed:
     reason: str
     tag: str = ""
     step: int = 0
+    # the peer restarted: its old instance may have had it (and handed it to a
+    # trainer); a new attempt would reach an instance that knows nothing of it
+    restarted: bool = False
 
 
 @dataclass(frozen=True)

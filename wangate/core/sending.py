@@ -168,6 +168,7 @@ class Sender:
                     f"peer {self.peer} restarted mid-message",
                     message.tag,
                     message.step,
+                    restarted=True,
                 )
             )
         self.outbox.reset()

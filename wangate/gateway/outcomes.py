@@ -25,7 +25,8 @@ MAX_OUTCOMES = 65536  # finished messages whose outcome Client.wait can still te
 RECENT_FAILURES = 10
 MAX_JOB_RECORDS = 4 * MAX_OUTCOMES  # messages of jobs other than default, all peers
 
-Outcome = Callable[[str, int, str | None], None]  # (peer, msg_id, None or why it failed)
+# (peer, msg_id, None or why it failed, whether it failed because the peer restarted)
+Outcome = Callable[[str, int, str | None, bool], None]
 
 
 class OutcomeBook:
@@ -53,15 +54,17 @@ class OutcomeBook:
             del self._job_of[next(iter(self._job_of))]
 
     def taken(self, peer: str, msg_id: int) -> None:
-        self._finish(peer, msg_id, None)
+        self._finish(peer, msg_id, None, False)
 
-    def failed(self, peer: str, msg_id: int, tag: str, step: int, reason: str) -> None:
+    def failed(
+        self, peer: str, msg_id: int, tag: str, step: int, reason: str, restarted: bool = False
+    ) -> None:
         failure = {"msg_id": msg_id, "tag": tag, "step": step, "reason": reason}
         self._failures.setdefault(peer, deque(maxlen=RECENT_FAILURES)).append(failure)
         job = self._job_of.get((peer, msg_id), DEFAULT_JOB)
         job_failures = self._job_failures.setdefault(job, deque(maxlen=RECENT_FAILURES))
         job_failures.append({"peer": peer, **failure})
-        self._finish(peer, msg_id, failure_text(peer, msg_id, tag, step, reason))
+        self._finish(peer, msg_id, failure_text(peer, msg_id, tag, step, reason), restarted)
 
     def acked(self, peer: str, msg_id: int) -> None:
         if self.on_acked is not None:
@@ -70,14 +73,14 @@ class OutcomeBook:
     def changed(self, peer: str) -> None:
         self._event(peer).set()
 
-    def _finish(self, peer: str, msg_id: int, failure: str | None) -> None:
+    def _finish(self, peer: str, msg_id: int, failure: str | None, restarted: bool) -> None:
         outcomes = self._outcomes.setdefault(peer, OrderedDict())
         outcomes[msg_id] = failure
         while len(outcomes) > MAX_OUTCOMES:
             outcomes.popitem(last=False)
         self.changed(peer)
         if self.on_outcome is not None:
-            self.on_outcome(peer, msg_id, failure)
+            self.on_outcome(peer, msg_id, failure, restarted)
 
     # ------------------------------------------------------------ questions
 

@@ -103,8 +103,11 @@ class DriverListener(Protocol):
         """A trainer at the peer took message ``msg_id``."""
         ...
 
-    def failed(self, peer: str, msg_id: int, tag: str, step: int, reason: str) -> None:
-        """Message ``msg_id`` will never reach a trainer at the peer, for ``reason``."""
+    def failed(
+        self, peer: str, msg_id: int, tag: str, step: int, reason: str, restarted: bool = False
+    ) -> None:
+        """Message ``msg_id`` will never reach a trainer at the peer, for ``reason``
+        (``restarted``: the peer restarted, and its old instance may have had it)."""
         ...
 
     def acked(self, peer: str, msg_id: int) -> None:
@@ -411,7 +414,9 @@ class PeerDriver:
                 listener.changed(peer)
             elif isinstance(event, SendFailed):
                 failed.append(event)
-                listener.failed(peer, event.msg_id, event.tag, event.step, event.reason)
+                listener.failed(
+                    peer, event.msg_id, event.tag, event.step, event.reason, event.restarted
+                )
                 self._metrics.message_failed(peer)
             elif isinstance(event, MessageTaken):
                 listener.taken(peer, event.msg_id)

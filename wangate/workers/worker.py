@@ -132,13 +132,16 @@ class Worker:
         )
         # the worker's own trainers' side is never used: nothing is sent to its site
         self.service = Service(config, self.backend, TrainerDelivery(1), book)
-        self._peer_coordinators: dict[str, int] = {}  # the peers' coordinators, last seen
+        # the peer's coordinator (an instance's high bits) that had the stripe, by stripe
+        # id: seen when it was submitted, and again when the peer had it whole
+        self._held_by: dict[int, int] = {}
         self._arrived: dict[int, Delivery] = {}  # by arrival seq, waiting for ``place``
         self._arrivals = itertools.count(1)
         self._sock = sock
         self._channel: Channel | None = None
         self._sids: dict[tuple[str, int], int] = {}  # (peer, msg_id) -> stripe id
-        self._early: dict[tuple[str, int], str | None] = {}  # outcomes before their id
+        # outcomes before their id: (None or why it failed, whether the peer restarted)
+        self._early: dict[tuple[str, int], tuple[str | None, bool]] = {}
         self._queued_bytes = 0
         self._sizes: dict[int, int] = {}
         self._stopped = asyncio.Event()
@@ -248,24 +251,39 @@ class Worker:
 
     def _submitted(self, peer: str, msg_id: int, sid: int) -> None:
         key = (peer, msg_id)
+        self._note_holder(peer, sid)
         if key in self._early:
-            self._finished(peer, sid, self._early.pop(key))
+            self._finished(peer, sid, *self._early.pop(key))
         else:
             self._sids[key] = sid
 
     def _acked(self, peer: str, msg_id: int) -> None:
         sid = self._sids.get((peer, msg_id))
         if sid is not None and self._channel is not None:
+            self._note_holder(peer, sid)
             self._channel.send("acked", {"sid": sid})
 
-    def _outcome(self, peer: str, msg_id: int, failure: str | None) -> None:
+    def _outcome(self, peer: str, msg_id: int, failure: str | None, restarted: bool) -> None:
         sid = self._sids.pop((peer, msg_id), None)
         if sid is None:
-            self._early[(peer, msg_id)] = failure
+            self._early[(peer, msg_id)] = (failure, restarted)
             return
-        self._finished(peer, sid, failure)
+        self._finished(peer, sid, failure, restarted)
 
-    def _finished(self, peer: str, sid: int, failure: str | None) -> None:
+    def _coordinator_of(self, peer: str) -> int | None:
+        """The peer's coordinator as its worker here last heard (None: not yet)."""
+        driver = self.backend.peers.get(peer)
+        if driver is None or driver.instance_id is None:
+            return None
+        return driver.instance_id >> INSTANCE_LOW_BITS
+
+    def _note_holder(self, peer: str, sid: int) -> None:
+        coordinator = self._coordinator_of(peer)
+        if coordinator is not None:
+            self._held_by[sid] = coordinator
+
+    def _finished(self, peer: str, sid: int, failure: str | None, restarted: bool) -> None:
+        held_by = self._held_by.pop(sid, None)
         if failure is None:
             self._queued_bytes -= self._sizes.pop(sid, 0)
             assert self._channel is not None
@@ -273,19 +291,16 @@ class Worker:
             return
         # the session's words name the stripe's own message id: keep only the reason
         reason = failure.split(" failed: ", 1)[-1]
-        driver = self.backend.peers.get(peer)
-        seen = self._peer_coordinators.get(peer)
-        now = None if driver is None or driver.instance_id is None else driver.instance_id
-        restarted = seen is not None and now is not None and now >> INSTANCE_LOW_BITS != seen
-        code = ErrorCode.PEER_RESTARTED if restarted else ErrorCode.MESSAGE_FAILED
-        self._failed(sid, reason, code)
-
-    def _note_peers(self) -> None:
-        for name, driver in self.backend.peers.items():
-            if driver.instance_id is not None:
-                self._peer_coordinators[name] = driver.instance_id >> INSTANCE_LOW_BITS
+        # A peer's worker that restarted lost nothing its coordinator has: the stripe
+        # may go again (the coordinator drops a second copy). A new coordinator knows
+        # nothing of it, and the old one may have handed it to a trainer: final. Where
+        # it is not known which, final (a second delivery is worse than a failure).
+        worker_only = held_by is not None and held_by == self._coordinator_of(peer)
+        final = restarted and not worker_only
+        self._failed(sid, reason, ErrorCode.PEER_RESTARTED if final else ErrorCode.MESSAGE_FAILED)
 
     def _failed(self, sid: int, reason: str, code: str) -> None:
+        self._held_by.pop(sid, None)
         self._queued_bytes -= self._sizes.pop(sid, 0)
         assert self._channel is not None
         self._channel.send("failed", {"sid": sid, "reason": reason, "code": str(code)})
@@ -352,7 +367,6 @@ class Worker:
         while True:
             states = self._peer_states()
             sent_at = loop.time()
-            self._note_peers()
             rows, status = self.service.rows_and_status()
             times = os.times()
             self._channel.send(
