@@ -238,3 +238,34 @@ def test_sites_with_different_worker_counts_fail_sends_naming_the_count() -> Non
             assert (peer["messages_received"], peer["messages_held"]) == (0, 0)
     finally:
         lab.stop()
+
+
+def test_a_restarted_receiver_with_workers_fails_what_its_inbox_held_and_sends_none_again() -> None:
+    # acked whole, never taken: a new instance knows nothing of them, so each fails at
+    # its sender naming the restart, and no stripe goes again to the new instance
+    with LoopbackSites(2, 1, workers=2) as lab:
+        arrays = {
+            step: np.full(size, step, dtype=np.uint32)
+            for step, size in enumerate([1000, 2 * MiB, 1000, 2 * MiB])  # 8 MiB: two stripes
+        }
+        with lab["bj"].client() as bj:
+            ids = {step: bj.send("sh", "held", array, step=step) for step, array in arrays.items()}
+            poll(lambda: bj.status()["peers"]["sh"]["messages_held"] == len(ids))
+        lab.kill("sh")
+        lab.restart("sh")
+        with lab["bj"].client() as bj, lab["sh"].client() as sh:
+            for step, msg_id in ids.items():
+                with pytest.raises(MessageFailed) as failed:
+                    bj.wait("sh", msg_id, timeout=30)
+                assert str(failed.value) == (
+                    f"message {msg_id} (tag 'held', step {step}) to sh failed: "
+                    "peer sh restarted with it in its inbox, before a trainer took it"
+                )
+            with pytest.raises(RecvTimeout):
+                sh.recv("held", timeout=3.0)  # none of them reached the new instance
+            assert sh.status()["inbox"]["queued"] == 0
+            # traffic resumes with the new instance
+            after = np.arange(2 * MiB, dtype=np.uint32)
+            msg_id = bj.send("sh", "after", after, step=9)
+            assert np.array_equal(sh.recv("after", source="bj", step=9, timeout=60), after)
+            bj.wait("sh", msg_id, timeout=30)

@@ -38,11 +38,12 @@ def test_a_packet_round_trips_with_exact_bytes() -> None:
         (b"\xc1", 0, "a packet of 1 bytes is not msgpack"),
         (msgpack.packb([1, 2]), 0, "a packet is a list, not a map"),
         (msgpack.packb({"k": "explode"}), 0, "unknown packet kind 'explode'"),
-        (msgpack.packb({"k": "done"}), 0, r"done packet: missing keys \['sid'\], unknown"),
-        (msgpack.packb({"k": "done", "sid": 1, "x": 2}), 0, r"unknown keys \['x'\]"),
-        (msgpack.packb({"k": "done", "sid": "1"}), 0, "done packet: sid is a str"),
-        (msgpack.packb({"k": "done", "sid": True}), 0, "done packet: sid is a bool"),
-        (msgpack.packb({"k": "done", "sid": 1}), 1, "done packet came with 1 descriptors, not 0"),
+        (msgpack.packb({"k": "acked"}), 0, r"acked packet: missing keys \['sid'\], unknown"),
+        (msgpack.packb({"k": "acked", "sid": 1, "x": 2}), 0, r"unknown keys \['x'\]"),
+        (msgpack.packb({"k": "acked", "sid": "1"}), 0, "acked packet: sid is a str"),
+        (msgpack.packb({"k": "acked", "sid": True}), 0, "acked packet: sid is a bool"),
+        (msgpack.packb({"k": "acked", "sid": 1}), 1, "acked packet came with 1 descriptors, not 0"),
+        (msgpack.packb({"k": "done", "sid": 1}), 0, r"done packet: missing keys \['holder'\]"),
         (
             encode("place", {"seq": 1, "offset": 0}),
             0,
@@ -94,7 +95,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
         sender = Channel(left, lambda *_: None, lambda reason: None)
         fd = os.memfd_create("t")
         os.write(fd, b"hello")
-        sender.send("done", {"sid": 3})
+        sender.send("acked", {"sid": 3})
         sender.send("reset", {"peer": "sh", "path": "a"})
         fields = {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
                   "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1,
@@ -112,7 +113,7 @@ def test_descriptors_cross_and_a_bad_packet_closes_the_channel() -> None:
 
     got, closed, _ = asyncio.run(main())
     assert got == [
-        ("done", {"sid": 3}, []),
+        ("acked", {"sid": 3}, []),
         ("reset", {"peer": "sh", "path": "a"}, []),
         ("send", {"sid": 1, "peer": "sh", "tag": "t", "step": 0, "critical": True, "meta": b"m",
                   "checksum": 5, "offset": 0, "length": 5, "deadline_s": -1, "job": "llama-run3"},

@@ -1,4 +1,5 @@
-"""The stripe planner and the stripe reassembly (wangate.workers.stripes), no processes."""
+"""The stripe planner, the stripe reassembly (wangate.workers.stripes) and a sent
+message's confirmations (wangate.workers.sending), no processes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from wangate.checksum import crc32_combine
 from wangate.core.message import MessageHeader
 from wangate.errors import RemoteProtocolError
+from wangate.workers.channel import UNKNOWN_HOLDER
+from wangate.workers.sending import OutMessage
 from wangate.workers.stripes import (
     DESCRIPTOR_BYTES,
     STRIPE_BYTES,
@@ -178,3 +181,16 @@ def test_a_gateway_without_workers_refuses_stripes_and_nothing_else() -> None:
     assert refuse_stripes(header(b"")) is None
     assert refuse_stripes(header(b"WGS1")) is None  # too short to be a stripe's
     assert refuse_stripes(header(b"WGF1" + bytes(60))) is None
+
+
+def test_a_message_confirmed_by_two_instances_of_the_peer_is_not_delivered() -> None:
+    message = OutMessage("sh", 1, "g", 0, False, 3 * STRIPE_BYTES, 0.0, None, None, left=3)
+    assert message.confirmed_by(UNKNOWN_HOLDER)  # its worker had not heard the peer yet
+    assert message.holder == UNKNOWN_HOLDER
+    assert message.confirmed_by(0x51)  # the first instance known confirms the next
+    assert message.holder == 0x51
+    assert message.confirmed_by(0x51)
+    assert message.confirmed_by(UNKNOWN_HOLDER)
+    # the peer restarted between two stripes: the new one cannot make the message whole
+    assert not message.confirmed_by(0x52)
+    assert message.holder == 0x51

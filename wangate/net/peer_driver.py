@@ -227,14 +227,15 @@ class PeerDriver:
         first wins, on both sides alike.
         """
         assert link.path is not None
-        if self.instance_id is not None and self.instance_id != hello.instance_id:
+        # the new instance first: what the restart fails is judged against it
+        previous, self.instance_id = self.instance_id, hello.instance_id
+        if previous is not None and previous != hello.instance_id:
             log.warning("peer %s restarted: messages in progress with it fail", self.peer)
             self._session.peer_restarted(self._clock())
             # connections to the old instance are dead even if they have not timed out
             for old in list(self.links.values()):
                 if old is not link:
                     old.refuse(LinkError.DUPLICATE, "peer restarted")
-        self.instance_id = hello.instance_id
         existing = self.links.get(link.path)
         if existing is not None and existing is not link:
             if existing.dialer_site == link.dialer_site:

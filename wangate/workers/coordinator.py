@@ -161,7 +161,7 @@ class Coordinator:
     ) -> None:
         try:
             if kind == "done":
-                self._confirmed(handle, fields["sid"])
+                self._confirmed(handle, fields["sid"], fields["holder"])
             elif kind == "acked":
                 self._acked(fields["sid"])
             elif kind == "failed":
@@ -340,13 +340,17 @@ class Coordinator:
             self._pending[stripe.message.peer] -= stripe.length
             self._book.changed(stripe.message.peer)
 
-    def _confirmed(self, handle: WorkerHandle, sid: int) -> None:
+    def _confirmed(self, handle: WorkerHandle, sid: int, holder: int) -> None:
         stripe = self._release(handle, sid)
         if stripe is None:
             return
         self._acked(sid)
         self._drop_stripe(stripe)
         message = stripe.message
+        if not message.confirmed_by(holder) and not message.finished:
+            why = f"peer {message.peer} restarted mid-message: its stripes reached two instances"
+            self._finish(message, why)
+            return
         message.left -= 1
         if message.left == 0 and not message.finished:
             self._finish(message, None)
@@ -370,7 +374,9 @@ class Coordinator:
             )
             self._dispatch([stripe], exclude=handle.index)
             return
-        self._finish(message, stripe.first_failure + self._count_hint(message.peer, handle))
+        # where workers disagree on reaching the peer, say why that may be
+        hint = "" if code in FINAL_CODES else self._count_hint(message.peer, handle)
+        self._finish(message, stripe.first_failure + hint)
 
     def _count_hint(self, peer: str, failed: WorkerHandle) -> str:
         """Where other workers reach ``peer`` and the one that failed does not, the likely

@@ -22,6 +22,7 @@ from wangate.core.message import MAX_META_BYTES, MessageHeader
 from wangate.errors import ErrorCode, GatewayError, LocalProtocolError
 from wangate.service import Submission
 from wangate.shm import SIZE_SEALS, new_segment, seal
+from wangate.workers.channel import UNKNOWN_HOLDER
 from wangate.workers.stripes import DESCRIPTOR_BYTES, stripe_ranges
 
 STRIPE_NAME = "wangate-stripe"  # what /proc/PID/fd shows
@@ -47,6 +48,18 @@ class OutMessage:
     segment: tuple[int, int] | None = None
     payload: memoryview | None = None
     job: str = DEFAULT_JOB
+    holder: int = UNKNOWN_HOLDER  # the peer's coordinator that confirmed its stripes
+
+    def confirmed_by(self, holder: int) -> bool:
+        """Note that the peer's coordinator ``holder`` confirmed a stripe; False if
+        another one confirmed an earlier stripe. Then the peer restarted between them:
+        the new instance has only some of the stripes and the old one's are gone, so the
+        message can never be whole there (it must fail, not count as delivered)."""
+        if holder == UNKNOWN_HOLDER:
+            return True
+        if self.holder == UNKNOWN_HOLDER:
+            self.holder = holder
+        return self.holder == holder
 
 
 @dataclass

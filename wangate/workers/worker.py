@@ -40,7 +40,7 @@ from wangate.metrics import GatewayMetrics
 from wangate.net.peer_driver import BodyBuffers
 from wangate.service import Submission
 from wangate.shm import map_segment
-from wangate.workers.channel import Channel
+from wangate.workers.channel import UNKNOWN_HOLDER, Channel
 
 log = logging.getLogger("wangate.workers")
 
@@ -287,7 +287,8 @@ class Worker:
         if failure is None:
             self._queued_bytes -= self._sizes.pop(sid, 0)
             assert self._channel is not None
-            self._channel.send("done", {"sid": sid})
+            holder = UNKNOWN_HOLDER if held_by is None else held_by
+            self._channel.send("done", {"sid": sid, "holder": holder})
             return
         # the session's words name the stripe's own message id: keep only the reason
         reason = failure.split(" failed: ", 1)[-1]
@@ -300,7 +301,6 @@ class Worker:
         self._failed(sid, reason, ErrorCode.PEER_RESTARTED if final else ErrorCode.MESSAGE_FAILED)
 
     def _failed(self, sid: int, reason: str, code: str) -> None:
-        self._held_by.pop(sid, None)
         self._queued_bytes -= self._sizes.pop(sid, 0)
         assert self._channel is not None
         self._channel.send("failed", {"sid": sid, "reason": reason, "code": str(code)})
