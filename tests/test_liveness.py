@@ -3,16 +3,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from tests.fakelink import LinkProfile, SimulatedPair, make_header
+from tests.fakelink import LinkProfile, SimPath, SimulatedPair, make_header
 from wangate.core.events import (
     MessageDelivered,
     MessageTaken,
     PeerStateChanged,
     SendFailed,
 )
-from wangate.core.frames import MessagesTaken
+from wangate.core.frames import (
+    ControlFrame,
+    ControlStreamDecoder,
+    MessagesDone,
+    MessagesTaken,
+    encode_control,
+)
 from wangate.core.liveness import DEFAULT_PEER_DEAD_S, PEER_QUIET_S, PeerLiveness
 from wangate.core.session import PeerSession
 from wangate.errors import PeerUnreachable
@@ -138,6 +146,71 @@ def test_done_messages_are_held_until_taken_and_fail_when_the_peer_restarts() ->
     assert bj.peer_state(pair.now)[0] == "restarted"
     pair.run_for(DEFAULT_PEER_DEAD_S)
     assert bj.peer_state(pair.now)[0] == "up"
+
+
+def lose_confirmations(pair: SimulatedPair, site: str) -> Callable[[], list[ControlFrame]]:
+    """From now on every ``MessagesDone`` and ``MessagesTaken`` ``site`` sends is lost
+    (each went on a connection that then died), its acks still arrive; the function
+    returned ends that and returns what was lost."""
+    lost: list[ControlFrame] = []
+    send = pair._send_control
+
+    def send_some(path: SimPath, sender: str, data: bytes) -> None:
+        if sender == site:
+            frames = ControlStreamDecoder().feed(data)
+            lost.extend(f for f in frames if isinstance(f, MessagesDone | MessagesTaken))
+            kept = [f for f in frames if not isinstance(f, MessagesDone | MessagesTaken)]
+            data = b"".join(encode_control(f) for f in kept)
+        if data:
+            send(path, sender, data)
+
+    def restore() -> list[ControlFrame]:
+        pair._send_control = send  # type: ignore[method-assign]
+        return lost
+
+    pair._send_control = send_some  # type: ignore[method-assign]
+    return restore
+
+
+@pytest.mark.parametrize("then", ["heard again", "restarted"])
+def test_a_message_the_peer_had_every_byte_of_is_not_failed_by_its_silence(then: str) -> None:
+    pair = SimulatedPair(PATHS)  # sh's trainer takes each message as it arrives
+    bj = pair.sessions["bj"]
+    pair.run_for(0.5)
+    restore = lose_confirmations(pair, "sh")
+    whole = submit(pair, "grad", 1)
+    assert pair.run_until(lambda: whole in pair.received["sh"], 10)
+    pair.run_for(0.1)  # every ack is in; the done and taken were lost
+    for name in PATHS:
+        pair.set_silent(name, True)
+    partial = submit(pair, "grad", 2, size=3 << 20)  # the peer never has every byte of it
+    pair.run_for(DEFAULT_PEER_DEAD_S + 0.5)
+    assert bj.peer_state(pair.now)[0] == "unreachable"
+    # sh may have delivered it (it did): silence does not fail it, unlike the other
+    assert [(f.msg_id, f.reason) for f in pair.events_of("bj", SendFailed)] == [
+        (partial, "peer sh unreachable: silent for 5.0 s")
+    ]
+    assert bj.message_state(whole) == "sending"
+    assert bj.status()["messages_in_flight"] == 1
+    lost = restore()
+    assert MessagesDone((whole,)) in lost and MessagesTaken((whole,)) in lost
+    for name in PATHS:
+        pair.set_silent(name, False)
+    if then == "heard again":
+        # bj asks again (one byte of it); sh, which remembers delivering it and its
+        # trainer taking it, says both again
+        assert pair.run_until(lambda: bool(pair.events_of("bj", MessageTaken)), 10)
+        assert [e.msg_id for e in pair.events_of("bj", MessageDelivered)] == [whole]
+        assert pair.events_of("bj", MessageTaken) == [MessageTaken(whole)]
+        assert pair.received_count["sh"][whole] == 1
+    else:
+        pair.restart("sh")
+        pair.run_for(0.2)
+        assert pair.events_of("bj", SendFailed)[1:] == [
+            SendFailed(whole, "peer sh restarted mid-message", "grad", 1, restarted=True)
+        ]
+        assert pair.events_of("bj", MessageDelivered) == []
+    assert bj.message_state(whole) is None
 
 
 def test_taken_overtaking_done_counts_as_both() -> None:

@@ -109,7 +109,12 @@ class ControlOutbox:
             while inbound.repair_requests:
                 out.append(encode_control(inbound.repair_requests.popleft()))
             while inbound.done_pending:
-                out.append(encode_control(MessagesDone(inbound.take_done(MAX_DONE_IDS))))
+                done = inbound.take_done(MAX_DONE_IDS)
+                out.append(encode_control(MessagesDone(done)))
+                # said again (the sender asked): what a trainer took since is said too
+                for msg_id in done:
+                    if msg_id in inbound.taken:
+                        self.owe_taken(msg_id)
             while self.taken_pending:  # after "done": the sender expects them in that order
                 ids = tuple(self.taken_pending)[:MAX_DONE_IDS]
                 for msg_id in ids:

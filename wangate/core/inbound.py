@@ -112,6 +112,8 @@ class Reassembly:
         # so the first one is the next to expire: expire/next_expiry are O(1) amortised
         self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
         self.completed = RangeSet()  # message ids delivered
+        # of those, the ones a trainer here took: "done" said again brings "taken" too
+        self.taken = RangeSet()
         self.rejected = RangeSet()  # message ids dropped: acknowledged, never confirmed
         self.held_bytes = 0  # in progress + delivered and not yet consumed
         self.consumed_bytes = 0
@@ -326,9 +328,12 @@ class Reassembly:
         self._events.append(MessageDropped(msg_id, reason, code))
         self.rejections.append(MessageRejected(msg_id, code, reason))
 
-    def release(self, body_bytes: int) -> None:
+    def release(self, body_bytes: int, msg_id: int = 0) -> None:
+        """A trainer took ``body_bytes`` (of message ``msg_id``, if known)."""
         self.held_bytes -= body_bytes
         self.consumed_bytes += body_bytes
+        if msg_id in self.completed:
+            self.taken.add(msg_id, msg_id + 1)
 
     def take_done(self, limit: int) -> tuple[int, ...]:
         ids = tuple(self.done_pending)[:limit]
@@ -345,6 +350,7 @@ class Reassembly:
             self.free(message.body)
         self.inbound.clear()
         self.completed.clear()
+        self.taken.clear()
         self.rejected.clear()
         self.done_pending.clear()
         self.repair_requests.clear()

@@ -47,6 +47,7 @@ class OutboundMessage:
         "body_len",
         "critical",
         "deadline_at",
+        "had_every_byte",
         "head",
         "header_bytes",
         "job",
@@ -80,6 +81,9 @@ class OutboundMessage:
         self.queued = False  # in the queue's work list
         self.started_at = 0.0
         self.acked_at: float | None = None  # every byte acknowledged (awaiting "done")
+        # every byte was acknowledged once (a poke asking again for "done" does not undo
+        # it): the peer may have delivered it, so silence alone does not fail it
+        self.had_every_byte = False
         self.deadline_at: float | None = None  # the trainer's: give up if not done by then
         self.shape: CodingShape | None = None  # set when the first piece is taken
         self.blocks: dict[int, BlockLedger] = {}  # open coded blocks
@@ -516,6 +520,7 @@ class OutboundQueue:
         done_sending = message.next_offset >= message.body_len and not message.repairs
         if message.acked_at is None and done_sending and message.complete:
             message.acked_at = now
+            message.had_every_byte = True
 
     def repair_blocks(self, msg_id: int, blocks: tuple[int, ...]) -> bool:
         """The receiver could not verify rebuilt blocks: resend their sources by range."""
@@ -533,6 +538,7 @@ class OutboundQueue:
             message.repairs.append((start, end))
             self._add_backlog(message, end - start)
         message.acked_at = None
+        message.had_every_byte = False  # the receiver could not verify it: not whole there
         self._enqueue(message)
         return True
 
@@ -566,9 +572,12 @@ class OutboundQueue:
             message.next_offset = message.body_len
         return message
 
-    def clear(self) -> list[OutboundMessage]:
-        dropped = list(self.messages.values())
+    def clear(self, keep_whole: bool = False) -> list[OutboundMessage]:
+        """Drop every message, or (``keep_whole``) every one but those the peer had
+        every byte of; returns those dropped."""
+        dropped = [m for m in self.messages.values() if not (keep_whole and m.had_every_byte)]
         for message in dropped:
             self.drop(message.msg_id)
-        self.work.clear()
+        if not self.messages:
+            self.work.clear()  # else the work list skips the dropped ones as it meets them
         return dropped

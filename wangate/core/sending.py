@@ -153,8 +153,11 @@ class Sender:
             self.admit(now)  # a job at its cap may go on
 
     def fail_all(self, why: str) -> None:
-        """Every message not yet done fails for ``why``."""
-        for message in self.queue.clear():
+        """The peer went silent: every message not yet done fails for ``why``, except
+        those it had every byte of. Like a done message, such a one may have reached a
+        trainer there, its "done" lost or on the way: it waits for the peer to come back
+        (it asks again then) or for its restart (which fails it)."""
+        for message in self.queue.clear(keep_whole=True):
             self.outbox.release(message.msg_id)
             self._events.append(SendFailed(message.msg_id, why, message.tag, message.step))
         self._events.extend(self.outbox.fail_all(why))

@@ -336,7 +336,7 @@ class PeerSession:
     def consumed(self, body_bytes: int, msg_id: int = 0) -> None:
         """A trainer took received message ``msg_id``: its bytes no longer count against
         the window, and the sender learns it was delivered."""
-        self._inbound.release(body_bytes)
+        self._inbound.release(body_bytes, msg_id)
         self._control_outbox.owe_credit_everywhere()
         if msg_id:
             self._control_outbox.owe_taken(msg_id)
