@@ -28,6 +28,7 @@ def test_every_outcome_falls_in_its_class() -> None:
         (_sent(0, "unknown", "sender's gateway lost"), [ok], "intact_sender_lost"),
         (_sent(0, "failed", restarted), [ok], "taken_reported_failed"),
         (_sent(0, "failed", "peer unreachable"), [ok], "taken_and_failed"),
+        (_sent(0, "failed", checker.ALL_SENT), [ok], "taken_reported_failed"),
         (_sent(0, "failed", "peer unreachable at send", None), [], "failed"),
         (_sent(0, "unknown", "sender's gateway lost"), [], "failed"),
         (_sent(0, "taken"), [ok, ok], "duplicate"),
@@ -106,6 +107,11 @@ def test_reasons_name_the_failure() -> None:
     assert reason("MessageFailed", "", "peer sh unreachable: silent for 5.0 s", "wait") == (
         "peer unreachable"
     )
+    all_sent = (
+        "peer sh unreachable: silent for 5.0 s, after all of it was sent (a trainer there "
+        "may have taken it)"
+    )
+    assert reason("MessageFailed", "", all_sent, "wait") == "peer unreachable (all of it sent)"
     assert reason("MessageFailed", "", "deadline of 3 s passed before sh", "wait") == (
         "deadline passed"
     )

@@ -159,7 +159,11 @@ class Sender:
         (it asks again then) or for its restart (which fails it)."""
         for message in self.queue.clear(keep_whole=True):
             self.outbox.release(message.msg_id)
-            self._events.append(SendFailed(message.msg_id, why, message.tag, message.step))
+            reason = why
+            if message.next_offset >= message.body_len:
+                # every byte went out once: its acks, or it, may have died with the peer
+                reason = f"{why}, after all of it was sent (a trainer there may have taken it)"
+            self._events.append(SendFailed(message.msg_id, reason, message.tag, message.step))
         self._events.extend(self.outbox.fail_all(why))
 
     def peer_restarted(self) -> None:

@@ -18,7 +18,7 @@ Each message then falls in exactly one class:
 |---|---|---|---|
 | ``intact`` | one, intact | taken | holds |
 | ``intact_sender_lost`` | one, intact | unknown | holds |
-| ``taken_reported_failed`` | one, intact | failed: the receiver restarted | holds (1) |
+| ``taken_reported_failed`` | one, intact | failed, saying it may have been taken | holds (1) |
 | ``failed`` | none | failed or unknown | holds, counted by reason |
 | ``taken_and_failed`` | one, intact | failed for another reason | **violated** |
 | ``duplicate`` | two or more, intact | any | **violated** |
@@ -27,7 +27,9 @@ Each message then falls in exactly one class:
 | ``unaccounted`` | any | None | **violated** |
 
 (1) proto/delivery.md, "Limits": a restart of the receiving gateway before the take's
-confirmation reached the sender makes the sender report a taken message failed.
+confirmation reached the sender makes the sender report a taken message failed, and so
+does the receiver going silent after the sender sent every byte and before their acks
+came (the failure says a trainer may have taken it).
 
 A take naming no message that was sent (or no header at all) is ``corrupt`` too.
 """
@@ -41,7 +43,10 @@ from typing import Any
 
 OK_CLASSES = ("intact", "intact_sender_lost", "taken_reported_failed", "failed")
 BAD_CLASSES = ("taken_and_failed", "duplicate", "corrupt", "phantom", "unaccounted")
-RESTARTED = "receiver restarted"  # the reasons a take's confirmation may be lost to
+RESTARTED = "receiver restarted"
+ALL_SENT = "peer unreachable (all of it sent)"
+# the failures that say the message may have been taken
+MAYBE_TAKEN = (f"{RESTARTED} (in its inbox)", f"{RESTARTED} (mid-message)", ALL_SENT)
 MiB = 1 << 20
 RSS_GROWTH_MIB = 20.0
 RSS_GROWTH_SHARE = 0.25
@@ -70,6 +75,7 @@ class Take:
 _REASONS = (  # MessageFailed's words -> a reason key
     (re.compile(r"restarted with it in its inbox"), f"{RESTARTED} (in its inbox)"),
     (re.compile(r"restarted mid-message"), f"{RESTARTED} (mid-message)"),
+    (re.compile(r"may have taken it"), ALL_SENT),
     (re.compile(r"unreachable"), "peer unreachable"),
     (re.compile(r"deadline"), "deadline passed"),
     (re.compile(r"rejected it"), "rejected by the peer"),
@@ -124,7 +130,7 @@ def classify(sent: Sent, takes: list[Take]) -> str:
     if len(takes) == 1:
         if sent.outcome in ("taken", "unknown"):
             return "intact" if sent.outcome == "taken" else "intact_sender_lost"
-        return "taken_reported_failed" if sent.reason.startswith(RESTARTED) else "taken_and_failed"
+        return "taken_reported_failed" if sent.reason in MAYBE_TAKEN else "taken_and_failed"
     return "phantom" if sent.outcome == "taken" else "failed"
 
 
