@@ -183,14 +183,14 @@ def test_a_gateway_without_workers_refuses_stripes_and_nothing_else() -> None:
     assert refuse_stripes(header(b"WGF1" + bytes(60))) is None
 
 
-def test_a_message_confirmed_by_two_instances_of_the_peer_is_not_delivered() -> None:
+def test_a_message_whose_stripes_reached_two_instances_of_the_peer_is_not_delivered() -> None:
     message = OutMessage("sh", 1, "g", 0, False, 3 * STRIPE_BYTES, 0.0, None, None, left=3)
-    assert message.confirmed_by(UNKNOWN_HOLDER)  # its worker had not heard the peer yet
+    assert message.reached(UNKNOWN_HOLDER)  # its worker had not heard the peer yet
     assert message.holder == UNKNOWN_HOLDER
-    assert message.confirmed_by(0x51)  # the first instance known confirms the next
+    assert message.reached(0x51)  # the first instance known had the next
     assert message.holder == 0x51
-    assert message.confirmed_by(0x51)
-    assert message.confirmed_by(UNKNOWN_HOLDER)
+    assert message.reached(0x51)
+    assert message.reached(UNKNOWN_HOLDER)
     # the peer restarted between two stripes: the new one cannot make the message whole
-    assert not message.confirmed_by(0x52)
+    assert not message.reached(0x52)
     assert message.holder == 0x51

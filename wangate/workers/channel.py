@@ -27,7 +27,7 @@ FD_SPACE = socket.CMSG_SPACE(4 * 4)
 
 # kind -> (field -> type, descriptors the packet carries)
 _NUMBER = (int, float)
-UNKNOWN_HOLDER = -1  # `done`: the worker did not know the peer's instance yet
+UNKNOWN_HOLDER = -1  # `done`, `failed`: the worker did not know the peer's instance yet
 KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
     # coordinator -> worker
     "send": (
@@ -54,7 +54,7 @@ KINDS: dict[str, tuple[dict[str, type | tuple[type, ...]], int]] = {
     "ready": ({"pid": int}, 0),
     "acked": ({"sid": int}, 0),
     "done": ({"sid": int, "holder": int}, 0),
-    "failed": ({"sid": int, "reason": str, "code": str}, 0),
+    "failed": ({"sid": int, "reason": str, "code": str, "holder": int}, 0),
     "arrived": (
         {
             "peer": str,

@@ -70,6 +70,10 @@ FINAL_CODES = frozenset(
 )
 
 
+def _two_instances(peer: str) -> str:
+    return f"peer {peer} restarted mid-message: its stripes reached two instances"
+
+
 class Coordinator:
     """The backend (wangate.gateway.backend) of a gateway with worker processes."""
 
@@ -165,7 +169,9 @@ class Coordinator:
             elif kind == "acked":
                 self._acked(fields["sid"])
             elif kind == "failed":
-                self._stripe_failed(handle, fields["sid"], fields["reason"], fields["code"])
+                self._stripe_failed(
+                    handle, fields["sid"], fields["reason"], fields["code"], fields["holder"]
+                )
             elif kind == "arrived":
                 self._receiver.arrived(handle, fields)
             elif kind == "placed":
@@ -347,21 +353,25 @@ class Coordinator:
         self._acked(sid)
         self._drop_stripe(stripe)
         message = stripe.message
-        if not message.confirmed_by(holder) and not message.finished:
-            why = f"peer {message.peer} restarted mid-message: its stripes reached two instances"
-            self._finish(message, why)
+        if not message.reached(holder) and not message.finished:
+            self._finish(message, _two_instances(message.peer))
             return
         message.left -= 1
         if message.left == 0 and not message.finished:
             self._finish(message, None)
 
-    def _stripe_failed(self, handle: WorkerHandle, sid: int, reason: str, code: str) -> None:
+    def _stripe_failed(
+        self, handle: WorkerHandle, sid: int, reason: str, code: str, holder: int
+    ) -> None:
         stripe = self._release(handle, sid)
         if stripe is None:
             return
         message = stripe.message
         if message.finished:
             self._drop_stripe(stripe)
+            return
+        if not message.reached(holder):  # sent again, it might reach a second instance
+            self._finish(message, _two_instances(message.peer))
             return
         expired = message.deadline_at is not None and time.monotonic() >= message.deadline_at
         final = code in FINAL_CODES or message.peer in self._unreachable or expired

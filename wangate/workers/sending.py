@@ -48,13 +48,14 @@ class OutMessage:
     segment: tuple[int, int] | None = None
     payload: memoryview | None = None
     job: str = DEFAULT_JOB
-    holder: int = UNKNOWN_HOLDER  # the peer's coordinator that confirmed its stripes
+    holder: int = UNKNOWN_HOLDER  # the peer's coordinator its stripes reached
 
-    def confirmed_by(self, holder: int) -> bool:
-        """Note that the peer's coordinator ``holder`` confirmed a stripe; False if
-        another one confirmed an earlier stripe. Then the peer restarted between them:
-        the new instance has only some of the stripes and the old one's are gone, so the
-        message can never be whole there (it must fail, not count as delivered)."""
+    def reached(self, holder: int) -> bool:
+        """Note that a stripe reached (was confirmed by), or may have reached (failed
+        after it was sent), the peer's coordinator ``holder``; False if an earlier one
+        reached another. Then the peer restarted between them: the new instance has only
+        some of the stripes, or may deliver a second copy of one the old instance took,
+        so the message must fail, not count as delivered."""
         if holder == UNKNOWN_HOLDER:
             return True
         if self.holder == UNKNOWN_HOLDER:

@@ -284,10 +284,10 @@ class Worker:
 
     def _finished(self, peer: str, sid: int, failure: str | None, restarted: bool) -> None:
         held_by = self._held_by.pop(sid, None)
+        holder = UNKNOWN_HOLDER if held_by is None else held_by
         if failure is None:
             self._queued_bytes -= self._sizes.pop(sid, 0)
             assert self._channel is not None
-            holder = UNKNOWN_HOLDER if held_by is None else held_by
             self._channel.send("done", {"sid": sid, "holder": holder})
             return
         # the session's words name the stripe's own message id: keep only the reason
@@ -298,12 +298,15 @@ class Worker:
         # it is not known which, final (a second delivery is worse than a failure).
         worker_only = held_by is not None and held_by == self._coordinator_of(peer)
         final = restarted and not worker_only
-        self._failed(sid, reason, ErrorCode.PEER_RESTARTED if final else ErrorCode.MESSAGE_FAILED)
+        code = ErrorCode.PEER_RESTARTED if final else ErrorCode.MESSAGE_FAILED
+        self._failed(sid, reason, code, holder)
 
-    def _failed(self, sid: int, reason: str, code: str) -> None:
+    def _failed(self, sid: int, reason: str, code: str, holder: int = UNKNOWN_HOLDER) -> None:
+        """The stripe failed; ``holder``: the peer's coordinator it may have reached."""
         self._queued_bytes -= self._sizes.pop(sid, 0)
         assert self._channel is not None
-        self._channel.send("failed", {"sid": sid, "reason": reason, "code": str(code)})
+        fields = {"sid": sid, "reason": reason, "code": str(code), "holder": holder}
+        self._channel.send("failed", fields)
 
     # ------------------------------------------------------------- to the coordinator
 
