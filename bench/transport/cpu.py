@@ -1,6 +1,7 @@
 """CPU cost of the gateway against a plain aioquic transfer, on loopback, no emulation.
 
     python -m bench transport cpu [--mib 256] [--datagram 1452 --datagram 8952] [--tree REV]
+                                  [--rounds 3] [--no-aioquic]
 
 For each datagram size, side by side in one run and the same bytes:
 
@@ -31,6 +32,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -235,6 +237,30 @@ def markdown(results: list[CpuResult]) -> str:
     return "\n".join(lines)
 
 
+def medians(results: list[CpuResult]) -> str:
+    """Per transport and datagram size, the median Mbit per CPU-second and goodput over
+    its rounds, and this tree's median against it."""
+    rows: dict[tuple[str, int], list[CpuResult]] = {}
+    for r in results:
+        rows.setdefault((r.transport, r.datagram_bytes), []).append(r)
+    lines = [
+        "| transport | datagram | rounds | median Mbit per CPU-second | median goodput Mbit/s "
+        "| this tree / it |",
+        "|---|---|---|---|---|---|",
+    ]
+    this: dict[int, float] = {}  # this tree's median, per datagram size
+    for (transport, datagram), runs in rows.items():
+        per_cpu = statistics.median(r.mbit_per_cpu_s for r in runs)
+        goodput = statistics.median(r.goodput_mbps for r in runs)
+        if transport == "wangate":
+            this[datagram] = per_cpu
+        ratio = f"{this[datagram] / per_cpu:.2f}" if datagram in this else ""
+        lines.append(
+            f"| {transport} | {datagram} | {len(runs)} | {per_cpu:.0f} | {goodput:.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench transport cpu",
@@ -249,6 +275,16 @@ def main(argv: list[str]) -> int:
         help="UDP payload bytes (repeatable; default 1452 and 8952)",
     )
     trees.add_argument(parser)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="transfers per tree and datagram size, the trees alternating; "
+        "a row per transfer, then each one's median",
+    )
+    parser.add_argument(
+        "--no-aioquic", action="store_true", help="leave the plain aioquic transfer out"
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args(argv)
     print(
@@ -257,20 +293,25 @@ def main(argv: list[str]) -> int:
         flush=True,
     )
     results = []
+    baseline = () if args.no_aioquic else (None,)
     for datagram in args.datagram or [1452, 8952]:
-        for tree in (None, *trees.trees(args)):
-            if tree is None:
-                result = run_aioquic(datagram, args.mib * MiB)
-            else:
-                result = run_wangate(datagram, args.mib * MiB, tree)
-            print(
-                f"  {result.transport} {datagram}: {result.seconds:.1f} s, "
-                f"{result.goodput_mbps:.0f} Mbit/s, {result.cpu_s:.1f} CPU s",
-                flush=True,
-            )
-            results.append(result)
+        for _ in range(args.rounds):
+            for tree in (*baseline, *trees.trees(args)):
+                if tree is None:
+                    result = run_aioquic(datagram, args.mib * MiB)
+                else:
+                    result = run_wangate(datagram, args.mib * MiB, tree)
+                print(
+                    f"  {result.transport} {datagram}: {result.seconds:.1f} s, "
+                    f"{result.goodput_mbps:.0f} Mbit/s, {result.cpu_s:.1f} CPU s",
+                    flush=True,
+                )
+                results.append(result)
     print()
     print(markdown(results))
+    if args.rounds > 1:
+        print()
+        print(medians(results))
     if args.json:
         print(
             json.dumps(
