@@ -283,8 +283,7 @@ class Worker:
             self._held_by[sid] = coordinator
 
     def _finished(self, peer: str, sid: int, failure: str | None, restarted: bool) -> None:
-        held_by = self._held_by.pop(sid, None)
-        holder = UNKNOWN_HOLDER if held_by is None else held_by
+        holder = self._held_by.pop(sid, UNKNOWN_HOLDER)
         if failure is None:
             self._queued_bytes -= self._sizes.pop(sid, 0)
             assert self._channel is not None
@@ -296,7 +295,7 @@ class Worker:
         # may go again (the coordinator drops a second copy). A new coordinator knows
         # nothing of it, and the old one may have handed it to a trainer: final. Where
         # it is not known which, final (a second delivery is worse than a failure).
-        worker_only = held_by is not None and held_by == self._coordinator_of(peer)
+        worker_only = holder == self._coordinator_of(peer)  # never UNKNOWN_HOLDER
         final = restarted and not worker_only
         code = ErrorCode.PEER_RESTARTED if final else ErrorCode.MESSAGE_FAILED
         self._failed(sid, reason, code, holder)
