@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +24,6 @@ pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # ~40 s on an idle 2-
 SITES, RANKS, STEPS = 3, 2, 5
 ROOT = "bj"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def reference_run(data_offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -62,13 +57,20 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackSites]:
         sites.stop()
 
 
-def run_site_ranks(
-    sites: list[SiteProcess], out: Path, **extra: object
-) -> list[subprocess.Popen[bytes]]:
+@dataclass
+class Rank:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+def run_site_ranks(sites: list[SiteProcess], out: Path, **extra: object) -> list[Rank]:
+    """Start every site's ranks. Each site meets in a file of its own (no TCP port to
+    race for), and each rank writes its output to a file (no pipe to fill)."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    procs = []
+    ranks = []
     for site in sites:
-        init = f"tcp://127.0.0.1:{free_tcp_port()}"
+        init = f"file://{out / f'{site.name}.rendezvous'}"
         for rank in range(RANKS):
             args = {
                 "site_index": SITE_NAMES.index(site.name),
@@ -81,22 +83,38 @@ def run_site_ranks(
                 "out": str(out),
                 **extra,
             }
-            procs.append(
-                subprocess.Popen(
+            log_path = out / f"{site.name}-{rank}.log"
+            with log_path.open("wb") as log_file:
+                process = subprocess.Popen(
                     [sys.executable, "-m", "tests.torch_ddp_worker", json.dumps(args)],
                     cwd=REPO,
                     env=env,
-                    stdout=subprocess.PIPE,
+                    stdout=log_file,
                     stderr=subprocess.STDOUT,
                 )
-            )
-    return procs
+            ranks.append(Rank(f"{site.name} rank {rank}", process, log_path))
+    return ranks
 
 
-def finish(procs: list[subprocess.Popen[bytes]]) -> None:
-    logs = [p.communicate(timeout=400)[0].decode(errors="replace") for p in procs]
-    codes = [p.returncode for p in procs]
-    assert codes == [0] * len(procs), "\n".join(logs)
+def finish(ranks: list[Rank], timeout_s: float = 400.0) -> None:
+    """Every rank exits 0 within ``timeout_s``; else all are killed and the failure shows
+    each rank's exit status and output."""
+    deadline = time.monotonic() + timeout_s
+    for rank in ranks:
+        try:
+            rank.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            break
+    for rank in ranks:
+        if rank.process.poll() is None:
+            rank.process.kill()
+            rank.process.wait()
+    report = "\n".join(
+        f"--- {r.name}: exit {r.process.returncode}\n"
+        + r.log_path.read_text(errors="replace")[-4000:]
+        for r in ranks
+    )
+    assert [r.process.returncode for r in ranks] == [0] * len(ranks), report
 
 
 def test_ddp_hook_three_sites_two_ranks_each(lab: LoopbackSites, tmp_path: Path) -> None:

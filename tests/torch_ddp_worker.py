@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -49,8 +50,14 @@ def flat_params(model: torch.nn.Module) -> np.ndarray:
 def main(args: dict[str, object]) -> None:
     torch.set_num_threads(1)
     site, rank = int(str(args["site_index"])), int(str(args["rank"]))
+    # Gloo's own wait is bounded too (its default is 30 minutes): a rank whose site
+    # partner died fails instead of hanging the run.
     dist.init_process_group(
-        "gloo", init_method=str(args["init"]), rank=rank, world_size=int(str(args["ranks"]))
+        "gloo",
+        init_method=str(args["init"]),
+        rank=rank,
+        world_size=int(str(args["ranks"])),
+        timeout=timedelta(seconds=120),
     )
     job = str(args["job"]) if args.get("job") else None
     client = wangate.Client(str(args["socket"]), job=job) if rank == 0 else None
