@@ -132,6 +132,10 @@ class PathLink(QuicConnectionProtocol):
         self._channel_timer: asyncio.TimerHandle | None = None
         self._channel_timer_at: float | None = None
         self._received = 0  # data-plane packets read since the last flush
+        # aioquic's connection may have packets to send or a timer to re-arm: something
+        # reached it (a packet of its own, control data, a close, its timer) since its
+        # last transmit. Only then is it asked: a pass costs more than a batch of ours.
+        self._quic_due = True
         self._after_receive: asyncio.Handle | None = None
         # Resolved by the handshake itself, whoever waits and whenever: aioquic's
         # wait_connected() only counts a handshake that completes while someone waits.
@@ -186,6 +190,7 @@ class PathLink(QuicConnectionProtocol):
         if channel is None or not self._data_plane_received(channel, cast(bytes, data)):
             # not the data plane's: the handshake, the control stream
             self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
+            self._quic_due = True
             compat.process_events(self)
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
@@ -221,7 +226,7 @@ class PathLink(QuicConnectionProtocol):
                 self._mark_closed(f"connection closed: {reason}")
         if self.driver is not None:
             self.driver.datagrams_handled()
-        self.transmit()
+        self.send_now()
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.StreamDataReceived):
@@ -281,6 +286,7 @@ class PathLink(QuicConnectionProtocol):
         site = self.site
         hello = Hello(site.name, self.path, site.instance_id, site.max_message_bytes)
         self._quic.send_stream_data(CONTROL_STREAM_ID, encode_control(hello))
+        self._quic_due = True
         self._hello_sent = True
 
     def _on_stream_data(self, event: events.StreamDataReceived) -> None:
@@ -354,6 +360,12 @@ class PathLink(QuicConnectionProtocol):
     # ------------------------------------------------------------- sending
 
     def transmit(self) -> None:
+        """aioquic's hook, called once its connection changed (a packet, a timer, a
+        close): send what it has, and what the session has."""
+        self._quic_due = True
+        self.send_now()
+
+    def send_now(self) -> None:
         """We may send: the driver fills this link from the session first."""
         if self.driver is None or self.state is not LinkState.UP:
             self.flush()
@@ -369,7 +381,9 @@ class PathLink(QuicConnectionProtocol):
             self._received = 0
             channel.flush(now)
             self._arm_channel_timer(channel, now)
-        super().transmit()
+        if self._quic_due:
+            self._quic_due = False
+            super().transmit()
 
     def _arm_channel_timer(self, channel: PathChannel, now: float) -> None:
         at = channel.timer(now)
@@ -388,7 +402,7 @@ class PathLink(QuicConnectionProtocol):
         self._channel_timer_at = None
         if self.channel is not None:
             self.channel.on_timer(time.monotonic())
-            self.transmit()
+            self.send_now()
 
     def _close_channel(self) -> None:
         # the socket may close next, and its descriptor be reused: never send on it again
@@ -407,3 +421,4 @@ class PathLink(QuicConnectionProtocol):
 
     def send_control(self, data: bytes) -> None:
         self._quic.send_stream_data(CONTROL_STREAM_ID, data)
+        self._quic_due = True

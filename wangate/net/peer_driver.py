@@ -345,7 +345,7 @@ class PeerDriver:
     def pump(self) -> None:
         self._pump_scheduled = False
         for link in list(self.links.values()):
-            link.transmit()
+            link.send_now()
 
     def fill(self, link: PathLink) -> None:
         """Pull what the session has for ``link``'s path into its channel, and send it.
