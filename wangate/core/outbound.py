@@ -147,7 +147,7 @@ class OutboundMessage:
         return ledger.encoder
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Piece:
     message: OutboundMessage
     start: int
@@ -155,6 +155,22 @@ class Piece:
     repair: bool
     block: int = -1  # coded block this piece belongs to (-1: counts for none)
     symbol: int = -1  # index in its block: < k source, >= k repair symbol
+
+    def __init__(  # written, not generated: one per datagram, and mypyc compiles this one
+        self,
+        message: OutboundMessage,
+        start: int,
+        end: int,
+        repair: bool,
+        block: int = -1,
+        symbol: int = -1,
+    ) -> None:
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "end", end)
+        object.__setattr__(self, "repair", repair)
+        object.__setattr__(self, "block", block)
+        object.__setattr__(self, "symbol", symbol)
 
     @property
     def is_repair_symbol(self) -> bool:

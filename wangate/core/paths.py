@@ -59,7 +59,7 @@ def repair_horizon_bytes(sender: PathSender) -> int:
     return int(inflight * (TIME_THRESHOLD + MAX_ACK_DELAY_S / srtt_s))
 
 
-@dataclass
+@dataclass(init=False)
 class SentDatagram:
     msg_id: int  # 0 for a probe
     start: int
@@ -68,6 +68,24 @@ class SentDatagram:
     size_bytes: int
     block: int = -1  # FEC block of a coded message (-1: none)
     symbol: int = -1  # index within that block
+
+    def __init__(  # written, not generated: one per datagram, and mypyc compiles this one
+        self,
+        msg_id: int,
+        start: int,
+        end: int,
+        sent_at: float,
+        size_bytes: int,
+        block: int = -1,
+        symbol: int = -1,
+    ) -> None:
+        self.msg_id = msg_id
+        self.start = start
+        self.end = end
+        self.sent_at = sent_at
+        self.size_bytes = size_bytes
+        self.block = block
+        self.symbol = symbol
 
 
 @dataclass
