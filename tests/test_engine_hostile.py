@@ -1,10 +1,12 @@
 """Forged packets aimed at a live path's data plane, on real gateways over loopback.
 
 bj listens, sh dials one path; once it is up, a forger that knows the path's 8-byte
-connection ID (it sits in clear in every packet) sprays bj's listening socket with
-packets carrying it: random bytes, truncations, flipped headers. Each one is dropped at
-the cost of a header check or an AEAD, is counted, and moves nothing: the path stays
-up and keeps carrying the real peer's packets.
+connection ID (it sits in clear in every packet) sprays the socket with packets carrying
+it: random bytes, truncations, flipped headers. Each one is dropped at the cost of a
+header check or an AEAD, is counted, and moves nothing: the path stays up and keeps
+carrying the real peer's packets. Both ends are aimed at: bj's listening socket (read
+datagram by datagram, shared by its connections) and sh's own socket (read in batches by
+its data plane).
 """
 
 from __future__ import annotations
@@ -15,21 +17,30 @@ import random
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.one_path import one_path
+from wangate.net.aioquic_compat import transport_of
+from wangate.net.drain import DrainingTransport
 
 FORGED = 3000
 
 
-async def _forge(directory: Path) -> None:
+async def _forge(directory: Path, side: str) -> None:
     forger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     async with one_path(directory) as link:
-        dialed, accepted = link.dialed, link.accepted
-        assert accepted.channel is not None
-        cid = accepted.channel.recv_cid
+        target_link = link.accepted if side == "accepted" else link.dialed
+        other = link.dialed if side == "accepted" else link.accepted
+        assert target_link.channel is not None
+        cid = target_link.channel.recv_cid
+        transport = transport_of(target_link)
+        assert isinstance(transport, DrainingTransport)
+        # the dialer's own socket is read by its data plane, the listener's is not
+        assert (transport.reader is not None) == (side == "dialed")
         await asyncio.sleep(0.3)
-        before = accepted.channel.stats()
+        before = target_link.channel.stats()
         rng = random.Random(5)
-        target = accepted.local_address.rsplit(":", 1)
+        target = target_link.local_address.rsplit(":", 1)
         address = (target[0], int(target[1]))
         sizes = [rng.choice((29, 64, 1200, 1440)) if i % 3 else rng.randrange(1, 29)
                  for i in range(FORGED)]  # fmt: skip
@@ -40,7 +51,7 @@ async def _forge(directory: Path) -> None:
             if i % 200 == 0:
                 await asyncio.sleep(0.005)  # let the loop read them
         await asyncio.sleep(0.5)
-        after = accepted.channel.stats()
+        after = target_link.channel.stats()
         forged_seen = (after["not_opened"] - before["not_opened"]) + (
             after["replayed"] - before["replayed"]
         )
@@ -48,12 +59,13 @@ async def _forge(directory: Path) -> None:
         # drops it; every other one was dropped by the channel, and counted
         assert forged_seen == sum(size >= 29 for size in sizes) > 1900
         assert after["packets_received"] > before["packets_received"]  # the peer's still open
-        assert accepted.state.value == "up" and dialed.state.value == "up"
-        assert dialed.channel is not None and dialed.channel.stats()["not_opened"] == 0
+        assert target_link.state.value == "up" and other.state.value == "up"
+        assert other.channel is not None and other.channel.stats()["not_opened"] == 0
     forger.close()
 
 
+@pytest.mark.parametrize("side", ["accepted", "dialed"])
 def test_forged_packets_with_a_live_connection_id_are_dropped_and_counted(
-    tmp_path: Path,
+    tmp_path: Path, side: str
 ) -> None:
-    asyncio.run(_forge(tmp_path))
+    asyncio.run(_forge(tmp_path, side))

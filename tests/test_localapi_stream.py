@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -188,10 +189,18 @@ class TamperedSend:
         self.sock.close()
 
 
+# The receiver asks before the message is sent: one that fails its checksum before
+# anyone asked for it is dropped whole at its end (its sender is told), and nothing is
+# left to stream. The ask is sent REGISTER_S before the send; sh is idle meanwhile.
+REGISTER_S = 0.5
+
+
 def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
-    tampered = TamperedSend(sites, "tampered", 4)
-    with sites["sh"].client() as sh:
-        incoming = sh.recv("tampered", source="bj", stream=True, timeout=60)
+    with sites["sh"].client() as sh, ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(sh.recv, "tampered", source="bj", stream=True, timeout=60)
+        time.sleep(REGISTER_S)
+        tampered = TamperedSend(sites, "tampered", 4)
+        incoming = asked.result(timeout=90)
         assert (incoming.tag, incoming.step, incoming.done) == ("tampered", 4, False)
         with pytest.raises(wangate.GatewayError) as info:
             incoming.result(timeout=120)
@@ -204,23 +213,27 @@ def test_a_checksum_failure_surfaces_in_result(sites: LoopbackSites) -> None:
     tampered.close()
 
 
-async def _async_checksum_failure(sh_path: Path) -> wangate.GatewayError:
-    async with wangate.AsyncClient(sh_path) as sh:
-        incoming = await sh.recv("tampered-async", source="bj", stream=True, timeout=60)
+async def _async_checksum_failure(sites: LoopbackSites) -> wangate.GatewayError:
+    async with wangate.AsyncClient(sites["sh"].socket_path) as sh:
+        asked = asyncio.ensure_future(
+            sh.recv("tampered-async", source="bj", stream=True, timeout=60)
+        )
+        await asyncio.sleep(REGISTER_S)
+        tampered = await asyncio.to_thread(TamperedSend, sites, "tampered-async", 5)
+        incoming = await asked
         with pytest.raises(wangate.GatewayError) as info:
             await incoming.result(timeout=120)
         with pytest.raises(wangate.GatewayError, match="failed its checksum"):
             await incoming.wait(incoming.size)
         assert incoming.ready_bytes < incoming.size and not incoming.done
+        tampered.close()
         return info.value
 
 
 def test_the_async_client_sees_a_checksum_failure_too(sites: LoopbackSites) -> None:
-    tampered = TamperedSend(sites, "tampered-async", 5)
-    error = asyncio.run(_async_checksum_failure(sites["sh"].socket_path))
+    error = asyncio.run(_async_checksum_failure(sites))
     assert error.code == "checksum"
     assert "message 'tampered-async' (step 5) from bj failed its checksum" in str(error)
-    tampered.close()
 
 
 RECEIVER_THAT_DIES = textwrap.dedent(

@@ -15,7 +15,6 @@ import ipaddress
 import logging
 import os
 import random
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from wangate.net.aioquic_compat import (
     client_connection,
     connection_of,
 )
+from wangate.net.drain import open_draining_endpoint
 from wangate.net.link import CLIENT_CID_BYTES, LocalSite, PathLink
 from wangate.net.listener import PeerListener, listen_for_peers
 from wangate.net.peer_driver import PeerDriver
@@ -194,14 +194,15 @@ class Endpoint:
     async def open_link(self, peer: str, path: PathConfig) -> PathLink:
         """A connection on ``path`` with its handshake started (not awaited)."""
         assert path.remote is not None
-        loop = asyncio.get_running_loop()
         remote_host, remote_port = path.remote
         family = ipaddress.ip_address(remote_host).version
         local_host = path.local or ("::" if family == 6 else "0.0.0.0")
         configuration = client_quic_configuration(
             self.config, peer, max_datagram_size=path.max_datagram_size
         )
-        transport, link = await loop.create_datagram_endpoint(
+        # a socket of the link's own, read down to empty each turn; once the path is up
+        # its data plane reads it in batches (PathLink._read_batches)
+        transport, link = await open_draining_endpoint(
             lambda: self._new_link(
                 client_connection(configuration, CLIENT_CID_BYTES),
                 dialed=True,
@@ -209,8 +210,8 @@ class Endpoint:
                 path=path.name,
                 datagram_bytes=path.max_datagram_size,
             ),
-            local_addr=(local_host, 0),
-            family=socket.AF_INET6 if family == 6 else socket.AF_INET,
+            local_host,
+            0,
         )
         enlarge_socket_buffers(transport.get_extra_info("socket"))
         link.connect((remote_host, remote_port))

@@ -36,9 +36,16 @@ class DrainingTransport(asyncio.DatagramTransport):
         self._protocol = protocol
         self._closing = False
         self.send_dropped = 0  # datagrams lost to a full send buffer, as a network loses them
+        # set by a protocol that reads the socket itself (a dialed link's data plane reads
+        # it in batches, wangate.engine): called instead of the datagram-by-datagram loop
+        self.reader: Callable[[], None] | None = None
         loop.add_reader(sock.fileno(), self._read_ready)
 
     def _read_ready(self) -> None:
+        if self.reader is not None:
+            if not self._closing:
+                self.reader()
+            return
         recvfrom = self._sock.recvfrom
         deliver = self._protocol.datagram_received
         for _ in range(MAX_DATAGRAMS_PER_TURN):

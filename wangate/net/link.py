@@ -33,6 +33,7 @@ from wangate.engine import DATAGRAM_OVERHEAD_BYTES, PathChannel
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
+from wangate.net.drain import MAX_DATAGRAMS_PER_TURN, DrainingTransport
 from wangate.net.pacing import install_burstable_pacer
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ def timer_delay_s(deadline: float, now: float) -> float:
 
 
 ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
+READ_BATCH_PACKETS = 64  # what PathChannel.read takes in one recvmmsg (wg_reader.h)
 
 
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
@@ -188,10 +190,41 @@ class PathLink(QuicConnectionProtocol):
         # and one answer after all of them costs one pass instead of one each.
         channel = self.channel
         if channel is None or not self._data_plane_received(channel, cast(bytes, data)):
-            # not the data plane's: the handshake, the control stream
-            self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-            self._quic_due = True
-            compat.process_events(self)
+            self._quic_received(cast(bytes, data), addr)
+        if self._after_receive is None:
+            self._after_receive = self._loop.call_soon(self._answer_received)
+
+    def _quic_received(self, data: bytes, addr: Any) -> None:
+        """Not the data plane's: the handshake, the control stream."""
+        self._quic.receive_datagram(data, addr, now=self._loop.time())
+        self._quic_due = True
+        compat.process_events(self)
+
+    def _read_batches(self) -> None:
+        """A dialed link's own socket is readable: its data plane reads it down to empty
+        (at most MAX_DATAGRAMS_PER_TURN), a batch per recvmmsg, each packet opened in C;
+        what is not the data plane's goes to aioquic. Each batch is acknowledged before
+        the next is read (see ACK_EVERY_PACKETS)."""
+        for _ in range(MAX_DATAGRAMS_PER_TURN // READ_BATCH_PACKETS):
+            channel = self.channel
+            if channel is None:
+                return
+            try:
+                datagrams, foreign, errors, count = channel.read(time.monotonic())
+            except OSError as exc:  # an ICMP error reported on the socket
+                self.error_received(exc)
+                break
+            if datagrams and self.driver is not None and self.state is LinkState.UP:
+                for error in self.driver.datagrams_received(self, datagrams):
+                    self._protocol_error(error)
+            for reason in errors:  # opened with the peer's key: its fault
+                self._protocol_error(RemoteProtocolError(reason))
+            for data, addr in foreign:
+                self._quic_received(data, addr)
+            if count and self.channel is not None:
+                self.channel.flush(time.monotonic())
+            if count < READ_BATCH_PACKETS:
+                break
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
@@ -242,6 +275,8 @@ class PathLink(QuicConnectionProtocol):
                 self._handshake_done.set_exception(ConnectionError(reason))
                 self._handshake_done.exception()  # retrieved: nobody need be waiting
             self._mark_closed(f"connection closed: {reason}")
+            if self.dialed and self._transport is not None:
+                self._transport.close()  # its own socket: nothing else is sent on it
 
     def fit_datagrams(self, max_datagram_size: int) -> None:
         """Packets of at most ``max_datagram_size`` bytes (UDP payload) to the peer."""
@@ -280,6 +315,8 @@ class PathLink(QuicConnectionProtocol):
         )
         if not self.dialed:  # a listener's socket is shared: route the ID to this link
             compat.route_connection_id(self, self.channel.recv_cid)
+        elif isinstance(self._transport, DrainingTransport):  # a socket of its own
+            self._transport.reader = self._read_batches
 
     def _send_hello(self) -> None:
         assert self.path is not None
@@ -407,6 +444,8 @@ class PathLink(QuicConnectionProtocol):
     def _close_channel(self) -> None:
         # the socket may close next, and its descriptor be reused: never send on it again
         self.channel = None
+        if isinstance(self._transport, DrainingTransport):
+            self._transport.reader = None
         if self._channel_timer is not None:
             self._channel_timer.cancel()
             self._channel_timer = None

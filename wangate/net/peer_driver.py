@@ -55,7 +55,14 @@ from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
 from wangate.core.states import PeerStateKind
-from wangate.errors import ErrorCode, GatewayError, LinkError, LocalProtocolError, failure_text
+from wangate.errors import (
+    ErrorCode,
+    GatewayError,
+    LinkError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    failure_text,
+)
 from wangate.metrics import GatewayMetrics
 from wangate.net.link import PathLink, timer_delay_s
 
@@ -290,6 +297,22 @@ class PeerDriver:
         # a message may be complete, and an ack deadline may be new: without this
         # both would wait for whatever timer happened to be armed
         self._datagrams_handled = True
+
+    def datagrams_received(
+        self, link: PathLink, datagrams: list[bytes]
+    ) -> list[RemoteProtocolError]:
+        """A batch of DATAGRAM frames, read together: the malformed ones' errors (the
+        rest are handled all the same)."""
+        assert link.path is not None
+        path, handle, now = link.path, self._session.handle_datagram, self._clock()
+        errors: list[RemoteProtocolError] = []
+        for data in datagrams:
+            try:
+                handle(path, data, now)
+            except RemoteProtocolError as exc:
+                errors.append(exc)
+        self._datagrams_handled = True
+        return errors
 
     def datagrams_handled(self) -> None:
         """A link handled a batch of datagrams and transmits right after this."""

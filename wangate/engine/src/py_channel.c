@@ -5,13 +5,24 @@
 #include <arpa/inet.h>
 #include <string.h>
 
+#include <errno.h>
+
 #include "wg_channel.h"
 #include "wg_py.h"
+#include "wg_reader.h"
+
+/* what one read() takes from the socket, and what the channel made of each packet */
+typedef struct {
+    wg_reader reader;
+    int result[WG_READ_BATCH];
+    wg_parsed parsed[WG_READ_BATCH];
+} ReadBatch;
 
 typedef struct {
     PyObject_HEAD
     wg_channel ch;
     int ready;
+    ReadBatch *batch; /* allocated by the first read() */
 } ChannelObject;
 
 static int parse_address(PyObject *address, struct sockaddr_storage *out, socklen_t *len) {
@@ -84,6 +95,10 @@ done:
 
 static void Channel_dealloc(ChannelObject *self) {
     if (self->ready) wg_channel_free(&self->ch);
+    if (self->batch != NULL) {
+        wg_reader_free(&self->batch->reader);
+        PyMem_Free(self->batch);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -180,6 +195,105 @@ static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_
     return list;
 }
 
+static PyObject *address_tuple(const struct sockaddr_storage *addr) {
+    char host[INET6_ADDRSTRLEN];
+    if (addr->ss_family == AF_INET) {
+        const struct sockaddr_in *v4 = (const struct sockaddr_in *)addr;
+        if (inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host)) == NULL) goto unknown;
+        return Py_BuildValue("(si)", host, (int)ntohs(v4->sin_port));
+    }
+    if (addr->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)addr;
+        if (inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host)) == NULL) goto unknown;
+        return Py_BuildValue("(siII)", host, (int)ntohs(v6->sin6_port),
+                             (unsigned)ntohl(v6->sin6_flowinfo), (unsigned)v6->sin6_scope_id);
+    }
+unknown:
+    PyErr_Format(wg_LocalProtocolError, "a datagram from an address of family %d",
+                 (int)addr->ss_family);
+    return NULL;
+}
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL) return -1;
+    int rc = PyList_Append(list, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
+ * up to WG_READ_BATCH datagrams in one recvmmsg, each opened where it lies.  The
+ * socket, its packets and their opening all run without the GIL. */
+static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    double now = PyFloat_AsDouble(arg);
+    if (now == -1.0 && PyErr_Occurred()) return NULL;
+    if (self->batch == NULL) {
+        ReadBatch *batch = PyMem_Calloc(1, sizeof(ReadBatch));
+        if (batch == NULL || wg_reader_init(&batch->reader) < 0) {
+            PyMem_Free(batch);
+            return PyErr_NoMemory();
+        }
+        self->batch = batch;
+    }
+    ReadBatch *b = self->batch;
+    int n, read_errno = 0;
+    Py_BEGIN_ALLOW_THREADS
+    n = wg_reader_read(&b->reader, self->ch.fd);
+    if (n < 0) read_errno = errno;
+    for (int i = 0; i < n; i++)
+        b->result[i] = wg_channel_receive_in_place(&self->ch, wg_reader_data(&b->reader, i),
+                                                   b->reader.msgs[i].msg_len, now, &b->parsed[i]);
+    Py_END_ALLOW_THREADS
+    if (n < 0) {
+        errno = read_errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *datagrams = PyList_New(0), *foreign = PyList_New(0), *errors = PyList_New(0);
+    if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *data = wg_reader_data(&b->reader, i);
+        const wg_parsed *parsed = &b->parsed[i];
+        switch (b->result[i]) {
+        case WG_RECEIVE_NOT_MINE: {
+            PyObject *address = address_tuple(&b->reader.addr[i]);
+            if (address == NULL) goto fail;
+            PyObject *pair = Py_BuildValue("(y#N)", (const char *)data,
+                                           (Py_ssize_t)b->reader.msgs[i].msg_len, address);
+            if (append_new(foreign, pair) < 0) goto fail;
+            break;
+        }
+        case WG_RECEIVE_DROPPED:
+            break;
+        case WG_RECEIVE_MALFORMED:
+            if (append_new(errors, PyUnicode_FromString(
+                                       "malformed frames in a data-plane packet")) < 0)
+                goto fail;
+            break;
+        case WG_RECEIVE_BAD_ACK:
+            if (append_new(errors, PyUnicode_FromString(
+                                       "an ACK of a packet never sent (RFC 9000 §13.1)")) < 0)
+                goto fail;
+            break;
+        default: {
+            const uint8_t *frames = data + WG_SHORT_HEADER_LEN;
+            for (int j = 0; j < b->result[i]; j++) {
+                PyObject *d = PyBytes_FromStringAndSize(
+                    (const char *)frames + parsed->datagram_off[j],
+                    (Py_ssize_t)parsed->datagram_len[j]);
+                if (append_new(datagrams, d) < 0) goto fail;
+            }
+        }
+        }
+    }
+    return Py_BuildValue("(NNNi)", datagrams, foreign, errors, n);
+fail:
+    Py_XDECREF(datagrams);
+    Py_XDECREF(foreign);
+    Py_XDECREF(errors);
+    return NULL;
+}
+
 static PyObject *Channel_timer(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
@@ -271,6 +385,8 @@ static PyMethodDef Channel_methods[] = {
      "flush(now) -> packets sent, within the window and the pacer"},
     {"receive", (PyCFunction)(void (*)(void))Channel_receive, METH_FASTCALL,
      "receive(data, now) -> False (not ours) | None | bytes | list[bytes]"},
+    {"read", (PyCFunction)Channel_read, METH_O,
+     "read(now) -> (datagrams, foreign, errors, count): a batch from the channel's socket"},
     {"timer", (PyCFunction)Channel_timer, METH_O, "timer(now) -> when to call on_timer, or None"},
     {"on_timer", (PyCFunction)Channel_on_timer, METH_O, "on_timer(now): loss detection, probes"},
     {"stats", (PyCFunction)Channel_stats, METH_NOARGS, "stats() -> dict of counters"},

@@ -268,13 +268,21 @@ size_t wg_channel_flush(wg_channel *ch, double now) {
 
 /* ----------------------------------------------------------- receiving */
 
+static int is_mine(const wg_channel *ch, const uint8_t *data, size_t len) {
+    return len >= WG_MIN_PACKET_LEN && len <= WG_MAX_PACKET_BYTES && (data[0] & 0xc0) == 0x40 &&
+           memcmp(data + 1, ch->recv_cid, WG_CID_LEN) == 0;
+}
+
 int wg_channel_receive(wg_channel *ch, const uint8_t *data, size_t len, double now,
                        wg_parsed *parsed) {
-    if (len < WG_MIN_PACKET_LEN || len > WG_MAX_PACKET_BYTES || (data[0] & 0xc0) != 0x40 ||
-        memcmp(data + 1, ch->recv_cid, WG_CID_LEN) != 0)
-        return WG_RECEIVE_NOT_MINE;
-    uint8_t *buf = ch->scratch;
-    memcpy(buf, data, len);
+    if (!is_mine(ch, data, len)) return WG_RECEIVE_NOT_MINE;
+    memcpy(ch->scratch, data, len);
+    return wg_channel_receive_in_place(ch, ch->scratch, len, now, parsed);
+}
+
+int wg_channel_receive_in_place(wg_channel *ch, uint8_t *buf, size_t len, double now,
+                                wg_parsed *parsed) {
+    if (!is_mine(ch, buf, len)) return WG_RECEIVE_NOT_MINE;
     int phase;
     uint64_t pn;
     if (wg_packet_unmask(&ch->recv_hp, buf, len, ch->received.largest, &phase, &pn) < 0) {

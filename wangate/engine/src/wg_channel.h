@@ -6,7 +6,7 @@
  * pacer allow, sealed, and sent in batches with sendmmsg.  Received packets are
  * matched by connection ID, checked for replay before the AEAD runs, opened, and
  * their frames acted on: ACKs feed loss recovery, DATAGRAM data goes back to the
- * caller.
+ * caller.  A channel with a socket of its own may read it too, in batches (wg_reader.h).
  *
  * Key phases (RFC 9001 §6): a sender updates its keys after `key_update_packets`
  * packets, far below AES-GCM's confidentiality limit of 2^23 packets (§6.6), and only
@@ -125,6 +125,11 @@ enum {
  * data in ch->scratch at *parsed's offsets), or a WG_RECEIVE_* code. */
 int wg_channel_receive(wg_channel *ch, const uint8_t *data, size_t len, double now,
                        wg_parsed *parsed);
+/* The same, opened where it lies: `buf` holds the packet and is overwritten from its
+ * header on (a packet that is not this channel's is left as it was); the DATAGRAM
+ * frames' data is then at buf + WG_SHORT_HEADER_LEN plus *parsed's offsets. */
+int wg_channel_receive_in_place(wg_channel *ch, uint8_t *buf, size_t len, double now,
+                                wg_parsed *parsed);
 /* the next time the channel needs a call (on_timer or flush), or < 0 for none */
 double wg_channel_timer(wg_channel *ch, double now);
 void wg_channel_on_timer(wg_channel *ch, double now);
