@@ -65,3 +65,17 @@ def test_deadlines_fail_waiting_and_started_messages_but_not_finished_ones() -> 
     (failure,) = box.expire(11.0, in_flight, given_up.append)
     assert failure.msg_id == 1 and "(0 of 100 bytes" in failure.reason
     assert given_up == [2] and not box.waiting and box.next_deadline(in_flight) is None
+
+
+def test_a_deadline_after_every_byte_was_sent_says_it_may_have_been_taken() -> None:
+    box = Outbox("sh")
+    sent = message(4, 100, at=10.0)
+    sent.next_offset = 100  # all of it went out once, none acknowledged yet
+    box.add(sent, 10.3)
+    box.waiting.remove(sent)
+    (failure,) = box.expire(10.3, {4: sent}, lambda msg_id: None)
+    assert failure == SendFailed(
+        4,
+        "deadline of 0.3 s passed before sh confirmed it (0 of 100 bytes acknowledged), "
+        "after all of it was sent (a trainer there may have taken it)",
+    )

@@ -29,6 +29,8 @@ def test_every_outcome_falls_in_its_class() -> None:
         (_sent(0, "failed", restarted), [ok], "taken_reported_failed"),
         (_sent(0, "failed", "peer unreachable"), [ok], "taken_and_failed"),
         (_sent(0, "failed", checker.ALL_SENT), [ok], "taken_reported_failed"),
+        (_sent(0, "failed", checker.DEADLINE_ALL_SENT), [ok], "taken_reported_failed"),
+        (_sent(0, "failed", "deadline passed"), [ok], "taken_and_failed"),
         (_sent(0, "failed", "peer unreachable at send", None), [], "failed"),
         (_sent(0, "unknown", "sender's gateway lost"), [], "failed"),
         (_sent(0, "taken"), [ok, ok], "duplicate"),
@@ -115,6 +117,11 @@ def test_reasons_name_the_failure() -> None:
     assert reason("MessageFailed", "", "deadline of 3 s passed before sh", "wait") == (
         "deadline passed"
     )
+    late = (
+        "deadline of 0.5 s passed before sh confirmed it (0 of 9 bytes acknowledged), after "
+        "all of it was sent (a trainer there may have taken it)"
+    )
+    assert reason("MessageFailed", "", late, "wait") == "deadline passed (all of it sent)"
     assert reason("PeerUnreachable", "peer_unreachable", "", "send") == "peer unreachable at send"
     assert reason("DeadlineExceeded", "deadline", "", "send") == "deadline at send"
     assert reason("GatewayUnavailable", "unavailable", "", "wait") == "sender's gateway lost"

@@ -251,13 +251,12 @@ class Outbox:
             else:
                 give_up(msg_id)
             acked = message.acked.covered_bytes(0, message.body_len)
-            failed.append(
-                SendFailed(
-                    msg_id,
-                    f"deadline of {deadline_at - message.started_at:.3g} s passed before "
-                    f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)",
-                    message.tag,
-                    message.step,
-                )
+            reason = (
+                f"deadline of {deadline_at - message.started_at:.3g} s passed before "
+                f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)"
             )
+            if message.next_offset >= message.body_len:
+                # every byte went out once: it may be whole there, its acks on the way
+                reason += ", after all of it was sent (a trainer there may have taken it)"
+            failed.append(SendFailed(msg_id, reason, message.tag, message.step))
         return failed

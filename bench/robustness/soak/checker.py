@@ -28,8 +28,8 @@ Each message then falls in exactly one class:
 
 (1) proto/delivery.md, "Limits": a restart of the receiving gateway before the take's
 confirmation reached the sender makes the sender report a taken message failed, and so
-does the receiver going silent after the sender sent every byte and before their acks
-came (the failure says a trainer may have taken it).
+does the receiver going silent, or the message's deadline passing, after the sender
+sent every byte and before their acks came (the failure says a trainer may have taken it).
 
 A take naming no message that was sent (or no header at all) is ``corrupt`` too.
 """
@@ -45,8 +45,14 @@ OK_CLASSES = ("intact", "intact_sender_lost", "taken_reported_failed", "failed")
 BAD_CLASSES = ("taken_and_failed", "duplicate", "corrupt", "phantom", "unaccounted")
 RESTARTED = "receiver restarted"
 ALL_SENT = "peer unreachable (all of it sent)"
+DEADLINE_ALL_SENT = "deadline passed (all of it sent)"
 # the failures that say the message may have been taken
-MAYBE_TAKEN = (f"{RESTARTED} (in its inbox)", f"{RESTARTED} (mid-message)", ALL_SENT)
+MAYBE_TAKEN = (
+    f"{RESTARTED} (in its inbox)",
+    f"{RESTARTED} (mid-message)",
+    ALL_SENT,
+    DEADLINE_ALL_SENT,
+)
 MiB = 1 << 20
 RSS_GROWTH_MIB = 20.0
 RSS_GROWTH_SHARE = 0.25
@@ -75,6 +81,7 @@ class Take:
 _REASONS = (  # MessageFailed's words -> a reason key
     (re.compile(r"restarted with it in its inbox"), f"{RESTARTED} (in its inbox)"),
     (re.compile(r"restarted mid-message"), f"{RESTARTED} (mid-message)"),
+    (re.compile(r"deadline.*may have taken it"), DEADLINE_ALL_SENT),
     (re.compile(r"may have taken it"), ALL_SENT),
     (re.compile(r"unreachable"), "peer unreachable"),
     (re.compile(r"deadline"), "deadline passed"),
