@@ -37,6 +37,10 @@ from wangate.core.outbound import OutboundMessage
 # counted: a message handed on at once keeps the deadline as the trainer gave it, so its
 # failure names that deadline, not one a few microseconds shorter.
 DEADLINE_SLACK_S = 0.01
+# What a failure adds when every byte of the message went out once and it then failed
+# unconfirmed (silence, a deadline): it may be whole there, even taken (proto/delivery.md
+# "Limits").
+ALL_SENT = ", after all of it was sent (a trainer there may have taken it)"
 
 
 def deadline_left_s(deadline_s: float, spent_s: float) -> float:
@@ -256,7 +260,6 @@ class Outbox:
                 f"{self.peer} confirmed it ({acked} of {message.body_len} bytes acknowledged)"
             )
             if message.next_offset >= message.body_len:
-                # every byte went out once: it may be whole there, its acks on the way
-                reason += ", after all of it was sent (a trainer there may have taken it)"
+                reason += ALL_SENT  # it may be whole there, its acks on the way
             failed.append(SendFailed(msg_id, reason, message.tag, message.step))
         return failed

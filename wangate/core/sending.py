@@ -38,7 +38,7 @@ from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
-from wangate.core.outbox import Outbox
+from wangate.core.outbox import ALL_SENT, Outbox
 from wangate.core.paths import PathRecord, SentDatagram, repair_horizon_bytes
 from wangate.core.scheduler import (
     CRITICAL_ACTIVE_S,
@@ -162,7 +162,7 @@ class Sender:
             reason = why
             if message.next_offset >= message.body_len:
                 # every byte went out once: its acks, or it, may have died with the peer
-                reason = f"{why}, after all of it was sent (a trainer there may have taken it)"
+                reason = why + ALL_SENT
             self._events.append(SendFailed(message.msg_id, reason, message.tag, message.step))
         self._events.extend(self.outbox.fail_all(why))
 

@@ -11,6 +11,10 @@
 #include "wg_py.h"
 #include "wg_reader.h"
 
+/* the peer's faults in a packet that opened, as receive() raises and read() lists them */
+static const char MALFORMED_FRAMES[] = "malformed frames in a data-plane packet";
+static const char ACK_NEVER_SENT[] = "an ACK of a packet never sent (RFC 9000 §13.1)";
+
 /* what one read() takes from the socket, and what the channel made of each packet */
 typedef struct {
     wg_reader reader;
@@ -170,10 +174,10 @@ static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_
     case 0:
         Py_RETURN_NONE;
     case WG_RECEIVE_MALFORMED:
-        PyErr_SetString(wg_RemoteProtocolError, "malformed frames in a data-plane packet");
+        PyErr_SetString(wg_RemoteProtocolError, MALFORMED_FRAMES);
         return NULL;
     case WG_RECEIVE_BAD_ACK:
-        PyErr_SetString(wg_RemoteProtocolError, "an ACK of a packet never sent (RFC 9000 §13.1)");
+        PyErr_SetString(wg_RemoteProtocolError, ACK_NEVER_SENT);
         return NULL;
     case 1:
         return PyBytes_FromStringAndSize((const char *)frames + parsed.datagram_off[0],
@@ -266,14 +270,10 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
         case WG_RECEIVE_DROPPED:
             break;
         case WG_RECEIVE_MALFORMED:
-            if (append_new(errors, PyUnicode_FromString(
-                                       "malformed frames in a data-plane packet")) < 0)
-                goto fail;
+            if (append_new(errors, PyUnicode_FromString(MALFORMED_FRAMES)) < 0) goto fail;
             break;
         case WG_RECEIVE_BAD_ACK:
-            if (append_new(errors, PyUnicode_FromString(
-                                       "an ACK of a packet never sent (RFC 9000 §13.1)")) < 0)
-                goto fail;
+            if (append_new(errors, PyUnicode_FromString(ACK_NEVER_SENT)) < 0) goto fail;
             break;
         default: {
             const uint8_t *frames = data + WG_SHORT_HEADER_LEN;
