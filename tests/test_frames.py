@@ -20,6 +20,7 @@ from wangate.core.frames import (
     MAX_DONE_IDS,
     MAX_FEC_SYMBOLS,
     MAX_MESSAGE_BYTES,
+    MAX_MISSING_RANGES,
     MAX_REPAIR_BLOCKS,
     MSG_ID_BITS,
     PROBE_BYTES,
@@ -37,6 +38,7 @@ from wangate.core.frames import (
     MessagesDone,
     MessagesTaken,
     ProbeDatagram,
+    RangesMissing,
     RepairDatagram,
     RepairRequested,
     RouteChosen,
@@ -158,6 +160,8 @@ def frame_from_fields(f: dict[str, Any]) -> object:
         return MessagesTaken(tuple(f["msg_ids"]))
     if kind == "repair_request":
         return RepairRequested(f["msg_id"], tuple(f["blocks"]))
+    if kind == "ranges_missing":
+        return RangesMissing(f["msg_id"], tuple((start, end) for start, end in f["ranges"]))
     raise AssertionError(f"vector of unknown type {kind}")
 
 
@@ -171,6 +175,7 @@ CONTROL_TYPES = (
     MessagesDone,
     RepairRequested,
     MessagesTaken,
+    RangesMissing,
 )
 
 
@@ -187,6 +192,7 @@ def test_vectors_cover_every_frame_type() -> None:
         "done",
         "taken",
         "repair_request",
+        "ranges_missing",
         "repair",
         "message_body",
     }
@@ -296,9 +302,9 @@ def test_probe_layout() -> None:
 
 def test_hello_layout() -> None:
     raw = encode_control(Hello("sh", "p1", 9, 1 << 20))
-    body = b"\x04" + u64(9) + u64(1 << 20) + b"\x02sh" + b"\x02p1"
+    body = b"\x05" + u64(9) + u64(1 << 20) + b"\x02sh" + b"\x02p1"
     assert raw == b"\x01" + u32(len(body)) + body
-    assert CONTROL_HEADER_BYTES == 5 and WIRE_VERSION == 4
+    assert CONTROL_HEADER_BYTES == 5 and WIRE_VERSION == 5
 
 
 def test_ack_layout_and_delay_clamp() -> None:
@@ -362,6 +368,12 @@ def test_done_layout() -> None:
 def test_repair_request_layout() -> None:
     raw = encode_control(RepairRequested(0x0102, (0, 2**32 - 1)))
     assert raw == b"\x07" + u32(18) + u64(0x0102) + u16(2) + u32(0) + u32(2**32 - 1)
+
+
+def test_ranges_missing_layout() -> None:
+    raw = encode_control(RangesMissing(0x0102, ((0, 1), (7, 2**64 - 1))))
+    body = u64(0x0102) + u16(2) + u64(0) + u64(1) + u64(7) + u64(2**64 - 1)
+    assert raw == b"\x09" + u32(42) + body
 
 
 def test_rejected_reason_is_cut_at_1024_bytes() -> None:
@@ -570,6 +582,13 @@ control_frames = st.one_of(
         u64s,
         st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=20).map(tuple),
     ),
+    st.builds(
+        RangesMissing,
+        u64s,
+        st.lists(st.integers(0, 2**64 - 1), min_size=2, max_size=40, unique=True)
+        .map(lambda ends: sorted(ends)[: len(ends) // 2 * 2])
+        .map(lambda ends: tuple(zip(ends[::2], ends[1::2], strict=True))),
+    ),
 )
 
 
@@ -690,17 +709,17 @@ def test_largest_message_is_accepted() -> None:
     assert isinstance(decoded, ShardDatagram) and decoded.msg_len == 1 << 40
 
 
-HELLO_BODY = b"\x04" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
+HELLO_BODY = b"\x05" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
 
 
 @pytest.mark.parametrize(
     ("kind", "body", "message"),
     [
         (0x00, b"", "unknown control frame type 0x00"),
-        (0x09, b"", "unknown control frame type 0x09"),
+        (0x0A, b"", "unknown control frame type 0x0a"),
         (0xFF, b"", "unknown control frame type 0xff"),
         (0x01, HELLO_BODY[:16], "hello truncated"),
-        (0x01, b"\x03" + HELLO_BODY[1:], "peer speaks wire version 3, this gateway speaks 4"),
+        (0x01, b"\x04" + HELLO_BODY[1:], "peer speaks wire version 4, this gateway speaks 5"),
         (0x01, b"\x00" + HELLO_BODY[1:], "wire version 0"),
         (0x01, HELLO_BODY[:17], "hello truncated before site"),
         (0x01, HELLO_BODY[:18], "hello truncated inside site"),
@@ -746,6 +765,20 @@ HELLO_BODY = b"\x04" + u64(1) + u64(2) + b"\x02bj" + b"\x01a"
             "repair request with 1025 blocks",
             id="repair-request-1025-blocks",
         ),
+        (0x09, u64(9)[:7], "missing-ranges frame truncated"),
+        (0x09, u64(9) + u16(0), "names 1..256 ranges"),
+        (0x09, u64(9) + u16(1) + u64(0), "does not match its count"),
+        (0x09, u64(9) + u16(1) + u64(0) + u64(1) + b"\x00", "does not match its count"),
+        (0x09, u64(9) + u16(1) + u64(5) + u64(5), "missing range 5..5 is empty"),
+        (0x09, u64(9) + u16(1) + u64(6) + u64(5), "missing range 6..5 is empty, reversed"),
+        (0x09, u64(9) + u16(2) + u64(0) + u64(4) + u64(3) + u64(9), "range 3..9 .* out of"),
+        (0x09, u64(9) + u16(2) + u64(5) + u64(9) + u64(0) + u64(2), "range 0..2 .* out of"),
+        pytest.param(
+            0x09,
+            u64(9) + u16(257) + b"".join(u64(2 * i) + u64(2 * i + 1) for i in range(257)),
+            "names 1..256 ranges",
+            id="ranges-missing-257-ranges",
+        ),
     ],
 )
 def test_control_rejections(kind: int, body: bytes, message: str) -> None:
@@ -764,6 +797,8 @@ def test_longest_names_and_most_ranges_are_accepted() -> None:
     assert decode_one_control(encode_control(done)) == done
     request = RepairRequested(0, tuple(range(MAX_REPAIR_BLOCKS)))
     assert decode_one_control(encode_control(request)) == request
+    missing = RangesMissing(0, tuple((2 * i, 2 * i + 1) for i in range(MAX_MISSING_RANGES)))
+    assert decode_one_control(encode_control(missing)) == missing
 
 
 def test_oversized_control_frame_is_refused_from_its_header() -> None:
@@ -821,6 +856,12 @@ def test_oversized_control_frame_is_refused_from_its_header() -> None:
         (lambda: encode_control(RepairRequested(2**64, (0,))), "cannot be encoded"),
         (lambda: encode_control(RepairRequested(1, (2**32,))), "cannot be encoded"),
         (lambda: encode_control(RepairRequested(1, (0, -1))), "cannot be encoded"),
+        (lambda: encode_control(RangesMissing(1, ())), "names 1..256 ranges"),
+        (lambda: encode_control(RangesMissing(1, ((0, 1),) * 257)), "names 1..256 ranges"),
+        (lambda: encode_control(RangesMissing(1, ((4, 2),))), "range 4..2 is empty, reversed"),
+        (lambda: encode_control(RangesMissing(1, ((0, 4), (2, 6)))), "range 2..6 .* out of"),
+        (lambda: encode_control(RangesMissing(1, ((0, 2**64),))), "cannot be encoded"),
+        (lambda: encode_control(RangesMissing(2**64, ((0, 1),))), "cannot be encoded"),
     ],
 )
 def test_encoder_rejections(make: Any, message: str) -> None:

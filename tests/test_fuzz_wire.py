@@ -89,6 +89,14 @@ control_frames = st.one_of(
     st.builds(frames.RepairRequested, u64, st.lists(u32, min_size=1, max_size=30).map(tuple)),
     st.builds(frames.RouteChosen, names),
     st.builds(frames.MessageRejected, u64, st.integers(0, 65535), st.text(max_size=40)),
+    st.builds(frames.MessagesTaken, st.lists(u64, min_size=1, max_size=30).map(tuple)),
+    st.builds(
+        frames.RangesMissing,
+        u64,
+        st.lists(u64, min_size=2, max_size=30, unique=True)
+        .map(lambda ends: sorted(ends)[: len(ends) // 2 * 2])
+        .map(lambda ends: tuple(zip(ends[::2], ends[1::2], strict=True))),
+    ),
 )
 
 

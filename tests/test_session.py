@@ -39,6 +39,8 @@ from wangate.core.frames import (
     ControlStreamDecoder,
     Credit,
     Hello,
+    ShardDatagram,
+    decode_datagram,
     encode_control,
     encode_probe,
     encode_shard,
@@ -289,6 +291,46 @@ def test_done_and_taken_lost_with_a_closed_connection_go_again_on_another_path()
     assert pair.run_until(lambda: bool(pair.events_of("bj", MessageTaken)), max_time_s=5)
     assert pair.events_of("bj", MessageTaken) == [MessageTaken(msg_id)]
     assert_exactly_once_intact(pair, "bj", sent)
+
+
+@pytest.mark.parametrize(
+    "coding",
+    [CodingPolicy(k=0), CodingPolicy(k=16, min_repair=0, max_repair=16)],
+    ids=["ranges", "fec"],
+)
+def test_bytes_acknowledged_that_never_arrived_are_named_at_the_poke_and_sent_again(
+    coding: CodingPolicy,
+) -> None:
+    """Whatever makes the sender count bytes acknowledged that the receiver lacks (here
+    an acknowledgement for a shard that never arrived: sh sees a probe in its place),
+    the sender's "done?" is answered with the missing range, and only it goes again:
+    the message is whole a round trip after the poke, not dropped at its idle timeout."""
+    pair = SimulatedPair({"a": LinkProfile(delay_s=0.010, rate_bps=50e6)}, seed=8, coding=coding)
+    swapped: list[tuple[int, int]] = []
+
+    def probe_instead_of_the_fifth_shard(data: bytes) -> bytes:
+        datagram = decode_datagram(data)
+        if (
+            isinstance(datagram, ShardDatagram)
+            and not swapped
+            and datagram.offset >= 4 * len(datagram.data) > 0
+        ):
+            swapped.append((datagram.offset, datagram.offset + len(datagram.data)))
+            return encode_probe(datagram.path_seq, datagram.sent_stamp)
+        return data
+
+    pair.tamper = probe_instead_of_the_fifth_shard
+    started_at = pair.now
+    sent = send_many(pair, "bj", [60_000], seed=3)
+    assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=10)
+    assert_exactly_once_intact(pair, "bj", sent)
+    ((start, end),) = swapped
+    sh, bj = pair.sessions["sh"].status(), pair.sessions["bj"].status()
+    assert (sh["ranges_missing_sent"], bj["ranges_resent"]) == (1, 1)
+    assert bj["repair_bytes"] == (end - start) + 1  # the range, and the poke's byte 0
+    assert bj["fec_bytes"] == 0
+    # the poke goes DONE_TIMEOUT_S (1 s) after the last ack, checked every 0.25 s
+    assert 1.0 < pair.now - started_at < 1.0 + 0.25 + 0.2
 
 
 def test_frames_about_a_restarted_peers_messages_never_reach_its_new_instance() -> None:

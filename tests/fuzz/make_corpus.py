@@ -22,7 +22,17 @@ from wangate.engine import _engine
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "proto" / "vectors"
 CORPUS = Path(__file__).resolve().parent / "corpus"
-CONTROL = ("ack", "credit", "done", "hello", "rejected", "repair_request", "route")
+CONTROL = (
+    "ack",
+    "credit",
+    "done",
+    "hello",
+    "ranges_missing",
+    "rejected",
+    "repair_request",
+    "route",
+    "taken",
+)
 DATAGRAMS = ("shard", "shard_critical", "shard_expanded", "repair", "probe")
 
 

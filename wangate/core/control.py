@@ -21,6 +21,7 @@ from wangate.core.frames import (
     MessageRejected,
     MessagesDone,
     MessagesTaken,
+    RangesMissing,
     RepairRequested,
     RouteChosen,
 )
@@ -104,6 +105,9 @@ class ControlStreams:
     def _on_repair_request(self, path: str, frame: RepairRequested, now: float) -> None:
         self._send.queue.repair_blocks(frame.msg_id, frame.blocks)
 
+    def _on_ranges_missing(self, path: str, frame: RangesMissing, now: float) -> None:
+        self._send.queue.resend_ranges(frame.msg_id, frame.ranges)
+
     def _on_rejected(self, path: str, frame: MessageRejected, now: float) -> None:
         dropped = self._send.drop(frame.msg_id)
         if dropped is not None:
@@ -127,5 +131,6 @@ _HANDLERS: dict[type, _Handler] = {
     MessagesDone: ControlStreams._on_done,  # type: ignore[dict-item]
     MessagesTaken: ControlStreams._on_taken,  # type: ignore[dict-item]
     RepairRequested: ControlStreams._on_repair_request,  # type: ignore[dict-item]
+    RangesMissing: ControlStreams._on_ranges_missing,  # type: ignore[dict-item]
     MessageRejected: ControlStreams._on_rejected,  # type: ignore[dict-item]
 }

@@ -9,7 +9,7 @@ Two carriers per path connection:
   what is missing.
 * One bidirectional QUIC stream (the control stream) carries length-prefixed control
   frames: ``Hello``, ``Ack``, ``Credit``, ``MessageRejected``, ``RouteChosen``,
-  ``MessagesDone``, ``RepairRequested``, ``MessagesTaken``.
+  ``MessagesDone``, ``RepairRequested``, ``MessagesTaken``, ``RangesMissing``.
 
 Decoders raise ``RemoteProtocolError`` on anything malformed; encoders raise
 ``LocalProtocolError`` on values that cannot be represented.
@@ -76,6 +76,7 @@ __all__ = [
     "MAX_DONE_IDS",
     "MAX_FEC_SYMBOLS",
     "MAX_MESSAGE_BYTES",
+    "MAX_MISSING_RANGES",
     "MAX_REPAIR_BLOCKS",
     "MSG_ID_BITS",
     "NAME_RE",
@@ -103,6 +104,7 @@ __all__ = [
     "MessagesDone",
     "MessagesTaken",
     "ProbeDatagram",
+    "RangesMissing",
     "RepairDatagram",
     "RepairRequested",
     "RouteChosen",
@@ -121,7 +123,7 @@ __all__ = [
     "varint_bytes",
 ]
 
-WIRE_VERSION = 4  # 4: datagrams travel in the data plane's own packets (proto/engine.md)
+WIRE_VERSION = 5  # 5: RangesMissing; 4: datagrams in the data plane's packets (proto/engine.md)
 
 
 # control frame types
@@ -133,6 +135,7 @@ CTRL_ROUTE = 0x05
 CTRL_DONE = 0x06
 CTRL_REPAIR_REQUEST = 0x07
 CTRL_TAKEN = 0x08
+CTRL_RANGES_MISSING = 0x09
 
 
 # control frame envelope: type u8, body length u32
@@ -148,9 +151,11 @@ _CREDIT = struct.Struct("!Q")
 _REJECTED = struct.Struct("!QH")
 _MSG_ID = struct.Struct("!Q")
 MAX_DONE_IDS = 1024
-_REPAIR_REQUEST_HEAD = struct.Struct("!QH")  # msg_id, block count
+_REPAIR_REQUEST_HEAD = struct.Struct("!QH")  # msg_id, block (or range) count
 _BLOCK = struct.Struct("!I")
 MAX_REPAIR_BLOCKS = 1024
+_RANGE = struct.Struct("!QQ")  # start, end (half-open)
+MAX_MISSING_RANGES = 256
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _U32 = 0xFFFFFFFF
@@ -228,6 +233,15 @@ class RepairRequested:
 
 
 @dataclass(frozen=True)
+class RangesMissing:
+    """The receiver still lacks these byte ranges [start, end) of a message whose
+    confirmation its sender asked for: send them again."""
+
+    msg_id: int
+    ranges: tuple[tuple[int, int], ...]  # ascending, disjoint, none empty
+
+
+@dataclass(frozen=True)
 class RouteChosen:
     """The sender tells its peer which path now carries its critical traffic."""
 
@@ -249,6 +263,7 @@ ControlFrame = (
     | MessagesDone
     | RepairRequested
     | MessagesTaken
+    | RangesMissing
 )
 
 
@@ -299,6 +314,12 @@ def encode_control(frame: ControlFrame) -> bytes:
             _pack(_BLOCK, block) for block in frame.blocks
         )
         kind = CTRL_REPAIR_REQUEST
+    elif isinstance(frame, RangesMissing):
+        _check_ranges(frame.ranges, LocalProtocolError)
+        body = _pack(_REPAIR_REQUEST_HEAD, frame.msg_id, len(frame.ranges)) + b"".join(
+            _pack(_RANGE, start, end) for start, end in frame.ranges
+        )
+        kind = CTRL_RANGES_MISSING
     elif isinstance(frame, Credit):
         body = _pack(_CREDIT, frame.granted_bytes)
         kind = CTRL_CREDIT
@@ -307,6 +328,18 @@ def encode_control(frame: ControlFrame) -> bytes:
         body = _pack(_REJECTED, frame.msg_id, frame.code) + reason
         kind = CTRL_REJECTED
     return _CTRL.pack(kind, len(body)) + body
+
+
+def _check_ranges(
+    ranges: tuple[tuple[int, int], ...], error: type[LocalProtocolError | RemoteProtocolError]
+) -> None:
+    if not 0 < len(ranges) <= MAX_MISSING_RANGES:
+        raise error(f"a missing-ranges frame names 1..{MAX_MISSING_RANGES} ranges")
+    previous_end = 0
+    for start, end in ranges:
+        if not previous_end <= start < end:
+            raise error(f"missing range {start}..{end} is empty, reversed or out of order")
+        previous_end = end
 
 
 def _decode_name(body: bytes, pos: int, frame: str, what: str) -> tuple[str, int]:
@@ -375,6 +408,16 @@ def decode_control_body(kind: int, body: bytes) -> ControlFrame:
         if len(rest) != count * _BLOCK.size:
             raise RemoteProtocolError("repair request length does not match its block count")
         return RepairRequested(msg_id, tuple(b for (b,) in _BLOCK.iter_unpack(rest)))
+    if kind == CTRL_RANGES_MISSING:
+        if len(body) < _REPAIR_REQUEST_HEAD.size:
+            raise RemoteProtocolError("missing-ranges frame truncated")
+        msg_id, count = _REPAIR_REQUEST_HEAD.unpack_from(body)
+        rest = body[_REPAIR_REQUEST_HEAD.size :]
+        if len(rest) != count * _RANGE.size:
+            raise RemoteProtocolError("missing-ranges frame length does not match its count")
+        ranges = tuple(_RANGE.iter_unpack(rest))
+        _check_ranges(ranges, RemoteProtocolError)
+        return RangesMissing(msg_id, ranges)
     if kind == CTRL_CREDIT:
         if len(body) != _CREDIT.size:
             raise RemoteProtocolError("credit frame has the wrong length")

@@ -1,6 +1,10 @@
 """Messages on their way in: reassembly from shards and FEC repair symbols, admission
 against the inbox window, verification, and what the sender must be told.
 
+A sender that counts every byte of a message acknowledged but hears no "done" asks again
+with byte 0 (a poke); a receiver still assembling that message answers with the ranges
+it lacks (``RangesMissing``), whatever made the two disagree.
+
 A message is admitted when its first shard or symbol arrives and it fits the window
 (else nothing of it is acknowledged and the sender repairs it later). It is delivered
 once every byte is there and its checksum matches; the sender is then told it is done.
@@ -22,12 +26,14 @@ from collections.abc import Callable
 from wangate.core.coding import CodingShape, InboundCoding
 from wangate.core.events import Event, MessageDropped, MessageProgress, MessageReceived
 from wangate.core.frames import (
+    MAX_MISSING_RANGES,
     REJECT_CHECKSUM,
     REJECT_EXPIRED,
     REJECT_MALFORMED,
     REJECT_TOO_LARGE,
     REJECT_UNKNOWN_JOB,
     MessageRejected,
+    RangesMissing,
     RepairDatagram,
     RepairRequested,
     ShardDatagram,
@@ -118,12 +124,15 @@ class Reassembly:
         self.held_bytes = 0  # in progress + delivered and not yet consumed
         self.consumed_bytes = 0
         self.rejections: deque[MessageRejected] = deque()
-        self.repair_requests: deque[RepairRequested] = deque()
+        # what the sender must send again: rebuilt blocks that failed the checksum, and
+        # the ranges still missing of a message whose confirmation it asked for
+        self.repair_requests: deque[RepairRequested | RangesMissing] = deque()
         self.done_pending: dict[int, None] = {}  # ordered set of ids to confirm
         self.messages_received = 0
         self.bytes_received = 0
         self.blocks_decoded = 0
         self.symbols_recovered = 0  # source symbols rebuilt from repair symbols
+        self.ranges_missing_sent = 0  # answers to a "done?" for an incomplete message
         # where bodies are assembled: the shell may give shared memory that becomes
         # the trainer's, so a message is written once, in place (``use_buffers``)
         self.allocate: Allocate = _new_bytearray
@@ -190,6 +199,13 @@ class Reassembly:
             if shard.offset <= message.prefix_bytes:  # else the prefix cannot have grown
                 self._report(shard.msg_id, message)
         self._maybe_finish(shard.msg_id, message)
+        if end == 1 and shard.msg_len > 1 and shard.msg_id in self.inbound:
+            # the sender's "done?" (wire.md, "Asking again"): it counts every byte as
+            # acknowledged, yet some are not here: say which, or the message stalls
+            # until it expires
+            gaps = message.received.gaps(0, shard.msg_len, MAX_MISSING_RANGES)
+            self.repair_requests.append(RangesMissing(shard.msg_id, tuple(gaps)))
+            self.ranges_missing_sent += 1
         return True
 
     def accept_repair(self, repair: RepairDatagram, now: float) -> bool:

@@ -240,6 +240,7 @@ class OutboundQueue:
         self.fec_upfront_blocks = 0  # blocks that got repair symbols up front
         self.fec_mid_blocks = 0  # bulk blocks left to repair after loss (no round trip cost)
         self.repairs_unneeded = 0  # repair symbols dropped before sending: a late ack came
+        self.ranges_resent = 0  # RangesMissing frames honoured
 
     def add(self, message: OutboundMessage) -> None:
         self.messages[message.msg_id] = message
@@ -555,6 +556,35 @@ class OutboundQueue:
             self._add_backlog(message, end - start)
         message.acked_at = None
         message.had_every_byte = False  # the receiver could not verify it: not whole there
+        self._enqueue(message)
+        return True
+
+    def resend_ranges(self, msg_id: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+        """The receiver lacks these ranges of a message counted as acknowledged (its
+        answer to a poke): they count as unacknowledged and go again by range, and the
+        blocks they touch are repaired by range from now on. Bytes never sent yet and
+        ranges past the end are left alone."""
+        message = self.messages.get(msg_id)
+        if message is None:
+            return False
+        shape = message.shape
+        for start, stop in ranges:
+            end = min(stop, message.next_offset)
+            if end <= start:
+                continue
+            message.acked.remove(start, end)
+            if shape is not None:
+                for block in range(shape.block_of(start), shape.block_of(end - 1) + 1):
+                    ledger = message.blocks.get(block)
+                    if ledger is None:  # counted decodable: no more symbols for it
+                        message.blocks[block] = BlockLedger(next_repair=MAX_SYMBOLS, coded=False)
+                    else:
+                        ledger.coded = False
+            message.repairs.append((start, end))
+            self._add_backlog(message, end - start)
+        message.acked_at = None
+        message.had_every_byte = False  # the receiver says it is not whole there
+        self.ranges_resent += 1
         self._enqueue(message)
         return True
 

@@ -92,6 +92,18 @@ class RangeSet:
             return (pos, gap_end)
         return None
 
+    def gaps(self, start: int, end: int, limit: int) -> list[tuple[int, int]]:
+        """The first ``limit`` sub-ranges of [start, end) not in the set, ascending."""
+        found: list[tuple[int, int]] = []
+        pos = start
+        while len(found) < limit:
+            gap = self.first_gap(pos, end)
+            if gap is None:
+                break
+            found.append(gap)
+            pos = gap[1]
+        return found
+
     def prefix_end(self) -> int:
         """End of the range starting at 0 (0 if 0 is not in the set). O(1)."""
         return self._ends[0] if self._starts and self._starts[0] == 0 else 0

@@ -485,6 +485,8 @@ class PeerSession:
             "fec_repair_per_block": queue.repair_count,
             "blocks_decoded": inbound.blocks_decoded,
             "symbols_recovered": inbound.symbols_recovered,
+            "ranges_missing_sent": inbound.ranges_missing_sent,
+            "ranges_resent": queue.ranges_resent,
             "peer_granted_bytes": send.outbox.granted_bytes,
             # bulk's rate while critical traffic flows and the hosts are busy (0: no limit)
             "bulk_limit_bps": int(send.governor.rate_bps or 0),
