@@ -34,7 +34,8 @@ COMPILED_CORE = [
     f"wangate/core/{name}.py"
     for name in (
         "capacity", "coding", "control_outbox", "datagrams", "estimator", "fairqueue",
-        "frames", "governor", "inbound", "liveness", "outbound", "path_table", "paths",
+        "frames", "governor", "inbound", "liveness", "outbound", "outbound_message",
+        "path_table", "paths",
         "rangeset", "scheduler", "selector", "sending", "session", "timers",
     )
 ]

@@ -20,7 +20,8 @@ from wangate.core.fec import BlockEncoder
 from wangate.core.frames import RepairDatagram, ShardDatagram
 from wangate.core.inbound import Reassembly
 from wangate.core.message import MessageHeader, message_checksum
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage, Piece
 from wangate.core.rangeset import RangeSet
 
 MSG = 7

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 from wangate.core.fairqueue import CRITICAL_BURST_BYTES, CRITICAL_PAYBACK, STRIPE_BYTES
 from wangate.core.jobs import JobPolicy
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage
 
 PIECE_BYTES = 1000  # every take asks for this much: pieces of 1000 bytes (no headers)
 # a stripe ends with the piece that reaches STRIPE_BYTES: 263 pieces

@@ -240,10 +240,10 @@ wangate_peer_fec_bytes_total{peer="sh"} 2400
 # HELP wangate_peer_fec_blocks_decoded_total Received blocks rebuilt from repair symbols.
 # TYPE wangate_peer_fec_blocks_decoded_total counter
 wangate_peer_fec_blocks_decoded_total{peer="sh"} 0
-# HELP wangate_peer_ranges_missing_sent_total Answers to the peer's confirmation request naming byte ranges still missing here.
+# HELP wangate_peer_ranges_missing_sent_total Confirmation requests answered with missing ranges.
 # TYPE wangate_peer_ranges_missing_sent_total counter
 wangate_peer_ranges_missing_sent_total{peer="sh"} 0
-# HELP wangate_peer_ranges_resent_total Confirmation requests the peer answered with ranges it lacked, sent again.
+# HELP wangate_peer_ranges_resent_total Missing-range answers from the peer, sent again.
 # TYPE wangate_peer_ranges_resent_total counter
 wangate_peer_ranges_resent_total{peer="sh"} 0
 # HELP wangate_peer_fec_repair_per_block Repair symbols now sent per block (from the measured loss).

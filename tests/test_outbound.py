@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage, Piece
 
 
 def fields(piece: Piece | None) -> tuple[int, int, int, int, int, bool]:

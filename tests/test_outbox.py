@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from wangate.core.events import SendFailed
-from wangate.core.outbound import OutboundMessage
+from wangate.core.outbound_message import OutboundMessage
 from wangate.core.outbox import Outbox
 
 

@@ -4,7 +4,7 @@ cap of bytes held at the peer, a job at its cap never in the others' way."""
 from __future__ import annotations
 
 from wangate.core.jobs import JobPolicy
-from wangate.core.outbound import OutboundMessage
+from wangate.core.outbound_message import OutboundMessage
 from wangate.core.outbox import Outbox
 
 

@@ -10,7 +10,8 @@ from tests.test_inbound import make_body, shard
 from wangate.core.events import Event
 from wangate.core.frames import MAX_MISSING_RANGES, RangesMissing
 from wangate.core.inbound import Reassembly
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage
 
 NOW = 100.0
 

@@ -12,7 +12,8 @@ from tests.fakelink import LinkProfile, SimulatedPair
 from tests.test_session import all_done, assert_exactly_once_intact, body_bytes, send_many
 from wangate.core.events import MessageDelivered
 from wangate.core.frames import DGRAM_REPAIR, DGRAM_TYPE_MASK, decode_datagram, message_header_bytes
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage, Piece
 
 SYMBOL = 100
 K = 4  # 400-byte blocks

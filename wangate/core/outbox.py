@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from wangate.core.events import SendFailed
 from wangate.core.fairqueue import NO_POLICY
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
-from wangate.core.outbound import OutboundMessage
+from wangate.core.outbound_message import OutboundMessage
 
 # Of a trainer's deadline, what is spent before its message reaches a session and is not
 # counted: a message handed on at once keeps the deadline as the trainer gave it, so its

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import RouteChanged
-from wangate.core.outbound import Piece
+from wangate.core.outbound_message import Piece
 from wangate.core.placement import bulk_view, earliest_finish_s
 from wangate.core.selector import CriticalPathSelector, PathView, critical_view
 from wangate.core.states import PathStateKind

@@ -37,7 +37,8 @@ from wangate.core.frames import (
 from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 from wangate.core.message import MessageHeader
-from wangate.core.outbound import CodingPolicy, OutboundMessage, OutboundQueue, Piece
+from wangate.core.outbound import CodingPolicy, OutboundQueue
+from wangate.core.outbound_message import OutboundMessage, Piece
 from wangate.core.outbox import ALL_SENT, Outbox
 from wangate.core.paths import PathRecord, SentDatagram, repair_horizon_bytes
 from wangate.core.scheduler import (
