@@ -20,8 +20,8 @@ shares needs what a path *can* carry, so this filter keeps its memory in **busy 
   ignored.
 * Samples come from acks (``on_acked``): acknowledged bytes over at least
   ``max(min_interval_s, 2 srtt)``. Longer than the 50 ms of ``rate_mbps``: acks come in
-  clumps (one per 32 datagrams, 38 kB at 1200 bytes), and over 50 ms one clump reads
-  6 Mbit/s above the truth, twice a 5 Mbit/s path's rate; over 0.5 s it is 0.6 Mbit/s.
+  clumps (one per 5 ms, or per 256 datagrams on a fast path), and over 50 ms one clump
+  reads a tenth above the truth; over 0.5 s a hundredth.
   The interval is the longer of the acks' and the sends' (the newest acknowledged
   datagram's send time at either end), as the delivery-rate draft does (§3.3): a
   receiver that stalls and then acks at once, or a queue that drains, shortens the ack
