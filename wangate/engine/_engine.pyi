@@ -5,6 +5,7 @@ DATAGRAM_OVERHEAD_BYTES: int
 
 class PathChannel:
     burst: bool
+    gso: bool
     @property
     def recv_cid(self) -> bytes: ...
     @property

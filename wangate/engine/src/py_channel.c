@@ -324,7 +324,7 @@ static PyObject *Channel_stats(ChannelObject *self, PyObject *unused) {
     STAT(packets_sent) STAT(packets_received) STAT(bytes_sent) STAT(bytes_received)
     STAT(datagrams_sent) STAT(datagrams_received) STAT(acked_packets) STAT(lost_packets)
     STAT(lost_bytes) STAT(not_opened) STAT(replayed) STAT(send_dropped) STAT(send_errors)
-    STAT(key_updates) STAT(probes_sent)
+    STAT(key_updates) STAT(probes_sent) STAT(segmented_sends)
 #define FIELD(key, value)                                                     \
     if (PyDict_SetItemString(d, key, v = (value)) < 0) goto fail;             \
     Py_DECREF(v);
@@ -358,6 +358,21 @@ static int Channel_set_burst(ChannelObject *self, PyObject *value, void *unused)
     int on = PyObject_IsTrue(value);
     if (on < 0) return -1;
     self->ch.recovery.pacer.burst = on;
+    return 0;
+}
+
+static PyObject *Channel_get_gso(ChannelObject *self, void *unused) {
+    return PyBool_FromLong(self->ready && self->ch.gso);
+}
+
+static int Channel_set_gso(ChannelObject *self, PyObject *value, void *unused) {
+    if (!self->ready || value == NULL) {
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
+        return -1;
+    }
+    int on = PyObject_IsTrue(value);
+    if (on < 0) return -1;
+    self->ch.gso = on;
     return 0;
 }
 
@@ -396,6 +411,9 @@ static PyMethodDef Channel_methods[] = {
 static PyGetSetDef Channel_getset[] = {
     {"burst", (getter)Channel_get_burst, (setter)Channel_set_burst,
      "unpaced while critical data waits", NULL},
+    {"gso", (getter)Channel_get_gso, (setter)Channel_set_gso,
+     "equal packets go to the kernel as one buffer it cuts (UDP GSO); off once it refuses",
+     NULL},
     {"recv_cid", (getter)Channel_get_recv_cid, NULL, "the connection ID packets to us carry", NULL},
     {"send_cid", (getter)Channel_get_send_cid, NULL, "the connection ID of packets we send", NULL},
     {"datagram_bytes", (getter)Channel_get_datagram_bytes, NULL, "the largest datagram", NULL},

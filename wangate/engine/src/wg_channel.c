@@ -2,9 +2,14 @@
 #include "wg_channel.h"
 
 #include <errno.h>
+#include <netinet/udp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103 /* Linux 4.18 */
+#endif
 
 /* ------------------------------------------------------------------ keys */
 
@@ -66,6 +71,7 @@ int wg_channel_init(wg_channel *ch, int fd, const struct sockaddr *peer, socklen
                     double initial_rtt_s, uint64_t key_update_packets, const char **why) {
     memset(ch, 0, sizeof(*ch));
     ch->fd = fd;
+    ch->gso = 1;
     if (peer_len > sizeof(ch->peer)) {
         *why = "peer address too long";
         return -1;
@@ -145,29 +151,81 @@ int wg_channel_queue(wg_channel *ch, const uint8_t *data, size_t len) {
     return 1;
 }
 
+typedef union {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+} gso_control;
+
+/* The batch's packets from `from` on as sendmmsg messages: a run of equal packets (the
+ * last may be shorter) as one buffer with its segment size when GSO is on, else one
+ * packet a message.  first[m] is the first packet of message m; returns the count. */
+static size_t batch_messages(wg_channel *ch, size_t from, struct mmsghdr *msgs,
+                             struct iovec *iov, gso_control *control, size_t *first) {
+    size_t count = ch->batch_count, m = 0;
+    for (size_t i = from; i < count; m++) {
+        size_t segment = ch->batch_len[i], n = 1, total = segment;
+        if (ch->gso && segment >= WG_MIN_PACKET_BYTES) {
+            while (i + n < count && n < WG_GSO_MAX_SEGMENTS && ch->batch_len[i + n] <= segment &&
+                   total + ch->batch_len[i + n] <= WG_GSO_MAX_BYTES) {
+                total += ch->batch_len[i + n++];
+                if (ch->batch_len[i + n - 1] < segment) break; /* a shorter one ends a run */
+            }
+        }
+        struct msghdr *hdr = &msgs[m].msg_hdr;
+        memset(&msgs[m], 0, sizeof(msgs[m]));
+        hdr->msg_name = &ch->peer;
+        hdr->msg_namelen = ch->peer_len;
+        hdr->msg_iov = &iov[i];
+        hdr->msg_iovlen = n;
+        if (n > 1) {
+            memset(&control[m], 0, sizeof(control[m]));
+            hdr->msg_control = control[m].buf;
+            hdr->msg_controllen = sizeof(control[m].buf);
+            struct cmsghdr *cmsg = CMSG_FIRSTHDR(hdr);
+            cmsg->cmsg_level = IPPROTO_UDP;
+            cmsg->cmsg_type = UDP_SEGMENT;
+            cmsg->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t size = (uint16_t)segment;
+            memcpy(CMSG_DATA(cmsg), &size, sizeof(size));
+        }
+        first[m] = i;
+        i += n;
+    }
+    return m;
+}
+
 static void send_batch(wg_channel *ch) {
     struct mmsghdr msgs[WG_BATCH_PACKETS];
     struct iovec iov[WG_BATCH_PACKETS];
-    size_t count = ch->batch_count, done = 0;
+    gso_control control[WG_BATCH_PACKETS];
+    size_t first[WG_BATCH_PACKETS];
+    size_t count = ch->batch_count;
     for (size_t i = 0; i < count; i++) {
         iov[i].iov_base = ch->batch_mem + i * ch->batch_stride;
         iov[i].iov_len = ch->batch_len[i];
-        memset(&msgs[i], 0, sizeof(msgs[i]));
-        msgs[i].msg_hdr.msg_name = &ch->peer;
-        msgs[i].msg_hdr.msg_namelen = ch->peer_len;
-        msgs[i].msg_hdr.msg_iov = &iov[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
     }
-    while (done < count) {
-        int n = sendmmsg(ch->fd, msgs + done, (unsigned)(count - done), 0);
+    size_t messages = batch_messages(ch, 0, msgs, iov, control, first), done = 0;
+    while (done < messages) {
+        int n = sendmmsg(ch->fd, msgs + done, (unsigned)(messages - done), 0);
         if (n < 0) {
             if (errno == EINTR) continue;
+            if ((errno == EIO || errno == EINVAL) && msgs[done].msg_hdr.msg_controllen > 0) {
+                /* the kernel or the route cannot segment (no checksum offload, a path
+                 * MTU under the packet size): plain messages from now on */
+                ch->gso = 0;
+                messages = batch_messages(ch, first[done], msgs, iov, control, first);
+                done = 0;
+                continue;
+            }
+            size_t unsent = count - first[done];
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)
-                ch->stats.send_dropped += count - done;
+                ch->stats.send_dropped += unsent;
             else
-                ch->stats.send_errors += count - done;
+                ch->stats.send_errors += unsent;
             break; /* recorded as sent: recovery declares them lost, as for the network */
         }
+        for (int k = 0; k < n; k++)
+            if (msgs[done + (size_t)k].msg_hdr.msg_controllen > 0) ch->stats.segmented_sends++;
         done += (size_t)n;
     }
     ch->batch_count = 0;

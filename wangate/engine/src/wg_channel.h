@@ -30,6 +30,11 @@
 #include "wg_recovery.h"
 
 #define WG_BATCH_PACKETS 64      /* packets per sendmmsg */
+/* UDP GSO (UDP_SEGMENT): equal packets of a batch go to the kernel as one buffer it
+ * cuts, at most this many and this much (the IPv4 payload limit) at a time; packets
+ * under 1200 bytes (ACKs, probes) go alone, so a receiver never sees them coalesced */
+#define WG_GSO_MAX_SEGMENTS 64
+#define WG_GSO_MAX_BYTES 65507
 #define WG_QUEUE_SLOTS 256       /* datagrams queued before a flush */
 #define WG_MAX_PACKET_BYTES 65527 /* largest UDP payload over IPv4 */
 #define WG_MIN_PACKET_BYTES 1200 /* RFC 9000 §14: every path carries this much */
@@ -55,10 +60,12 @@ typedef struct wg_channel_stats {
     uint64_t send_errors;
     uint64_t key_updates;
     uint64_t probes_sent;
+    uint64_t segmented_sends; /* buffers the kernel cut into packets (UDP GSO) */
 } wg_channel_stats;
 
 typedef struct wg_channel {
     int fd;
+    int gso; /* hand equal packets to the kernel to cut (UDP_SEGMENT); off once it refuses */
     struct sockaddr_storage peer;
     socklen_t peer_len;
     size_t max_packet_bytes;
