@@ -1,15 +1,17 @@
-"""UDP GSO on the data plane's send path: runs of equal packets in a batch go to the
-kernel as one buffer it cuts into those packets (UDP_SEGMENT); what arrives is the same
-packets, in order, whatever the receiver's socket is."""
+"""UDP GSO and GRO on the data plane: runs of equal packets in a batch go to the kernel
+as one buffer it cuts into those packets (UDP_SEGMENT); a channel that reads its own
+socket takes the kernel's coalesced buffers (UDP_GRO) and cuts them at their segment
+size. What arrives is the same packets, in order, whatever either socket does."""
 
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Iterator
 
 import pytest
 
-from tests.test_engine_channel import Pair, datagrams
+from tests.test_engine_channel import Pair, _sealed_by_a, datagrams
 
 SO_NO_CHECK = 11  # <asm-generic/socket.h>: a socket without UDP checksums cannot segment
 PACKET_OVERHEAD = 13 + 16 + 1  # short header, tag, DATAGRAM frame type (proto/engine.md)
@@ -87,3 +89,83 @@ def test_a_full_batch_is_acknowledged_whole(pair: Pair) -> None:
     assert pair.b.flush(pair.now) == 1
     assert pair.a.read(pair.now) == ([], [], [], 1)
     assert pair.a.stats()["acked_packets"] == 64
+
+
+UDP_SEGMENT = 103
+
+
+def send_segmented(sock: socket.socket, packets: list[bytes], to: tuple[str, int]) -> None:
+    """One GSO send of equal ``packets`` (the last may be shorter) from a plain socket."""
+    size = struct.pack("H", len(packets[0]))
+    sock.sendmsg([b"".join(packets)], [(socket.IPPROTO_UDP, UDP_SEGMENT, size)], 0, to)
+
+
+def test_a_coalesced_batch_is_cut_into_its_packets(pair: Pair) -> None:
+    assert pair.b.read(pair.now) == ([], [], [], 0)  # the first read turns GRO on
+    assert pair.b.gro is True
+    sent = datagrams(64, pair.a.datagram_bytes, seed=7)
+    send(pair, sent)
+    assert pair.b.read(pair.now) == (sent, [], [], 2)  # two buffers: 45 and 19 packets
+    assert pair.b.stats()["coalesced_reads"] == 2
+    assert pair.b.stats()["datagrams_received"] == 64
+    pair.now += 0.002
+    assert pair.b.flush(pair.now) == 1
+    assert pair.a.read(pair.now) == ([], [], [], 1)
+    assert pair.a.stats()["acked_packets"] == 64
+
+
+def test_with_gro_off_a_segmented_batch_arrives_packet_by_packet(pair: Pair) -> None:
+    pair.b.read(pair.now)
+    pair.b.gro = False
+    assert pair.b.gro is False
+    sent = datagrams(64, pair.a.datagram_bytes, seed=8)
+    send(pair, sent)
+    assert pair.a.stats()["segmented_sends"] == 2
+    assert pair.b.read(pair.now) == (sent, [], [], 64)
+    assert pair.b.stats()["coalesced_reads"] == 0
+
+
+def test_coalesced_packets_not_the_channels_come_back_one_by_one_with_their_sender(
+    pair: Pair,
+) -> None:
+    pair.b.read(pair.now)
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.1", 0))
+    try:
+        packets = [bytes([0xC0 | i]) * 1300 for i in range(3)] + [b"\xc0" * 500]
+        send_segmented(other, packets, pair.socks[1].getsockname())
+        sender = other.getsockname()
+        assert pair.b.read(pair.now) == ([], [(p, sender) for p in packets], [], 1)
+    finally:
+        other.close()
+
+
+def test_a_forged_packet_among_coalesced_good_ones_is_dropped_alone(pair: Pair) -> None:
+    pair.b.read(pair.now)
+    frames = [bytes([0x31, 60]) + bytes([i]) * 60 for i in range(4)]  # DATAGRAM, length 60
+    packets = [_sealed_by_a(f, pn) for pn, f in enumerate(frames)]
+    forged = bytearray(packets[2])
+    forged[-1] ^= 1  # its tag no longer verifies
+    packets[2] = bytes(forged)
+    send_segmented(pair.socks[0], packets, pair.socks[1].getsockname())
+    got = pair.b.read(pair.now)
+    assert got == ([f[2:] for i, f in enumerate(frames) if i != 2], [], [], 1)
+    assert pair.b.stats()["not_opened"] == 1
+
+
+def test_more_packets_than_one_read_opens_are_dropped_and_counted(pair: Pair) -> None:
+    pair.b.read(pair.now)
+    other = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    other.bind(("127.0.0.1", 0))
+    try:
+        to = pair.socks[1].getsockname()
+        for i in range(40):  # 40 buffers of 128 packets of 32 bytes: 5120 packets
+            send_segmented(other, [bytes([0xC0, i]) * 16] * 128, to)
+        got, foreign, errors, buffers = pair.b.read(pair.now)
+        assert (got, errors, buffers) == ([], [], 40)
+        assert len(foreign) == 4096  # READ_PACKETS
+        assert foreign[-1][0] == bytes([0xC0, 31]) * 16
+        assert pair.b.stats()["read_overflow"] == 5120 - 4096
+        assert pair.b.read(pair.now) == ([], [], [], 0)
+    finally:
+        other.close()

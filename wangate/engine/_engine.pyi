@@ -6,6 +6,7 @@ DATAGRAM_OVERHEAD_BYTES: int
 class PathChannel:
     burst: bool
     gso: bool
+    gro: bool
     @property
     def recv_cid(self) -> bytes: ...
     @property

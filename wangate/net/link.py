@@ -66,7 +66,7 @@ def timer_delay_s(deadline: float, now: float) -> float:
 
 
 ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
-READ_BATCH_PACKETS = 64  # what PathChannel.read takes in one recvmmsg (wg_reader.h)
+READ_BATCH_BUFFERS = 64  # what PathChannel.read takes in one recvmmsg (wg_reader.h)
 
 
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
@@ -202,18 +202,24 @@ class PathLink(QuicConnectionProtocol):
 
     def _read_batches(self) -> None:
         """A dialed link's own socket is readable: its data plane reads it down to empty
-        (at most MAX_DATAGRAMS_PER_TURN), a batch per recvmmsg, each packet opened in C;
-        what is not the data plane's goes to aioquic. Each batch is acknowledged before
-        the next is read (see ACK_EVERY_PACKETS)."""
-        for _ in range(MAX_DATAGRAMS_PER_TURN // READ_BATCH_PACKETS):
+        (at most MAX_DATAGRAMS_PER_TURN packets), a batch per recvmmsg, each packet
+        opened in C (a buffer the kernel coalesced, cut into its packets); what is not
+        the data plane's goes to aioquic. A batch is acknowledged as soon as it is
+        read, before the session handles it: one read may hold thousands of packets
+        (UDP GRO), and the sender's RTT must not count their handling."""
+        taken = 0
+        while taken < MAX_DATAGRAMS_PER_TURN:
             channel = self.channel
             if channel is None:
                 return
             try:
-                datagrams, foreign, errors, count = channel.read(time.monotonic())
+                datagrams, foreign, errors, buffers = channel.read(time.monotonic())
             except OSError as exc:  # an ICMP error reported on the socket
                 self.error_received(exc)
                 break
+            if buffers:
+                channel.flush(time.monotonic())
+            taken += len(datagrams) + len(foreign) + buffers
             if datagrams and self.driver is not None and self.state is LinkState.UP:
                 for error in self.driver.datagrams_received(self, datagrams):
                     self._protocol_error(error)
@@ -221,9 +227,7 @@ class PathLink(QuicConnectionProtocol):
                 self._protocol_error(RemoteProtocolError(reason))
             for data, addr in foreign:
                 self._quic_received(data, addr)
-            if count and self.channel is not None:
-                self.channel.flush(time.monotonic())
-            if count < READ_BATCH_PACKETS:
+            if buffers < READ_BATCH_BUFFERS:
                 break
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)

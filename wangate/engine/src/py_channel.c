@@ -6,6 +6,12 @@
 #include <string.h>
 
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
 
 #include "wg_channel.h"
 #include "wg_py.h"
@@ -15,17 +21,34 @@
 static const char MALFORMED_FRAMES[] = "malformed frames in a data-plane packet";
 static const char ACK_NEVER_SENT[] = "an ACK of a packet never sent (RFC 9000 §13.1)";
 
+/* One packet of a read: where it lies in the reader's buffers, the buffer it came in
+ * (its sender), and what the channel made of it. */
+typedef struct {
+    uint32_t off, len;
+    uint16_t buffer;
+    uint16_t datagrams;
+    int result;
+    uint16_t datagram_off[16], datagram_len[16]; /* wg_parsed's, from the frames' start */
+} ReadPacket;
+
+/* The most packets one read() opens: 64 buffers of coalesced 1200-byte packets and more
+ * fit; what a read holds beyond it (only packets under 1200 bytes coalesced, which our
+ * sender never hands the kernel together) is dropped and counted, as a network loses. */
+#define READ_PACKETS 4096
+
 /* what one read() takes from the socket, and what the channel made of each packet */
 typedef struct {
     wg_reader reader;
-    int result[WG_READ_BATCH];
-    wg_parsed parsed[WG_READ_BATCH];
+    wg_parsed parsed; /* one packet's frames, copied out into its ReadPacket */
+    size_t packets;
+    ReadPacket packet[READ_PACKETS];
 } ReadBatch;
 
 typedef struct {
     PyObject_HEAD
     wg_channel ch;
     int ready;
+    int gro; /* read() asks the kernel to coalesce (UDP GRO) */
     ReadBatch *batch; /* allocated by the first read() */
 } ChannelObject;
 
@@ -90,6 +113,7 @@ static int Channel_init(ChannelObject *self, PyObject *args, PyObject *kwds) {
         goto done;
     }
     self->ready = 1;
+    self->gro = 1;
     rc = 0;
 done:
     PyBuffer_Release(&send);
@@ -225,9 +249,41 @@ static int append_new(PyObject *list, PyObject *item) {
     return rc;
 }
 
+/* Open the packets of buffers [0, n) where they lie, cutting coalesced buffers at their
+ * segment size.  Runs without the GIL. */
+static void open_read(ChannelObject *self, ReadBatch *b, int n, double now) {
+    size_t k = 0;
+    for (int i = 0; i < n; i++) {
+        uint8_t *data = wg_reader_data(&b->reader, i);
+        size_t len = b->reader.msgs[i].msg_len, segment = wg_reader_segment_bytes(&b->reader, i);
+        size_t at = 0;
+        if (segment < len) self->ch.stats.coalesced_reads++;
+        do { /* an empty datagram is one packet too: it goes back as not ours */
+            size_t plen = len - at < segment ? len - at : segment;
+            if (k == READ_PACKETS) {
+                self->ch.stats.read_overflow++;
+            } else {
+                ReadPacket *p = &b->packet[k++];
+                p->off = (uint32_t)((size_t)i * WG_READ_BUFFER_BYTES + at);
+                p->len = (uint32_t)plen;
+                p->buffer = (uint16_t)i;
+                p->result = wg_channel_receive_in_place(&self->ch, data + at, plen, now, &b->parsed);
+                p->datagrams = 0;
+                for (int j = 0; j < p->result && j < 16; j++) {
+                    p->datagram_off[j] = (uint16_t)b->parsed.datagram_off[j];
+                    p->datagram_len[j] = (uint16_t)b->parsed.datagram_len[j];
+                    p->datagrams++;
+                }
+            }
+            at += plen;
+        } while (at < len);
+    }
+    b->packets = k;
+}
+
 /* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
- * up to WG_READ_BATCH datagrams in one recvmmsg, each opened where it lies.  The
- * socket, its packets and their opening all run without the GIL. */
+ * up to WG_READ_BATCH buffers (count) in one recvmmsg, each packet opened where it lies.
+ * The socket, its packets and their opening all run without the GIL. */
 static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
@@ -238,6 +294,8 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
             PyMem_Free(batch);
             return PyErr_NoMemory();
         }
+        /* a kernel without UDP GRO reads plain datagrams */
+        if (self->gro) (void)wg_reader_enable_gro(&batch->reader, self->ch.fd);
         self->batch = batch;
     }
     ReadBatch *b = self->batch;
@@ -245,9 +303,7 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS
     n = wg_reader_read(&b->reader, self->ch.fd);
     if (n < 0) read_errno = errno;
-    for (int i = 0; i < n; i++)
-        b->result[i] = wg_channel_receive_in_place(&self->ch, wg_reader_data(&b->reader, i),
-                                                   b->reader.msgs[i].msg_len, now, &b->parsed[i]);
+    open_read(self, b, n < 0 ? 0 : n, now);
     Py_END_ALLOW_THREADS
     if (n < 0) {
         errno = read_errno;
@@ -255,15 +311,14 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     }
     PyObject *datagrams = PyList_New(0), *foreign = PyList_New(0), *errors = PyList_New(0);
     if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;
-    for (int i = 0; i < n; i++) {
-        const uint8_t *data = wg_reader_data(&b->reader, i);
-        const wg_parsed *parsed = &b->parsed[i];
-        switch (b->result[i]) {
+    for (size_t k = 0; k < b->packets; k++) {
+        const ReadPacket *p = &b->packet[k];
+        const uint8_t *data = b->reader.mem + p->off;
+        switch (p->result) {
         case WG_RECEIVE_NOT_MINE: {
-            PyObject *address = address_tuple(&b->reader.addr[i]);
+            PyObject *address = address_tuple(&b->reader.addr[p->buffer]);
             if (address == NULL) goto fail;
-            PyObject *pair = Py_BuildValue("(y#N)", (const char *)data,
-                                           (Py_ssize_t)b->reader.msgs[i].msg_len, address);
+            PyObject *pair = Py_BuildValue("(y#N)", (const char *)data, (Py_ssize_t)p->len, address);
             if (append_new(foreign, pair) < 0) goto fail;
             break;
         }
@@ -277,10 +332,9 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
             break;
         default: {
             const uint8_t *frames = data + WG_SHORT_HEADER_LEN;
-            for (int j = 0; j < b->result[i]; j++) {
-                PyObject *d = PyBytes_FromStringAndSize(
-                    (const char *)frames + parsed->datagram_off[j],
-                    (Py_ssize_t)parsed->datagram_len[j]);
+            for (int j = 0; j < p->datagrams; j++) {
+                PyObject *d = PyBytes_FromStringAndSize((const char *)frames + p->datagram_off[j],
+                                                        (Py_ssize_t)p->datagram_len[j]);
                 if (append_new(datagrams, d) < 0) goto fail;
             }
         }
@@ -325,6 +379,7 @@ static PyObject *Channel_stats(ChannelObject *self, PyObject *unused) {
     STAT(datagrams_sent) STAT(datagrams_received) STAT(acked_packets) STAT(lost_packets)
     STAT(lost_bytes) STAT(not_opened) STAT(replayed) STAT(send_dropped) STAT(send_errors)
     STAT(key_updates) STAT(probes_sent) STAT(segmented_sends)
+    STAT(coalesced_reads) STAT(read_overflow)
 #define FIELD(key, value)                                                     \
     if (PyDict_SetItemString(d, key, v = (value)) < 0) goto fail;             \
     Py_DECREF(v);
@@ -376,6 +431,31 @@ static int Channel_set_gso(ChannelObject *self, PyObject *value, void *unused) {
     return 0;
 }
 
+static PyObject *Channel_get_gro(ChannelObject *self, void *unused) {
+    return PyBool_FromLong(self->ready && self->gro &&
+                           (self->batch == NULL || self->batch->reader.gro));
+}
+
+static int Channel_set_gro(ChannelObject *self, PyObject *value, void *unused) {
+    if (!self->ready || value == NULL) {
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
+        return -1;
+    }
+    int on = PyObject_IsTrue(value);
+    if (on < 0) return -1;
+    self->gro = on;
+    if (self->batch != NULL) {
+        if (on) {
+            (void)wg_reader_enable_gro(&self->batch->reader, self->ch.fd);
+        } else {
+            int off = 0;
+            (void)setsockopt(self->ch.fd, IPPROTO_UDP, UDP_GRO, &off, sizeof(off));
+            self->batch->reader.gro = 0;
+        }
+    }
+    return 0;
+}
+
 static PyObject *Channel_get_recv_cid(ChannelObject *self, void *unused) {
     READY(self);
     return PyBytes_FromStringAndSize((const char *)self->ch.recv_cid, WG_CID_LEN);
@@ -413,6 +493,9 @@ static PyGetSetDef Channel_getset[] = {
      "unpaced while critical data waits", NULL},
     {"gso", (getter)Channel_get_gso, (setter)Channel_set_gso,
      "equal packets go to the kernel as one buffer it cuts (UDP GSO); off once it refuses",
+     NULL},
+    {"gro", (getter)Channel_get_gro, (setter)Channel_set_gro,
+     "read() takes the kernel's coalesced buffers and cuts them (UDP GRO; from its first call)",
      NULL},
     {"recv_cid", (getter)Channel_get_recv_cid, NULL, "the connection ID packets to us carry", NULL},
     {"send_cid", (getter)Channel_get_send_cid, NULL, "the connection ID of packets we send", NULL},

@@ -61,6 +61,8 @@ typedef struct wg_channel_stats {
     uint64_t key_updates;
     uint64_t probes_sent;
     uint64_t segmented_sends; /* buffers the kernel cut into packets (UDP GSO) */
+    uint64_t coalesced_reads; /* buffers of several packets read (UDP GRO) */
+    uint64_t read_overflow;   /* packets past what one read opens (PathChannel.read) */
 } wg_channel_stats;
 
 typedef struct wg_channel {
