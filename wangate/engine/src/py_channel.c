@@ -6,12 +6,6 @@
 #include <string.h>
 
 #include <errno.h>
-#include <netinet/in.h>
-#include <netinet/udp.h>
-
-#ifndef UDP_GRO
-#define UDP_GRO 104
-#endif
 
 #include "wg_channel.h"
 #include "wg_py.h"
@@ -295,7 +289,7 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
             return PyErr_NoMemory();
         }
         /* a kernel without UDP GRO reads plain datagrams */
-        if (self->gro) (void)wg_reader_enable_gro(&batch->reader, self->ch.fd);
+        if (self->gro) (void)wg_reader_set_gro(&batch->reader, self->ch.fd, 1);
         self->batch = batch;
     }
     ReadBatch *b = self->batch;
@@ -401,16 +395,21 @@ static Py_ssize_t Channel_len(ChannelObject *self) {
     return self->ready ? (Py_ssize_t)self->ch.queue_count : 0;
 }
 
+/* a boolean attribute's new value: 0 or 1, or -1 with an exception set */
+static int flag_value(ChannelObject *self, PyObject *value) {
+    if (!self->ready || value == NULL) {
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
+        return -1;
+    }
+    return PyObject_IsTrue(value);
+}
+
 static PyObject *Channel_get_burst(ChannelObject *self, void *unused) {
     return PyBool_FromLong(self->ready && self->ch.recovery.pacer.burst);
 }
 
 static int Channel_set_burst(ChannelObject *self, PyObject *value, void *unused) {
-    if (!self->ready || value == NULL) {
-        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
-        return -1;
-    }
-    int on = PyObject_IsTrue(value);
+    int on = flag_value(self, value);
     if (on < 0) return -1;
     self->ch.recovery.pacer.burst = on;
     return 0;
@@ -421,11 +420,7 @@ static PyObject *Channel_get_gso(ChannelObject *self, void *unused) {
 }
 
 static int Channel_set_gso(ChannelObject *self, PyObject *value, void *unused) {
-    if (!self->ready || value == NULL) {
-        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
-        return -1;
-    }
-    int on = PyObject_IsTrue(value);
+    int on = flag_value(self, value);
     if (on < 0) return -1;
     self->ch.gso = on;
     return 0;
@@ -437,22 +432,10 @@ static PyObject *Channel_get_gro(ChannelObject *self, void *unused) {
 }
 
 static int Channel_set_gro(ChannelObject *self, PyObject *value, void *unused) {
-    if (!self->ready || value == NULL) {
-        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
-        return -1;
-    }
-    int on = PyObject_IsTrue(value);
+    int on = flag_value(self, value);
     if (on < 0) return -1;
     self->gro = on;
-    if (self->batch != NULL) {
-        if (on) {
-            (void)wg_reader_enable_gro(&self->batch->reader, self->ch.fd);
-        } else {
-            int off = 0;
-            (void)setsockopt(self->ch.fd, IPPROTO_UDP, UDP_GRO, &off, sizeof(off));
-            self->batch->reader.gro = 0;
-        }
-    }
+    if (self->batch != NULL) (void)wg_reader_set_gro(&self->batch->reader, self->ch.fd, on);
     return 0;
 }
 

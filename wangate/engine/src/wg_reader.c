@@ -22,10 +22,9 @@ void wg_reader_free(wg_reader *r) {
     r->mem = NULL;
 }
 
-int wg_reader_enable_gro(wg_reader *r, int fd) {
-    int on = 1;
+int wg_reader_set_gro(wg_reader *r, int fd, int on) {
     if (setsockopt(fd, IPPROTO_UDP, UDP_GRO, &on, sizeof(on)) < 0) return -1;
-    r->gro = 1;
+    r->gro = on;
     return 0;
 }
 

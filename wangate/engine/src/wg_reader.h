@@ -2,7 +2,7 @@
  * buffers allocated once, each as large as a UDP payload can be (so nothing is ever
  * truncated; the pages a small datagram does not touch stay unbacked).
  *
- * With UDP GRO on (wg_reader_enable_gro), the kernel may hand over several datagrams of
+ * With UDP GRO on (wg_reader_set_gro), the kernel may hand over several datagrams of
  * one sender as one buffer: equal segments, the last possibly shorter, the segment size
  * in a control message.  wg_reader_segment_bytes says how to cut buffer i. */
 #ifndef WG_READER_H
@@ -34,9 +34,9 @@ typedef struct wg_reader {
 int wg_reader_init(wg_reader *r);
 void wg_reader_free(wg_reader *r);
 
-/* Ask the kernel to coalesce what `fd` receives (UDP_GRO, Linux 5.0): 0, or -1 with
- * errno set where it cannot (the reader then reads plain datagrams). */
-int wg_reader_enable_gro(wg_reader *r, int fd);
+/* Ask the kernel to coalesce what `fd` receives (UDP_GRO, Linux 5.0), or to stop: 0,
+ * or -1 with errno set where it cannot (the reader then reads plain datagrams). */
+int wg_reader_set_gro(wg_reader *r, int fd, int on);
 
 /* Read what `fd` holds, up to WG_READ_BATCH buffers, never blocking: how many were
  * read (0: none waiting), or -1 with errno set (an ICMP error reported on the socket,
