@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import os
 import socket
 
 import pytest
@@ -240,3 +242,98 @@ def test_a_head_larger_than_the_staging_area_grows_it_and_is_read_whole() -> Non
     head = assembler.next_head()
     assert head is not None and decode_request(head[1], 0).request_id == 10
     assert assembler._staging.capacity == 0
+
+
+def _read_exactly(sock: socket.socket, size: int) -> tuple[bytes, list[int]]:
+    """``size`` bytes from a blocking socket, and the descriptors that came with them."""
+    got, fds = bytearray(), []
+    while len(got) < size:
+        data, ancillary, _, _ = sock.recvmsg(size - len(got), socket.CMSG_SPACE(16))
+        assert data, "the writer closed early"
+        got += data
+        for level, kind, raw in ancillary:
+            assert (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS)
+            fds.extend(int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4))
+    return bytes(got), fds
+
+
+def test_a_frame_written_at_once_is_one_write_that_the_loop_never_waits_for() -> None:
+    """Head and body go in one sendmsg: nothing else runs between them."""
+
+    async def main() -> tuple[int, bytes]:
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        waited = 0
+        real = loop.sock_sendall
+
+        async def sock_sendall(sock: socket.socket, data: object) -> None:
+            nonlocal waited
+            waited += 1
+            await real(sock, data)  # type: ignore[arg-type]
+
+        loop.sock_sendall = sock_sendall  # type: ignore[method-assign]
+        await framing.sock_send_frame(loop, ours, b"HEAD", memoryview(b"body" * 4))
+        data, fds = _read_exactly(theirs, 20)
+        ours.close()
+        theirs.close()
+        assert fds == []
+        return waited, data
+
+    waited, data = asyncio.run(main())
+    assert waited == 0
+    assert data == b"HEAD" + b"body" * 4
+
+
+@pytest.mark.parametrize("with_fd", [False, True])
+def test_a_frame_larger_than_the_socket_takes_arrives_whole_with_its_descriptor(
+    with_fd: bool,
+) -> None:
+    """A body far over the socket buffer: the rest waits for room, bytes in order, and
+    the descriptor arrives with the frame's first byte, once."""
+    body = bytes(range(256)) * 4096  # 1 MiB
+    head = b"H" * 37
+
+    async def main() -> tuple[bytes, list[int]]:
+        ours, theirs = socket.socketpair()
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        ours.setblocking(False)
+        passed_r, passed_w = os.pipe()
+        loop = asyncio.get_running_loop()
+        reading = loop.run_in_executor(None, _read_exactly, theirs, len(head) + len(body))
+        await framing.sock_send_frame(
+            loop, ours, head, memoryview(body), passed_r if with_fd else None
+        )
+        data, fds = await reading
+        os.write(passed_w, b"x")
+        for fd in fds:
+            assert os.read(fd, 1) == b"x"  # the pipe we passed, not any descriptor
+            os.close(fd)
+        for fd in (passed_r, passed_w):
+            os.close(fd)
+        ours.close()
+        theirs.close()
+        return data, fds
+
+    data, fds = asyncio.run(main())
+    assert data == head + body
+    assert len(fds) == (1 if with_fd else 0)
+
+
+def test_a_blocking_frame_write_sends_head_body_and_descriptor_in_order() -> None:
+    body = bytes(range(256)) * 2048  # 512 KiB: over what one sendmsg takes here
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    passed_r, passed_w = os.pipe()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(_read_exactly, theirs, 5 + len(body))
+        framing.send_frame(ours, b"HELLO", memoryview(body), passed_r)
+        data, fds = reading.result(timeout=30)
+    assert data == b"HELLO" + body
+    assert len(fds) == 1
+    os.write(passed_w, b"y")
+    assert os.read(fds[0], 1) == b"y"
+    for fd in (*fds, passed_r, passed_w):
+        os.close(fd)
+    ours.close()
+    theirs.close()

@@ -21,7 +21,7 @@ import numpy as np
 from wangate.collective.steps import run_async
 from wangate.errors import ErrorCode, GatewayError, GatewayUnavailable
 from wangate.incoming import AsyncIncomingMessage
-from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, sock_sendall_with_fd
+from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, sock_send_frame
 from wangate.localapi.protocol import FrameError, encode_request
 from wangate.stepper import run_steps_async
 
@@ -323,12 +323,7 @@ class AsyncClient:
         assert sock is not None
         async with self._write_lock:
             try:
-                if exchange.fd is None:
-                    await loop.sock_sendall(sock, head)
-                else:
-                    await sock_sendall_with_fd(loop, sock, head, exchange.fd)
-                if body.nbytes:
-                    await loop.sock_sendall(sock, body)
+                await sock_send_frame(loop, sock, head, body, exchange.fd)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 if not exchange.first:  # else the read loop reads the gateway's reason
                     self._fail(lost(self._session.path, exc))

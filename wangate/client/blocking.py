@@ -19,7 +19,7 @@ import numpy as np
 
 from wangate.collective.steps import run_sync
 from wangate.incoming import IncomingMessage
-from wangate.localapi.framing import ConnectionClosed, SyncFrameReader
+from wangate.localapi.framing import ConnectionClosed, SyncFrameReader, send_frame
 from wangate.localapi.protocol import FrameError, encode_request
 from wangate.stepper import run_steps
 
@@ -340,11 +340,7 @@ class Client:
     @staticmethod
     def _write(sock: socket.socket, exchange: Exchange, head: bytes, body: memoryview) -> None:
         try:
-            if exchange.fd is not None:  # the segment goes with the frame's first byte
-                head = head[socket.send_fds(sock, [head], [exchange.fd]) :]
-            sock.sendall(head)
-            if body.nbytes:
-                sock.sendall(body)
+            send_frame(sock, head, body, exchange.fd)  # the segment with the first byte
         except (BrokenPipeError, ConnectionResetError):
             if not exchange.first:
                 raise

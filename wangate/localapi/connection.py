@@ -43,7 +43,7 @@ from wangate.localapi.dispatch import (
     recv_reply,
     submission,
 )
-from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler, sock_sendall_with_fd
+from wangate.localapi.framing import EAGER_READ_BYTES, FrameAssembler, sock_send_frame
 from wangate.localapi.protocol import (
     FrameError,
     FramePrefix,
@@ -441,9 +441,4 @@ class Connection:
             head = encode_header(reply_header(error))
             body = memoryview(b"")
         async with self.write_lock:
-            if fd is None:
-                await self.loop.sock_sendall(self.sock, head)
-            else:
-                await sock_sendall_with_fd(self.loop, self.sock, head, fd)
-            if body.nbytes:
-                await self.loop.sock_sendall(self.sock, body)
+            await sock_send_frame(self.loop, self.sock, head, body, fd)

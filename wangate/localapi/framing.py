@@ -13,6 +13,7 @@ drivers of it, and the gateway's local API server drives it from readiness callb
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import socket
@@ -214,6 +215,56 @@ async def _wait(loop: asyncio.AbstractEventLoop, fileno: int, *, write: bool) ->
         await ready
     finally:
         (loop.remove_writer if write else loop.remove_reader)(fileno)
+
+
+def _frame_message(
+    head: bytes, body: memoryview, fd: int | None
+) -> tuple[list[Any], list[tuple[int, int, bytes]]]:
+    ancillary = [] if fd is None else [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fd_bytes(fd))]
+    return ([head, body] if body.nbytes else [head]), ancillary
+
+
+def _unsent(head: bytes, body: memoryview, sent: int) -> list[Any]:
+    """What of a frame one ``sendmsg`` of ``sent`` bytes left."""
+    if sent < len(head):
+        return [head[sent:], body] if body.nbytes else [head[sent:]]
+    rest = body[sent - len(head) :]
+    return [rest] if rest.nbytes else []
+
+
+def send_frame(sock: socket.socket, head: bytes, body: memoryview, fd: int | None = None) -> None:
+    """A whole frame on a blocking socket, ``fd`` (if any) on its first byte: head and
+    body in one ``sendmsg`` as far as the socket takes them."""
+    sent = sock.sendmsg(*_frame_message(head, body, fd))
+    for part in _unsent(head, body, sent):
+        sock.sendall(part)
+
+
+async def sock_send_frame(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    head: bytes,
+    body: memoryview,
+    fd: int | None = None,
+) -> None:
+    """A whole frame, ``fd`` (if any) on its first byte: one ``sendmsg`` of head and
+    body at once, and only what did not fit waits for room. Each ``sock_sendall`` may
+    give the loop a turn, and whatever runs then would hold the reader between the
+    head and the body."""
+    try:
+        sent = sock.sendmsg(*_frame_message(head, body, fd))
+    except (BlockingIOError, InterruptedError):
+        if fd is not None:
+            await sock_sendall_with_fd(loop, sock, head, fd)
+            sent = len(head)
+        else:
+            sent = 0
+    for part in _unsent(head, body, sent):
+        await loop.sock_sendall(sock, part)
+
+
+def _fd_bytes(fd: int) -> bytes:
+    return array.array("i", [fd]).tobytes()
 
 
 async def sock_sendall_with_fd(

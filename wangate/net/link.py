@@ -261,8 +261,11 @@ class PathLink(QuicConnectionProtocol):
             reason = compat.closed_by_peer(self._quic)
             if reason is not None:
                 self._mark_closed(f"connection closed: {reason}")
-        if self.driver is not None:
-            self.driver.datagrams_handled()
+        if self.driver is not None and self.driver.datagrams_handled():
+            # A trainer's recv was answered: its task runs first (it was scheduled
+            # before this), and only then the control frames and data this link owes.
+            self._loop.call_soon(self.send_now)
+            return
         self.send_now()
 
     def quic_event_received(self, event: events.QuicEvent) -> None:

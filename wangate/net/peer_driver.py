@@ -206,6 +206,7 @@ class PeerDriver:
         self._timer_at: float | None = None
         self._pump_scheduled = False
         self._datagrams_handled = False
+        self._handed_to_trainer = False  # since the last datagrams_handled
         self._draining = False
 
     @property
@@ -314,11 +315,15 @@ class PeerDriver:
         self._datagrams_handled = True
         return errors
 
-    def datagrams_handled(self) -> None:
-        """A link handled a batch of datagrams and transmits right after this."""
+    def datagrams_handled(self) -> bool:
+        """A link handled a batch of datagrams and transmits after this; True if a
+        message went to the trainers meanwhile (then the link lets their replies go
+        out before its own sending)."""
         if self._datagrams_handled:
             self._datagrams_handled = False
             self._service(pump=False)
+        handed, self._handed_to_trainer = self._handed_to_trainer, False
+        return handed
 
     def control_received(self, link: PathLink, frames: Sequence[ControlFrame]) -> None:
         assert link.path is not None
@@ -428,6 +433,7 @@ class PeerDriver:
         failed: list[SendFailed] = []
         while (event := session.next_event()) is not None:
             if isinstance(event, MessageReceived):
+                self._handed_to_trainer = True
                 if sink.received(peer, event):  # its trainer has it: the credit goes back
                     session.consumed(event.body_bytes, event.msg_id)
             elif isinstance(event, MessageProgress):
