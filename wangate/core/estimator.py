@@ -155,8 +155,12 @@ class PathEstimator:
         self._sent_bytes += size_bytes
         self._bytes_in_flight += size_bytes
 
-    def on_acked(self, size_bytes: int, now: float, *, sent_at: float | None = None) -> None:
-        """``size_bytes`` acknowledged, sent at ``sent_at`` (unknown: ``now``)."""
+    def on_acked(
+        self, size_bytes: int, now: float, *, sent_at: float | None = None, datagrams: int = 1
+    ) -> None:
+        """``size_bytes`` acknowledged in ``datagrams`` datagrams (one ack's: the rate
+        samples of an ack are taken once, at its end), the newest sent at ``sent_at``
+        (unknown: ``now``)."""
         _check_size(size_bytes)
         sent = now if sent_at is None else sent_at
         if sent > self._newest_acked_sent_at:
@@ -164,7 +168,8 @@ class PathEstimator:
         self._acked_bytes += size_bytes
         # Clamped: a duplicate report must not drive the count negative and wedge placement.
         self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
-        self._record_outcome(lost=False)
+        for _ in range(datagrams):
+            self._record_outcome(lost=False)
         self._consecutive_losses = 0
         if self._app_limited_until and self._acked_bytes > self._app_limited_until:
             self._app_limited_until = 0

@@ -481,13 +481,14 @@ class Sender:
             if 0.0 < rtt_s < 60.0:
                 est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
             self.scheduler.selector.record_probe_ok(path, now)
-        for sent in acked:
-            est.on_acked(sent.size_bytes, now, sent_at=sent.sent_at)
-        for sent in acked:
-            if sent.msg_id:
-                self.queue.mark_acked(
-                    sent.msg_id, sent.start, sent.end, sent.block, sent.symbol, now
-                )
+            acked_bytes = 0
+            newest_sent_at = -math.inf
+            for sent in acked:
+                acked_bytes += sent.size_bytes
+                if sent.sent_at > newest_sent_at:
+                    newest_sent_at = sent.sent_at
+            est.on_acked(acked_bytes, now, sent_at=newest_sent_at, datagrams=len(acked))
+            self._mark_acked(acked, now)
         for sent in late_acked:
             if sent.msg_id:
                 self.queue.mark_acked(
@@ -500,6 +501,28 @@ class Sender:
                     declared_lost=True,
                 )
         self.requeue(record, sender.detect_lost(now, alone=self.alone(path)))
+
+    def _mark_acked(self, acked: list[SentDatagram], now: float) -> None:
+        """Tell the queue what arrived: a run of plain pieces that follow each other in
+        one message (an in-order ack's usual shape) as one range, coded symbols one by
+        one. Marking a range is a union, so the run's result is the pieces'."""
+        queue = self.queue
+        run_msg_id = run_start = run_end = 0
+        for sent in acked:
+            msg_id = sent.msg_id
+            if not msg_id:
+                continue
+            if sent.block < 0:
+                if msg_id == run_msg_id and sent.start == run_end:
+                    run_end = sent.end
+                    continue
+                if run_msg_id:
+                    queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
+                run_msg_id, run_start, run_end = msg_id, sent.start, sent.end
+                continue
+            queue.mark_acked(msg_id, sent.start, sent.end, sent.block, sent.symbol, now)
+        if run_msg_id:
+            queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
 
     def alone(self, path: str) -> bool:
         """Whether no path but ``path`` may carry data now."""
