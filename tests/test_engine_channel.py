@@ -96,6 +96,8 @@ def test_datagrams_arrive_exactly_in_order_and_are_acked(pair: Pair) -> None:
     assert a["datagrams_sent"] == 40 and b["datagrams_received"] == 40
     assert a["acked_packets"] == 40 and a["lost_packets"] == 0 and a["bytes_in_flight"] == 0
     assert b["packets_received"] == 40 and a["packets_received"] == 1
+    # the pacer's rate, as the driver sizes a channel's queue by it
+    assert pair.a.pacing_rate_bytes == a["pacing_rate_bytes"] > 0
 
 
 def test_short_and_empty_datagrams(pair: Pair) -> None:

@@ -23,6 +23,7 @@ from wangate.errors import GatewayError, LinkError, LocalProtocolError
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.loopback import PATH_NAMES, write_site_configs
 from wangate.net.link import LinkState, PathLink
+from wangate.net.peer_driver import PENDING_HIGH_WATER, PENDING_LOW_WATER, pending_low_water
 from wangate.service import Delivery, Submission
 
 pytestmark = pytest.mark.timeout(90)
@@ -297,3 +298,58 @@ def test_a_drain_of_events_never_runs_inside_another(tmp_path: Path) -> None:
         await sh.close()
 
     run(main())
+
+
+# ------------------------------------------------------------- delivery
+
+
+async def _reply_before_sending(directory: Path) -> None:
+    bj, sh = await pair(directory)
+    try:
+        order: list[str] = []
+        receiving = link(bj, "sh", A)
+        assert receiving is not None
+        driver = bj.peers["sh"]
+        handled, send_now = driver.datagrams_handled, receiving.send_now
+
+        def spy_handled() -> bool:
+            handed = handled()
+            if handed:
+                order.append("handed")
+            return handed
+
+        def spy_send_now() -> None:
+            order.append("send")
+            send_now()
+
+        driver.datagrams_handled = spy_handled  # type: ignore[method-assign]
+        receiving.send_now = spy_send_now  # type: ignore[method-assign]
+
+        async def trainer() -> bytes:
+            delivery = await bj.service.receive("w", "sh", None, 10.0)
+            order.append("trainer")
+            return bytes(delivery.payload)
+
+        waiting = asyncio.create_task(trainer())
+        await asyncio.sleep(0)  # the recv waits before anything arrives
+        await sh.service.submit(submission("bj", "w", b"\x05" * 3000))
+        assert await waiting == b"\x05" * 3000
+        # the trainer's recv resumed right after the message was handed over, before
+        # the link sent its own control frames and data
+        handed_at = order.index("handed")
+        assert order[handed_at + 1] == "trainer", order
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_waiting_recv_is_answered_before_the_link_sends_again(tmp_path: Path) -> None:
+    run(_reply_before_sending(tmp_path))
+
+
+def test_a_channel_is_kept_filled_to_half_a_millisecond_of_its_pacing_rate() -> None:
+    assert pending_low_water(0.0, 1452) == PENDING_LOW_WATER  # no rate yet
+    assert pending_low_water(12.5e6, 1452) == PENDING_LOW_WATER  # 100 Mbit/s: 4 of them
+    assert pending_low_water(175e6, 1452) == 60  # 1.4 Gbit/s: 87,500 B
+    assert pending_low_water(1e12, 1452) == PENDING_HIGH_WATER
+    assert pending_low_water(1e9, 0) == PENDING_HIGH_WATER  # never divides by zero

@@ -68,7 +68,13 @@ from wangate.net.link import PathLink, timer_delay_s
 
 log = logging.getLogger("wangate.daemon")
 
-PENDING_LOW_WATER = 16  # datagrams queued in a channel before we stop adding
+# Datagrams queued in a channel before we stop adding: what the path sends in
+# FILL_AHEAD_S at its pacing rate, within [PENDING_LOW_WATER, PENDING_HIGH_WATER]. A
+# slow path commits only a few datagrams ahead (which path carries a shard is decided
+# at transmit time); a fast one takes dozens per call and per sendmmsg, not a few.
+PENDING_LOW_WATER = 16
+PENDING_HIGH_WATER = 128
+FILL_AHEAD_S = 0.0005
 FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 
 Clock = Callable[[], float]
@@ -167,6 +173,12 @@ class SessionSettings:
     partial_idle_s: float
     peer_dead_s: float
     screen: Screen | None = None
+
+
+def pending_low_water(pacing_rate_bytes: float, datagram_bytes: int) -> int:
+    """How many datagrams a channel pacing at ``pacing_rate_bytes`` is kept filled to."""
+    ahead = int(pacing_rate_bytes * FILL_AHEAD_S) // max(datagram_bytes, 1)
+    return min(max(ahead, PENDING_LOW_WATER), PENDING_HIGH_WATER)
 
 
 class PeerDriver:
@@ -386,6 +398,7 @@ class PeerDriver:
         if channel is None:
             return
         queue = channel.queue
+        low_water = pending_low_water(channel.pacing_rate_bytes, channel.datagram_bytes)
         for _ in range(FILL_ROUNDS):
             now = self._clock()
             control = session.control_to_send(path, now)
@@ -394,7 +407,7 @@ class PeerDriver:
             added = 0
             # unpaced while critical data waits: what is pulled now must not wait for it
             critical = session.has_critical_for(path)
-            while len(channel) < PENDING_LOW_WATER:
+            while len(channel) < low_water:
                 datagram = session.datagram_to_send(path, now)
                 if datagram is None:
                     break

@@ -454,6 +454,11 @@ static PyObject *Channel_get_datagram_bytes(ChannelObject *self, void *unused) {
     return PyLong_FromSize_t(self->ch.max_datagram_bytes);
 }
 
+static PyObject *Channel_get_pacing_rate(ChannelObject *self, void *unused) {
+    READY(self);
+    return PyFloat_FromDouble(self->ch.recovery.pacer.pacing_rate_bytes);
+}
+
 static PyMethodDef Channel_methods[] = {
     {"queue", (PyCFunction)Channel_queue, METH_O,
      "queue(datagram) -> bool: copied into the send queue; False when it is full"},
@@ -483,6 +488,8 @@ static PyGetSetDef Channel_getset[] = {
     {"recv_cid", (getter)Channel_get_recv_cid, NULL, "the connection ID packets to us carry", NULL},
     {"send_cid", (getter)Channel_get_send_cid, NULL, "the connection ID of packets we send", NULL},
     {"datagram_bytes", (getter)Channel_get_datagram_bytes, NULL, "the largest datagram", NULL},
+    {"pacing_rate_bytes", (getter)Channel_get_pacing_rate, NULL,
+     "the pacer's rate, bytes per second (0 before the controller has one)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
