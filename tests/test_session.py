@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
+import zlib
 from dataclasses import replace
 
 import pytest
@@ -27,6 +28,7 @@ from tests.fakelink import (
 from wangate.core.events import (
     MessageDelivered,
     MessageDropped,
+    MessageReceived,
     MessageTaken,
     PathStateChanged,
     RouteChanged,
@@ -905,3 +907,33 @@ def test_a_route_back_from_a_blackhole_is_timed_by_fresh_acks_and_taken_again() 
     assert back[0][0] - back_at < 2.5  # validation, then the challenger's dwell
     assert pair.run_until(lambda: all_done(pair, "bj", sent), max_time_s=30)
     assert_exactly_once_intact(pair, "bj", sent)
+
+
+def test_a_batch_of_datagrams_is_handled_as_each_alone_and_names_only_the_bad_ones() -> None:
+    """``handle_datagrams``: a malformed datagram among good ones costs only itself."""
+
+    def up(site: str, peer: str) -> PeerSession:
+        session = PeerSession(
+            site, peer, max_message_bytes=1 << 20, inbox_window_bytes=1 << 20, now=0
+        )
+        session.path_up("a", datagram_bytes=1200, now=0.0)
+        return session
+
+    bj, sh = up("bj", "sh"), up("sh", "bj")
+    for sender, receiver in ((bj, sh), (sh, bj)):
+        decoder = ControlStreamDecoder()
+        for frame in decoder.feed(sender.control_to_send("a", 0.0)):
+            receiver.handle_control("a", frame, 0.0)
+    payload = bytes(range(256)) * 40
+    msg_id = bj.submit(MessageHeader("t", 3, False, zlib.crc32(payload), b""), payload, 0.0)
+    sent = []
+    while (datagram := bj.datagram_to_send("a", 0.001)) is not None:
+        sent.append(datagram)
+    assert len(sent) >= 3
+    batch = [sent[0], b"\xff" * 40, *sent[1:], bytes([DGRAM_SHARD]) + b"\x00" * 5]
+    errors = sh.handle_datagrams("a", batch, 0.02)
+    assert [type(e) for e in errors] == [RemoteProtocolError, RemoteProtocolError]
+    received = [e for e in iter(sh.next_event, None) if isinstance(e, MessageReceived)]
+    assert [(e.msg_id, bytes(e.payload)) for e in received] == [(msg_id, payload)]
+    with pytest.raises(LocalProtocolError, match="not up"):
+        sh.handle_datagrams("b", sent, 0.03)

@@ -308,7 +308,14 @@ class OutboundQueue:
         return Piece(message, 0, 0, True, block, index)
 
     def repair_symbol_data(self, piece: Piece) -> bytes:
-        return piece.message.encoder(piece.block).repair(piece.symbol)
+        """The symbol's bytes; those still queued for its block (the next indices) are
+        computed in the same pass over the sources, a fraction of one pass each."""
+        message = piece.message
+        encoder = message.encoder(piece.block)
+        ledger = message.blocks.get(piece.block)
+        ahead = 0 if ledger is None else max(0, ledger.queued)
+        last = min(piece.symbol + 1 + ahead, MAX_SYMBOLS)
+        return encoder.repairs(range(piece.symbol, last))[0]
 
     def _queue_repairs(
         self, message: OutboundMessage, block: int, count: int, *, upfront: bool = False

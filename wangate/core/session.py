@@ -56,7 +56,7 @@ from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.core.timers import LATE_TIMER_RECHECK_S as LATE_TIMER_RECHECK_S
 from wangate.core.timers import LATE_TIMER_S as LATE_TIMER_S
 from wangate.core.timers import TimerTable
-from wangate.errors import LocalProtocolError, PeerUnreachable
+from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 # After a late timer (``wangate.core.timers``) the peer has this many of its best path's
 # round trips (at least ANSWER_MIN_S) to answer what we send on waking before it can be
@@ -314,8 +314,28 @@ class PeerSession:
         record = self._paths.get(path)
         if record is None:
             raise LocalProtocolError(f"datagram on path {path} that is not up")
-        receiver, sender = record.receiver, record.sender
         self._heard(path, record, now)
+        self._handle_datagram(record, data, now)
+
+    def handle_datagrams(
+        self, path: str, datagrams: list[bytes], now: float
+    ) -> list[RemoteProtocolError]:
+        """DATAGRAM frames read together on ``path``, each as ``handle_datagram`` would:
+        the malformed ones' errors, in order (the rest are handled all the same)."""
+        record = self._paths.get(path)
+        if record is None:
+            raise LocalProtocolError(f"datagram on path {path} that is not up")
+        self._heard(path, record, now)
+        errors: list[RemoteProtocolError] = []
+        for data in datagrams:
+            try:
+                self._handle_datagram(record, data, now)
+            except RemoteProtocolError as exc:
+                errors.append(exc)
+        return errors
+
+    def _handle_datagram(self, record: PathRecord, data: bytes, now: float) -> None:
+        receiver, sender = record.receiver, record.sender
         datagram = decode_datagram(data, receiver.newest_seq, self._largest_msg_id_in)
         sender.estimator.on_transit_sample(now - receiver.sender_clock_s(datagram.sent_stamp), now)
         if isinstance(datagram, ProbeDatagram):

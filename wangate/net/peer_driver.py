@@ -317,13 +317,7 @@ class PeerDriver:
         """A batch of DATAGRAM frames, read together: the malformed ones' errors (the
         rest are handled all the same)."""
         assert link.path is not None
-        path, handle, now = link.path, self._session.handle_datagram, self._clock()
-        errors: list[RemoteProtocolError] = []
-        for data in datagrams:
-            try:
-                handle(path, data, now)
-            except RemoteProtocolError as exc:
-                errors.append(exc)
+        errors = self._session.handle_datagrams(link.path, datagrams, self._clock())
         self._datagrams_handled = True
         return errors
 
