@@ -209,6 +209,26 @@ def test_misuse_is_a_local_error(pair: Pair) -> None:
         )
 
 
+def test_a_list_is_queued_in_order_until_the_queue_is_full(pair: Pair) -> None:
+    sent = datagrams(3, pair.a.datagram_bytes)
+    assert pair.a.queue_many(sent) == 3
+    assert pair.a.flush(pair.now) == 3
+    assert pair.deliver(1) == sent
+    assert pair.a.queue_many([b"q"] * 250) == 250
+    assert pair.a.queue_many([b"r"] * 10) == 6  # 256 slots: the rest are the caller's
+    assert len(pair.a) == 256
+
+
+def test_a_bad_list_is_refused_and_what_came_before_stays_queued(pair: Pair) -> None:
+    with pytest.raises(TypeError, match="list"):
+        pair.a.queue_many((b"tuple",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pair.a.queue_many([b"one", 2])  # type: ignore[list-item]
+    with pytest.raises(LocalProtocolError, match="does not fit"):
+        pair.a.queue_many([b"two", bytes(pair.a.datagram_bytes + 1)])
+    assert len(pair.a) == 2  # b"one" and b"two"
+
+
 def _sealed_by_a(frames: bytes, pn: int) -> bytes:
     """A packet as a's channel would seal it, frames chosen by the test."""
     dp_secret, cid = _engine.derive_data_plane(SUITE, SECRET_AB)

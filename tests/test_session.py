@@ -911,19 +911,7 @@ def test_a_route_back_from_a_blackhole_is_timed_by_fresh_acks_and_taken_again() 
 
 def test_a_batch_of_datagrams_is_handled_as_each_alone_and_names_only_the_bad_ones() -> None:
     """``handle_datagrams``: a malformed datagram among good ones costs only itself."""
-
-    def up(site: str, peer: str) -> PeerSession:
-        session = PeerSession(
-            site, peer, max_message_bytes=1 << 20, inbox_window_bytes=1 << 20, now=0
-        )
-        session.path_up("a", datagram_bytes=1200, now=0.0)
-        return session
-
-    bj, sh = up("bj", "sh"), up("sh", "bj")
-    for sender, receiver in ((bj, sh), (sh, bj)):
-        decoder = ControlStreamDecoder()
-        for frame in decoder.feed(sender.control_to_send("a", 0.0)):
-            receiver.handle_control("a", frame, 0.0)
+    bj, sh = _hello_pair()
     payload = bytes(range(256)) * 40
     msg_id = bj.submit(MessageHeader("t", 3, False, zlib.crc32(payload), b""), payload, 0.0)
     sent = []
@@ -937,3 +925,33 @@ def test_a_batch_of_datagrams_is_handled_as_each_alone_and_names_only_the_bad_on
     assert [(e.msg_id, bytes(e.payload)) for e in received] == [(msg_id, payload)]
     with pytest.raises(LocalProtocolError, match="not up"):
         sh.handle_datagrams("b", sent, 0.03)
+
+
+def _hello_pair() -> tuple[PeerSession, PeerSession]:
+    def up(site: str, peer: str) -> PeerSession:
+        session = PeerSession(
+            site, peer, max_message_bytes=1 << 22, inbox_window_bytes=1 << 22, now=0
+        )
+        session.path_up("a", datagram_bytes=1200, now=0.0)
+        return session
+
+    bj, sh = up("bj", "sh"), up("sh", "bj")
+    for sender, receiver in ((bj, sh), (sh, bj)):
+        for frame in ControlStreamDecoder().feed(sender.control_to_send("a", 0.0)):
+            receiver.handle_control("a", frame, 0.0)
+    return bj, sh
+
+
+def test_datagrams_pulled_as_a_batch_are_those_pulled_one_by_one() -> None:
+    payloads = [bytes([n]) * 30_000 for n in (1, 2)]
+    one_by_one, batched = _hello_pair()[0], _hello_pair()[0]
+    for session in (one_by_one, batched):
+        for step, payload in enumerate(payloads):
+            header = MessageHeader("t", step, step == 1, zlib.crc32(payload), b"")
+            session.submit(header, payload, 0.0)
+    expected = list(iter(lambda: one_by_one.datagram_to_send("a", 0.001), None))
+    got = batched.datagrams_to_send("a", 0.001, 7)
+    got += batched.datagrams_to_send("a", 0.001, 1000)
+    assert len(expected) > 7
+    assert got == expected
+    assert batched.datagrams_to_send("a", 0.001, 5) == []

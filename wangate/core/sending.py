@@ -91,6 +91,7 @@ class Sender:
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self.governor = governor or BulkGovernor(target_delay_s=math.inf)
         self._done_check_at = now + DONE_CHECK_S
+        self._usable_now: dict[str, bool] | None = None  # while datagrams_to_send runs
 
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -241,6 +242,21 @@ class Sender:
     def pending_bytes(self) -> int:
         return self.outbox.waiting_bytes() + sum(m.body_len for m in self.queue.messages.values())
 
+    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+        """Up to ``limit`` datagrams for ``path``: what ``datagram_to_send`` gives one call
+        after another, which paths may carry data read once (sending changes it not)."""
+        datagrams: list[bytes] = []
+        self._usable_now = self.usable()
+        try:
+            while len(datagrams) < limit:
+                datagram = self.datagram_to_send(path, now)
+                if datagram is None:
+                    break
+                datagrams.append(datagram)
+        finally:
+            self._usable_now = None
+        return datagrams
+
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
         record = self._paths.get(path)
         if record is None or not record.connected:
@@ -343,7 +359,9 @@ class Sender:
             if self._dry_since is None and queue.messages:
                 self._dry_since = now  # all sent, some not confirmed: the next may be late
             return None  # the common idle case: nothing to decide
-        usable = self.usable()  # once per datagram, not once per question
+        usable = self._usable_now  # once per batch of datagrams, not once per question
+        if usable is None:
+            usable = self.usable()
         work = queue.work
         if queue.has_critical_work:
             route = scheduler.critical_route(usable)

@@ -297,6 +297,11 @@ class PeerSession:
         when it has nothing to carry now."""
         return self._send.datagram_to_send(path, now)
 
+    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+        """Up to ``limit`` datagrams for ``path``, as ``datagram_to_send`` one after
+        another would give them."""
+        return self._send.datagrams_to_send(path, now, limit)
+
     def has_critical_for(self, path: str) -> bool:
         """Whether critical work (or a duplicate of it) waits that ``path`` would carry."""
         return self._send.has_critical_for(path)

@@ -391,22 +391,18 @@ class PeerDriver:
         assert path is not None
         if channel is None:
             return
-        queue = channel.queue
+        queue_many = channel.queue_many
         low_water = pending_low_water(channel.pacing_rate_bytes, channel.datagram_bytes)
         for _ in range(FILL_ROUNDS):
             now = self._clock()
             control = session.control_to_send(path, now)
             if control:
                 link.send_control(control)
-            added = 0
             # unpaced while critical data waits: what is pulled now must not wait for it
             critical = session.has_critical_for(path)
-            while len(channel) < low_water:
-                datagram = session.datagram_to_send(path, now)
-                if datagram is None:
-                    break
-                queue(datagram)
-                added += 1
+            added = 0
+            if len(channel) < low_water:
+                added = queue_many(session.datagrams_to_send(path, now, low_water - len(channel)))
             channel.burst = critical or session.has_critical_for(path)
             link.flush()
             if added == 0 or len(channel):

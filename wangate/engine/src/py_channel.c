@@ -145,6 +145,33 @@ static PyObject *Channel_queue(ChannelObject *self, PyObject *arg) {
     return PyBool_FromLong(rc);
 }
 
+/* queue() for each datagram of a list, in order: how many went in (fewer when the queue
+ * filled up; the rest are the caller's). */
+static PyObject *Channel_queue_many(ChannelObject *self, PyObject *arg) {
+    READY(self);
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "queue_many() takes a list of datagrams");
+        return NULL;
+    }
+    Py_ssize_t queued = 0, count = PyList_GET_SIZE(arg);
+    for (; queued < count; queued++) {
+        Py_buffer data;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(arg, queued), &data, PyBUF_SIMPLE) < 0)
+            return NULL;
+        int rc = wg_channel_queue(&self->ch, data.buf, (size_t)data.len);
+        Py_ssize_t len = data.len;
+        PyBuffer_Release(&data);
+        if (rc < 0) {
+            PyErr_Format(wg_LocalProtocolError,
+                         "a datagram of %zd bytes does not fit (at most %zu)", len,
+                         self->ch.max_datagram_bytes);
+            return NULL;
+        }
+        if (rc == 0) break;
+    }
+    return PyLong_FromSsize_t(queued);
+}
+
 static PyObject *Channel_fit(ChannelObject *self, PyObject *arg) {
     READY(self);
     Py_ssize_t size = PyLong_AsSsize_t(arg);
@@ -462,6 +489,8 @@ static PyObject *Channel_get_pacing_rate(ChannelObject *self, void *unused) {
 static PyMethodDef Channel_methods[] = {
     {"queue", (PyCFunction)Channel_queue, METH_O,
      "queue(datagram) -> bool: copied into the send queue; False when it is full"},
+    {"queue_many", (PyCFunction)Channel_queue_many, METH_O,
+     "queue_many(datagrams) -> how many of the list were queued, in order (fewer when full)"},
     {"fit", (PyCFunction)Channel_fit, METH_O,
      "fit(max_packet_bytes): smaller packets from now on (datagram_bytes follows)"},
     {"flush", (PyCFunction)Channel_flush, METH_O,
