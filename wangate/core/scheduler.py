@@ -137,13 +137,6 @@ class PathScheduler:
     ) -> bool:
         if critical_active and self._keeps_bulk_off(path, estimators, usable):
             return False
-        piece_bytes = max(1, min(piece_bytes, backlog_bytes))  # the piece it would really get
-
-        def alone_s(name: str) -> float:
-            est = estimators[name]
-            return est.srtt_s / 2 + (est.bytes_in_flight + piece_bytes) * 8 / est.planning_rate_bps
-
-        mine_s = alone_s(path)
         # A critical route that keeps bulk off is no alternative: deferring to it would
         # hold the end of a message until critical traffic stops.
         others = [
@@ -153,6 +146,15 @@ class PathScheduler:
             and usable.get(name, False)
             and not (critical_active and self._keeps_bulk_off(name, estimators, usable))
         ]
+        if not others:
+            return True  # the only path: nothing to weigh (asked once per datagram)
+        piece_bytes = max(1, min(piece_bytes, backlog_bytes))  # the piece it would really get
+
+        def alone_s(name: str) -> float:
+            est = estimators[name]
+            return est.srtt_s / 2 + (est.bytes_in_flight + piece_bytes) * 8 / est.planning_rate_bps
+
+        mine_s = alone_s(path)
         # No other path would deliver this piece sooner: take it. Without this, with a
         # backlog under one piece every path defers to "the others together" and the
         # work is never sent.

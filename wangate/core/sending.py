@@ -91,7 +91,9 @@ class Sender:
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self.governor = governor or BulkGovernor(target_delay_s=math.inf)
         self._done_check_at = now + DONE_CHECK_S
-        self._usable_now: dict[str, bool] | None = None  # while datagrams_to_send runs
+        # while datagrams_to_send runs: which paths may carry data, and their estimators
+        self._usable_now: dict[str, bool] | None = None
+        self._estimators_now: dict[str, PathEstimator] | None = None
 
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -246,7 +248,7 @@ class Sender:
         """Up to ``limit`` datagrams for ``path``: what ``datagram_to_send`` gives one call
         after another, which paths may carry data read once (sending changes it not)."""
         datagrams: list[bytes] = []
-        self._usable_now = self.usable()
+        self._usable_now, self._estimators_now = self.usable(), self._estimators()
         try:
             while len(datagrams) < limit:
                 datagram = self.datagram_to_send(path, now)
@@ -254,7 +256,7 @@ class Sender:
                     break
                 datagrams.append(datagram)
         finally:
-            self._usable_now = None
+            self._usable_now = self._estimators_now = None
         return datagrams
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
@@ -386,7 +388,9 @@ class Sender:
             governor.update(now, delay_s, critical_active)
         if not governor.allows(now):
             return None
-        estimators = self._estimators()
+        estimators = self._estimators_now
+        if estimators is None:
+            estimators = self._estimators()
         backlog = queue.bulk_backlog_bytes
         if not work.restricted:  # the common case: every job may use every path
             if not scheduler.bulk_helps(
