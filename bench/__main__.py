@@ -34,6 +34,7 @@ SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
         "fec": ("bench.transport.fec", "FEC coding speed; congestion controllers in the lab"),
         "probe": ("bench.transport.probe", "wangate probe's readings against the lab's truth"),
         "floor": ("bench.transport.floor", "the kernel-UDP floor: Mbit per CPU-second, loopback"),
+        "core": ("bench.transport.core", "the sans-IO core's microseconds per datagram, no I/O"),
     },
     "codecs": {
         "speed": ("bench.codecs.speed", "codec throughput and compression ratio"),

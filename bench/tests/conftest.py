@@ -11,6 +11,7 @@ from tests.conftest import assign_tiers
 
 TIERS = {
     "test_collective_bound.py": "pure",
+    "test_core_cost.py": "pure",
     "test_floor.py": "daemons",
     "test_jobs.py": "pure",
     "test_runner.py": "pure",
