@@ -27,8 +27,12 @@ class RangeSet:
             starts.append(start)
             ends.append(end)
             return end - start
-        if start >= starts[-1] and end <= ends[-1]:
-            return 0
+        last_end = ends[-1]
+        if start >= starts[-1]:  # at the last range: inside it, or growing it
+            if end <= last_end:
+                return 0
+            ends[-1] = end
+            return end - last_end
         # general case: find every range touching [start, end) and merge them
         lo = bisect.bisect_left(ends, start)
         hi = bisect.bisect_right(starts, end)
