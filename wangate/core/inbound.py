@@ -117,6 +117,7 @@ class Reassembly:
         # in progress, least recently progressed first (``_progressed`` moves to the end),
         # so the first one is the next to expire: expire/next_expiry are O(1) amortised
         self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
+        self._newest_progressed = 0  # at the end of ``inbound`` (if still in it)
         self.completed = RangeSet()  # message ids delivered
         # of those, the ones a trainer here took: "done" said again brings "taken" too
         self.taken = RangeSet()
@@ -172,6 +173,7 @@ class Reassembly:
             start = None if first_bytes is None else payload_offset(first_bytes)
             message = InboundMessage(self.allocate(msg_len, start), now)
             self.inbound[msg_id] = message
+            self._newest_progressed = msg_id
             self.held_bytes += msg_len
         elif msg_len != len(message.body):
             raise RemoteProtocolError(
@@ -231,7 +233,9 @@ class Reassembly:
 
     def _progressed(self, msg_id: int, message: InboundMessage, now: float) -> None:
         message.progressed_at = now
-        self.inbound.move_to_end(msg_id)
+        if msg_id != self._newest_progressed:  # the usual shard: already at the end
+            self.inbound.move_to_end(msg_id)
+            self._newest_progressed = msg_id
 
     def _decode(self, message: InboundMessage, block: int) -> None:
         assert message.coding is not None

@@ -68,8 +68,17 @@ class RangeSet:
         """True if every integer of [start, end) is in the set."""
         if end <= start:
             return True
-        i = bisect.bisect_right(self._starts, start) - 1
-        return i >= 0 and self._ends[i] >= end
+        starts, ends = self._starts, self._ends
+        if not starts or start < starts[0]:
+            return False
+        # the usual questions, with no search: about the last range (in-order data), or
+        # the first (is the message whole: [0, n))
+        if start >= starts[-1]:
+            return ends[-1] >= end
+        if start < ends[0]:
+            return ends[0] >= end
+        i = bisect.bisect_right(starts, start) - 1
+        return ends[i] >= end
 
     def covered_bytes(self, start: int, end: int) -> int:
         """How many integers of [start, end) are in the set."""
