@@ -384,8 +384,8 @@ class PeerDriver:
     def fill(self, link: PathLink) -> None:
         """Pull what the session has for ``link``'s path into its channel, and send it.
 
-        The channel's queue stays a few entries long, so that nothing waits behind a
-        full window: which path carries a shard is decided at transmit time.
+        The channel's queue stays short (``pending_low_water``), so that nothing waits
+        behind a full window: which path carries a shard is decided at transmit time.
         """
         session, path, channel = self._session, link.path, link.channel
         assert path is not None
