@@ -91,9 +91,6 @@ class Sender:
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self.governor = governor or BulkGovernor(target_delay_s=math.inf)
         self._done_check_at = now + DONE_CHECK_S
-        # while datagrams_to_send runs: which paths may carry data, and their estimators
-        self._usable_now: dict[str, bool] | None = None
-        self._estimators_now: dict[str, PathEstimator] | None = None
 
         self.messages_sent = 0
         self.bytes_sent = 0
@@ -248,24 +245,30 @@ class Sender:
         """Up to ``limit`` datagrams for ``path``: what ``datagram_to_send`` gives one call
         after another, which paths may carry data read once (sending changes it not)."""
         datagrams: list[bytes] = []
-        self._usable_now, self._estimators_now = self.usable(), self._estimators()
-        try:
-            while len(datagrams) < limit:
-                datagram = self.datagram_to_send(path, now)
-                if datagram is None:
-                    break
-                datagrams.append(datagram)
-        finally:
-            self._usable_now = self._estimators_now = None
+        usable, estimators = self.usable(), self._estimators()
+        while len(datagrams) < limit:
+            datagram = self._datagram_to_send(path, now, usable, estimators)
+            if datagram is None:
+                break
+            datagrams.append(datagram)
         return datagrams
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
+        return self._datagram_to_send(path, now, self.usable(), self._estimators())
+
+    def _datagram_to_send(
+        self,
+        path: str,
+        now: float,
+        usable: dict[str, bool],
+        estimators: dict[str, PathEstimator],
+    ) -> bytes | None:
         record = self._paths.get(path)
         if record is None or not record.connected:
             return None
         sender = record.sender
         if record.usable:
-            piece = self._next_piece(path, sender.datagram_bytes, now)
+            piece = self._next_piece(path, sender.datagram_bytes, now, usable, estimators)
             if piece is not None:
                 message = piece.message
                 counts = self._sent_by_job.get((message.job, path))
@@ -353,7 +356,14 @@ class Sender:
     def _estimators(self) -> dict[str, PathEstimator]:
         return {n: r.sender.estimator for n, r in self._paths.items()}
 
-    def _next_piece(self, path: str, max_bytes: int, now: float) -> Piece | None:
+    def _next_piece(
+        self,
+        path: str,
+        max_bytes: int,
+        now: float,
+        usable: dict[str, bool],
+        estimators: dict[str, PathEstimator],
+    ) -> Piece | None:
         """What ``path`` should carry next: critical work if it is the critical route,
         duplicates if it backs up a lossy route, bulk if it finishes it earliest."""
         queue, scheduler = self.queue, self.scheduler
@@ -361,9 +371,6 @@ class Sender:
             if self._dry_since is None and queue.messages:
                 self._dry_since = now  # all sent, some not confirmed: the next may be late
             return None  # the common idle case: nothing to decide
-        usable = self._usable_now  # once per batch of datagrams, not once per question
-        if usable is None:
-            usable = self.usable()
         work = queue.work
         if queue.has_critical_work:
             route = scheduler.critical_route(usable)
@@ -388,9 +395,6 @@ class Sender:
             governor.update(now, delay_s, critical_active)
         if not governor.allows(now):
             return None
-        estimators = self._estimators_now
-        if estimators is None:
-            estimators = self._estimators()
         backlog = queue.bulk_backlog_bytes
         if not work.restricted:  # the common case: every job may use every path
             if not scheduler.bulk_helps(
