@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import zlib
@@ -130,7 +132,8 @@ def test_unknown_peer_is_a_clear_error_and_the_daemon_keeps_serving(
 @pytest.mark.single_process  # counts the bytes of one session
 def test_a_path_reset_mid_transfer_loses_nothing(sites: LoopbackSites) -> None:
     """Kill one path's connection while a 128 MiB message crosses: the others finish it.
-    (Large, and cut early, so that the cut lands mid-transfer on a busy host too.)"""
+    The receiving daemon is stopped (SIGSTOP) while the message starts, so that the cut
+    lands with the path's sent data unacknowledged however fast or busy the host is."""
     arr = np.random.default_rng(7).standard_normal(32 * MiB, np.float32)
     result: dict[str, np.ndarray] = {}
 
@@ -140,20 +143,27 @@ def test_a_path_reset_mid_transfer_loses_nothing(sites: LoopbackSites) -> None:
 
     receiver = threading.Thread(target=receive)
     receiver.start()
+    receiving = sites.pids(sites["sh"])
     with sites["bj"].client() as gw:
         before = {r["path"]: r["sent_bytes"] for r in gw.paths()}
         before_status = gw.status()["peers"]["sh"]
-        gw.send("sh", "reset", arr, step=0)
-        # wait until fiber-b carries part of the message, then cut its connection
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            rows = {r["path"]: r for r in gw.paths()}
-            if rows["fiber-b"]["sent_bytes"] - before["fiber-b"] > MiB:
-                break
-        else:
-            pytest.fail("fiber-b never carried 1 MiB of the message")
-        with sites["sh"].client() as sh:
-            sh.reset_path("bj", "fiber-b")
+        for pid in receiving:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            gw.send("sh", "reset", arr, step=0)
+            # wait until fiber-b has sent part of the message (none of it acknowledged),
+            # then cut its connection
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                rows = {r["path"]: r for r in gw.paths()}
+                if rows["fiber-b"]["sent_bytes"] - before["fiber-b"] > 16 * 1024:
+                    break
+            else:
+                pytest.fail("fiber-b never carried 16 KiB of the message")
+            gw.reset_path("sh", "fiber-b")
+        finally:
+            for pid in receiving:
+                os.kill(pid, signal.SIGCONT)
         receiver.join()
         status = gw.status()["peers"]["sh"]
     assert result["got"].tobytes() == arr.tobytes()
@@ -162,8 +172,8 @@ def test_a_path_reset_mid_transfer_loses_nothing(sites: LoopbackSites) -> None:
     made_up = sum(status[k] - before_status[k] for k in ("repair_bytes", "fec_bytes"))
     assert 0 < made_up < arr.nbytes // 4
     assert 0 <= status["source_bytes"] - before_status["source_bytes"] - arr.nbytes < 1024
-    log = sites["sh"].log_path.read_text()
-    assert "bj/fiber-b: connection reset by operator" in log
+    log = sites["bj"].log_path.read_text()
+    assert "sh/fiber-b: connection reset by operator" in log
     sites.wait_all_paths_up(timeout_s=20)  # and the path comes back by itself
 
 
