@@ -35,7 +35,7 @@ daemon datagram_size dial_replaced e2e faults flood link_close listener localapi
 localapi_framing localapi_mailbox localapi_segments localapi_server localapi_stream loopback
 jobs metrics peer_driver probe reload startup_errors systemd torch_ddp torch_diloco
 torch_tensors workers workers_channel
-engine_channel engine_gso engine_read engine_hostile"""
+engine_channel engine_gso engine_read engine_listener_read engine_hostile"""
 NETNS = "lab_netns lab_probe lab_siteroutes"
 
 TIERS = {

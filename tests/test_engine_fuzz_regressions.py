@@ -25,7 +25,7 @@ from wangate.errors import RemoteProtocolError
 
 REGRESSIONS = Path(__file__).resolve().parents[1] / "wangate" / "engine" / "fuzz" / "regressions"
 FAST = settings(max_examples=200, deadline=None)
-ENGINE = ["engine_frames", "engine_packet"]
+ENGINE = ["engine_frames", "engine_packet", "engine_listener"]
 
 
 def regressions(target: str) -> list[Path]:

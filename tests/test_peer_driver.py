@@ -22,6 +22,7 @@ from wangate.daemon import Gateway
 from wangate.errors import GatewayError, LinkError, LocalProtocolError
 from wangate.errors import MessageFailed as MessageFailedError
 from wangate.loopback import PATH_NAMES, write_site_configs
+from wangate.net.drain import DrainingTransport
 from wangate.net.link import LinkState, PathLink
 from wangate.net.peer_driver import PENDING_HIGH_WATER, PENDING_LOW_WATER, pending_low_water
 from wangate.service import Delivery, Submission
@@ -130,6 +131,9 @@ async def _stale_replaced(directory: Path) -> None:
         # sh's redial replaces the stale connection at once, not when it idles out (10 s)
         await poll(lambda: stale_bj.state is LinkState.CLOSED, timeout_s=5.0)
         assert stale_bj.refused == f"path {A} reconnected"
+        # its socket was the listener's: still read in batches, for the other links
+        assert isinstance(stale_bj._transport, DrainingTransport)
+        assert stale_bj._transport.reader is not None
         await poll(lambda: both_up(bj, sh, A), timeout_s=5.0)
         assert link(sh, "bj", A) is not old_sh
         await exchange(sh, bj, "after-redial", b"\x07" * 50_000)

@@ -1,12 +1,14 @@
 """CPU cost of the gateway against a plain aioquic transfer, on loopback, no emulation.
 
     python -m bench transport cpu [--mib 256] [--datagram 1452 --datagram 8952] [--tree REV]
-                                  [--rounds 3] [--no-aioquic]
+                                  [--rounds 3] [--no-aioquic] [--to-listener]
 
 For each datagram size, side by side in one run and the same bytes:
 
 - wangate: two real daemons (``LoopbackSites``, one path, MTU = datagram + 28), one
-  trainer sending ``--mib`` MiB in 16 MiB uint8 messages, one receiving them;
+  trainer sending ``--mib`` MiB in 16 MiB uint8 messages, one receiving them; from bj,
+  which listens, to sh, which dials, or with ``--to-listener`` the other way (a
+  listener's socket is shared by every path it accepted; a dialer's is its path's own);
 - aioquic: one plain aioquic stream between two processes (``bench.runner.transfer``
   quic mode: the same datagram size, uvloop like the gateway, default congestion
   control and socket buffers), carrying the same messages; its sender keeps at most
@@ -78,51 +80,60 @@ class CpuResult:
         return self.total_bytes * 8 / self.cpu_s / 1e6
 
 
-def run_wangate(datagram_bytes: int, total_bytes: int, tree: Tree = THIS) -> CpuResult:
+def run_wangate(
+    datagram_bytes: int, total_bytes: int, tree: Tree = THIS, *, to_listener: bool = False
+) -> CpuResult:
     from wangate.loopback import LoopbackSites
 
     count = max(1, total_bytes // MESSAGE_BYTES)
     message = np.frombuffer(os.urandom(MESSAGE_BYTES), dtype=np.uint8)
     lab = LoopbackSites(2, 1, mtu=datagram_bytes + IPV4_UDP_OVERHEAD, verbose=False)
+    source, destination = ("sh", "bj") if to_listener else ("bj", "sh")
     with contextlib.ExitStack() as stack:
         with tree.active():
             stack.enter_context(lab)
         cpu0 = {s.name: lab.cpu_seconds(s) for s in lab.sites}
-        seconds, thread_cpu = transfer(lab, message, count)
+        seconds, thread_cpu = transfer(lab, message, count, source, destination)
         cpu = {s.name: lab.cpu_seconds(s) - cpu0[s.name] for s in lab.sites}
     return CpuResult(
         "wangate" if tree.is_this else f"wangate@{tree.label}",
         datagram_bytes,
         count * MESSAGE_BYTES,
         seconds,
-        cpu["bj"],
-        cpu["sh"],
+        cpu[source],
+        cpu[destination],
         thread_cpu["send"] + thread_cpu["recv"],
     )
 
 
-def transfer(lab: LoopbackSites, message: np.ndarray, count: int) -> tuple[float, dict[str, float]]:
-    """``count`` copies of ``message`` from bj to sh through the local API, a trainer
-    thread each side: seconds until the last one arrived (checked), and each trainer
-    thread's CPU seconds (``send``, ``recv``)."""
+def transfer(
+    lab: LoopbackSites,
+    message: np.ndarray,
+    count: int,
+    source: str = "bj",
+    destination: str = "sh",
+) -> tuple[float, dict[str, float]]:
+    """``count`` copies of ``message`` from ``source`` to ``destination`` through the
+    local API, a trainer thread each side: seconds until the last one arrived (checked),
+    and each trainer thread's CPU seconds (``send``, ``recv``)."""
     thread_cpu: dict[str, float] = {}
     errors: list[BaseException] = []
     finished: list[float] = []
 
     def send() -> None:
         try:
-            with lab["bj"].client() as gw:
+            with lab[source].client() as gw:
                 for step in range(count):
-                    gw.send("sh", "cpu", message, step=step)
+                    gw.send(destination, "cpu", message, step=step)
         except BaseException as exc:
             errors.append(exc)
         thread_cpu["send"] = time.thread_time()
 
     def recv() -> None:
         try:
-            with lab["sh"].client() as gw:
+            with lab[destination].client() as gw:
                 for step in range(count):
-                    got = gw.recv("cpu", source="bj", step=step, timeout=600)
+                    got = gw.recv("cpu", source=source, step=step, timeout=600)
                     if got.nbytes != message.nbytes or got[-1] != message[-1]:
                         raise AssertionError(f"message {step} arrived damaged")
             finished.append(time.perf_counter())
@@ -285,6 +296,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--no-aioquic", action="store_true", help="leave the plain aioquic transfer out"
     )
+    parser.add_argument(
+        "--to-listener",
+        action="store_true",
+        help="wangate's messages go to the site that listens (default: to the one that dials)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args(argv)
     print(
@@ -300,7 +316,9 @@ def main(argv: list[str]) -> int:
                 if tree is None:
                     result = run_aioquic(datagram, args.mib * MiB)
                 else:
-                    result = run_wangate(datagram, args.mib * MiB, tree)
+                    result = run_wangate(
+                        datagram, args.mib * MiB, tree, to_listener=args.to_listener
+                    )
                 print(
                     f"  {result.transport} {datagram}: {result.seconds:.1f} s, "
                     f"{result.goodput_mbps:.0f} Mbit/s, {result.cpu_s:.1f} CPU s",

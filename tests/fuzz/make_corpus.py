@@ -93,7 +93,12 @@ def engine_seeds() -> dict[str, list[bytes]]:
         for pn, body in ((0, b"\x01"), (7, ack + b"\x30data"), (2**31 + 5, b"\x00" * 40)):
             packet = _engine.seal_short_packet(suite, key, bytes(range(8)), pn == 7, pn, body)
             packets.append(targets.engine_packet_input(suite, pn - 1, packet))
-    return {"engine_frames": frames, "engine_packet": packets}
+    listener = [
+        targets.engine_listener_input(0, [(0x8000, b"\x30data"), (0xC000, b"\x31\x02ab")]),
+        targets.engine_listener_input(1, [(0, b"\xc0" + bytes(40)), (0x8000, ack), (0, b"")]),
+        targets.engine_listener_input(0, [(0xC000, b"\x1fjunk"), (0x4000, b"\x40" + bytes(20))]),
+    ]
+    return {"engine_frames": frames, "engine_packet": packets, "engine_listener": listener}
 
 
 def seeds() -> dict[str, list[bytes]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import shutil
+import socket
 import struct
 import tempfile
 import zlib
@@ -547,6 +548,85 @@ def engine_packet(data: bytes) -> None:
     _engine.parse_frames(frames_)
 
 
+class _ListenerSockets:
+    """A listening socket and two dialers on loopback, made once for every input."""
+
+    def __init__(self) -> None:
+        def bound() -> socket.socket:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+            return sock
+
+        self.listening = bound()
+        self.dialing = (bound(), bound())
+        atexit.register(lambda: [s.close() for s in (self.listening, *self.dialing)])
+
+
+_listener_sockets: list[_ListenerSockets] = []
+LISTENER_SECRETS = ((bytes(range(32)), bytes(range(32, 64))), (bytes(32), bytes([1]) * 32))
+
+
+def engine_listener_input(knob: int, packets: list[tuple[int, bytes]]) -> bytes:
+    """The engine_listener target's input: a knob byte, then (u16 head, body) each."""
+    return bytes([knob]) + b"".join(struct.pack(">H", h | len(b)) + b for h, b in packets)
+
+
+def engine_listener(data: bytes) -> None:
+    """``ListenerReader`` over real sockets: two channels routed on a listening socket,
+    up to 32 packets sent to it from two dialers, read to empty. Byte 0 bit 0: UDP GRO
+    off. Each packet: a u16 head (bit 15: the body is frames, sealed as dialer bit 14's
+    path would seal them; bits 0-10: the body's length), then the body. What no route
+    claims must come back exactly as sent, in order, with its sender."""
+    _engine = _engine_module()
+    if not _listener_sockets:
+        _listener_sockets.append(_ListenerSockets())
+    sockets = _listener_sockets[0]
+    suite = ENGINE_SUITES[0]
+    here = sockets.listening.getsockname()
+    reader = _engine.ListenerReader(sockets.listening.fileno(), gro=not data[:1] or not data[0] & 1)
+    routed = set()
+    for index, (out, back) in enumerate(LISTENER_SECRETS):
+        peer = sockets.dialing[index].getsockname()
+        channel = _engine.PathChannel(
+            sockets.listening.fileno(), peer, suite, back, out, 1452, 0.01
+        )
+        reader.add(channel, index)
+        routed.add(channel.recv_cid)
+    sent: list[tuple[bytes, Any]] = []
+    pos, pn = 1, 0
+    while pos + 2 <= len(data) and len(sent) < 32:
+        (head,) = struct.unpack_from(">H", data, pos)
+        body = data[pos + 2 : pos + 2 + (head & 0x7FF)]
+        pos += 2 + len(body)
+        dialer = sockets.dialing[head >> 14 & 1]
+        if head & 0x8000:
+            dp_secret, cid = _engine.derive_data_plane(suite, LISTENER_SECRETS[head >> 14 & 1][0])
+            body = _engine.seal_short_packet(suite, dp_secret, cid, False, pn, body)
+            pn += 1
+        dialer.sendto(body, here)
+        sent.append((body, dialer.getsockname()))
+    foreign: list[tuple[bytes, Any]] = []
+    owners: list[int] = []
+    while True:
+        groups, others, count = reader.read(1.0)
+        foreign += others
+        for owner, datagrams, errors in groups:
+            assert owner in (0, 1) and all(isinstance(d, bytes) for d in datagrams)
+            assert all(isinstance(e, str) for e in errors)
+            owners.append(owner)
+        if count == 0:
+            break
+    expected = [
+        (body, sender)
+        for body, sender in sent
+        if len(body) < 9 or body[0] & 0x80 or body[1:9] not in routed
+    ]
+    assert foreign == expected, (foreign, expected)
+    assert reader.stats()["foreign_packets"] == len(expected)
+
+
 TARGETS = {
     "datagram": datagram,
     "control_stream": control_stream,
@@ -562,6 +642,7 @@ TARGETS = {
     "metrics_request_head": metrics_request_head,
     "engine_frames": engine_frames,
     "engine_packet": engine_packet,
+    "engine_listener": engine_listener,
 }
 
 

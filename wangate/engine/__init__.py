@@ -5,6 +5,18 @@ its datagrams travel in QUIC short-header packets sealed with keys derived from 
 path's TLS 1.3 secrets (``proto/engine.md``), handled by ``_engine`` in batches.
 """
 
-from wangate.engine._engine import CID_BYTES, DATAGRAM_OVERHEAD_BYTES, PathChannel
+from wangate.engine._engine import (
+    CID_BYTES,
+    DATAGRAM_OVERHEAD_BYTES,
+    READ_BATCH_BUFFERS,
+    ListenerReader,
+    PathChannel,
+)
 
-__all__ = ["CID_BYTES", "DATAGRAM_OVERHEAD_BYTES", "PathChannel"]
+__all__ = [
+    "CID_BYTES",
+    "DATAGRAM_OVERHEAD_BYTES",
+    "READ_BATCH_BUFFERS",
+    "ListenerReader",
+    "PathChannel",
+]

@@ -29,7 +29,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.engine import DATAGRAM_OVERHEAD_BYTES, PathChannel
+from wangate.engine import DATAGRAM_OVERHEAD_BYTES, READ_BATCH_BUFFERS, PathChannel
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
@@ -66,7 +66,6 @@ def timer_delay_s(deadline: float, now: float) -> float:
 
 
 ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
-READ_BATCH_BUFFERS = 64  # what PathChannel.read takes in one recvmmsg (wg_reader.h)
 
 
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
@@ -204,9 +203,7 @@ class PathLink(QuicConnectionProtocol):
         """A dialed link's own socket is readable: its data plane reads it down to empty
         (at most MAX_DATAGRAMS_PER_TURN packets), a batch per recvmmsg, each packet
         opened in C (a buffer the kernel coalesced, cut into its packets); what is not
-        the data plane's goes to aioquic. A batch is acknowledged as soon as it is
-        read, before the session handles it: one read may hold thousands of packets
-        (UDP GRO), and the sender's RTT must not count their handling."""
+        the data plane's goes to aioquic."""
         taken = 0
         while taken < MAX_DATAGRAMS_PER_TURN:
             channel = self.channel
@@ -217,18 +214,30 @@ class PathLink(QuicConnectionProtocol):
             except OSError as exc:  # an ICMP error reported on the socket
                 self.error_received(exc)
                 break
-            if buffers:
-                channel.flush(time.monotonic())
             taken += len(datagrams) + len(foreign) + buffers
-            if datagrams and self.driver is not None and self.state is LinkState.UP:
-                for error in self.driver.datagrams_received(self, datagrams):
-                    self._protocol_error(error)
-            for reason in errors:  # opened with the peer's key: its fault
-                self._protocol_error(RemoteProtocolError(reason))
+            if buffers:
+                self.data_plane_read(datagrams, errors)
             for data, addr in foreign:
                 self._quic_received(data, addr)
             if buffers < READ_BATCH_BUFFERS:
                 break
+        if self._after_receive is None:
+            self._after_receive = self._loop.call_soon(self._answer_received)
+
+    def data_plane_read(self, datagrams: list[bytes], errors: list[str]) -> None:
+        """This link's part of a batch its channel opened (from its own socket, or from
+        the listener's, ``ListenerReader``): acknowledged as soon as it is read, before
+        the session handles it (one read may hold thousands of packets, UDP GRO, and the
+        sender's RTT must not count their handling), then handled as one batch."""
+        channel = self.channel
+        if channel is None:
+            return
+        channel.flush(time.monotonic())
+        if datagrams and self.driver is not None and self.state is LinkState.UP:
+            for error in self.driver.datagrams_received(self, datagrams):
+                self._protocol_error(error)
+        for reason in errors:  # opened with the peer's key: its fault
+            self._protocol_error(RemoteProtocolError(reason))
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
@@ -451,8 +460,8 @@ class PathLink(QuicConnectionProtocol):
     def _close_channel(self) -> None:
         # the socket may close next, and its descriptor be reused: never send on it again
         self.channel = None
-        if isinstance(self._transport, DrainingTransport):
-            self._transport.reader = None
+        if self.dialed and isinstance(self._transport, DrainingTransport):
+            self._transport.reader = None  # its own socket (a listener's reads on)
         if self._channel_timer is not None:
             self._channel_timer.cancel()
             self._channel_timer = None

@@ -17,7 +17,11 @@ one only for a client that has proved its address and only while
 3. A valid token admits a half-open connection within the caps; one that does not
    authenticate within the handshake timeout is closed and forgotten, and one the
    gateway refuses (a bad certificate) is forgotten as soon as its close is sent.
-4. Anything else that matches no connection (short-header garbage, late packets of a
+4. Once a path is authenticated, its data plane's packets (``wangate.engine``) are
+   read with everyone else's in batches (``ListenerReader``: recvmmsg, UDP GRO) and
+   opened in C by the path's own channel, routed there by their connection ID; the
+   link gets its part of each batch in one call.
+5. Anything else that matches no connection (short-header garbage, late packets of a
    forgotten connection, Initials under 1200 bytes, RFC 9000 §14.1) is dropped.
 
 Retry costs a client one round trip more to connect; with ``retry=False`` step 1 and 2
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
@@ -48,9 +53,10 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 
 from wangate.core.admission import AdmissionLimits, HandshakeAdmission
 from wangate.engine import CID_BYTES as DATA_PLANE_CID_BYTES
+from wangate.engine import READ_BATCH_BUFFERS, ListenerReader, PathChannel
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
-from wangate.net.drain import open_draining_endpoint
+from wangate.net.drain import MAX_DATAGRAMS_PER_TURN, DrainingTransport, open_draining_endpoint
 
 log = logging.getLogger("wangate.listener")
 
@@ -121,6 +127,8 @@ class PeerListener(asyncio.DatagramProtocol):
         )
         self.name = name
         self._transport: asyncio.DatagramTransport | None = None
+        # the accepted paths' data planes, by connection ID (on a DrainingTransport)
+        self._reader: ListenerReader | None = None
         self._by_cid: dict[bytes, QuicConnectionProtocol] = {}
         self._cids: dict[QuicConnectionProtocol, set[bytes]] = {}
         self._expiry: asyncio.TimerHandle | None = None
@@ -160,6 +168,31 @@ class PeerListener(asyncio.DatagramProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.DatagramTransport, transport)
+        if isinstance(transport, DrainingTransport):
+            self._reader = ListenerReader(transport.get_extra_info("socket").fileno())
+            transport.reader = self._read_batches
+
+    def _read_batches(self) -> None:
+        """The socket is readable: read it down to empty (at most MAX_DATAGRAMS_PER_TURN
+        packets), a batch per recvmmsg. Each authenticated path's data-plane packets are
+        opened by its channel and handed to its link, one call per link and batch; the
+        rest go through ``datagram_received`` one by one."""
+        reader = self._reader
+        assert reader is not None
+        taken = 0
+        while taken < MAX_DATAGRAMS_PER_TURN:
+            try:
+                groups, foreign, buffers = reader.read(time.monotonic())
+            except OSError as exc:  # an ICMP error reported on the socket
+                self.error_received(exc)
+                return
+            taken += buffers + len(foreign)
+            for link, datagrams, errors in groups:
+                link.data_plane_read(datagrams, errors)
+            for data, addr in foreign:
+                self.datagram_received(data, addr)
+            if buffers < READ_BATCH_BUFFERS:
+                return
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
         # The Destination Connection ID sits at a fixed offset (RFC 9000 §17.2, §17.3):
@@ -337,7 +370,7 @@ class PeerListener(asyncio.DatagramProtocol):
     def _forget(self, protocol: QuicConnectionProtocol) -> None:
         """Drop every reference to a connection that will not authenticate."""
         for cid in self._cids.pop(protocol, ()):
-            self._by_cid.pop(cid, None)
+            self._unroute_cid(cid)
         self.admission.closed(protocol)
         compat.stop_timer(protocol)  # its closing period: nothing more to send
         # break the protocol -> listener cycle so refcounting frees it right away
@@ -348,18 +381,32 @@ class PeerListener(asyncio.DatagramProtocol):
         if cids is not None:
             cids.add(cid)
             self._by_cid[cid] = protocol
+            # a link routes its data plane's ID like any other (PathLink._open_channel):
+            # from then on its channel opens its packets in the batch reads
+            channel = getattr(protocol, "channel", None)
+            if (
+                self._reader is not None
+                and isinstance(channel, PathChannel)
+                and channel.recv_cid == cid
+            ):
+                self._reader.add(channel, protocol)
 
     def _cid_retired(self, cid: bytes, protocol: QuicConnectionProtocol) -> None:
         cids = self._cids.get(protocol)
         if cids is not None and cid in cids:
             cids.discard(cid)
-            del self._by_cid[cid]
+            self._unroute_cid(cid)
 
     def _terminated(self, protocol: QuicConnectionProtocol) -> None:
         for cid in self._cids.pop(protocol, ()):
-            self._by_cid.pop(cid, None)
+            self._unroute_cid(cid)
         self.admission.closed(protocol)
         _unroute(protocol)
+
+    def _unroute_cid(self, cid: bytes) -> None:
+        self._by_cid.pop(cid, None)
+        if self._reader is not None:
+            self._reader.remove(cid)
 
     # -------------------------------------------------------------- report
 

@@ -1,5 +1,6 @@
 /* wangate.engine._engine: the module, its exceptions, and every part's functions. */
 #include "wg_channel.h"
+#include "wg_reader.h"
 #include "wg_py.h"
 
 PyObject *wg_WangateError;
@@ -50,14 +51,16 @@ PyMODINIT_FUNC PyInit__engine(void) {
     PyObject *module = PyModule_Create(&engine_module);
     if (module == NULL) return NULL;
     if (PyModule_AddIntConstant(module, "CID_BYTES", WG_CID_LEN) < 0 ||
-        PyModule_AddIntConstant(module, "DATAGRAM_OVERHEAD_BYTES", WG_DATAGRAM_OVERHEAD) < 0) {
+        PyModule_AddIntConstant(module, "DATAGRAM_OVERHEAD_BYTES", WG_DATAGRAM_OVERHEAD) < 0 ||
+        PyModule_AddIntConstant(module, "READ_BATCH_BUFFERS", WG_READ_BATCH) < 0) {
         Py_DECREF(module);
         return NULL;
     }
     if (add_methods(module, wg_py_crypto_methods) < 0 ||
         add_methods(module, wg_py_frames_methods) < 0 ||
         add_methods(module, wg_py_cc_methods) < 0 || wg_py_add_cc_types(module) < 0 ||
-        wg_py_add_recovery_types(module) < 0 || wg_py_add_channel_types(module) < 0) {
+        wg_py_add_recovery_types(module) < 0 || wg_py_add_channel_types(module) < 0 ||
+        wg_py_add_listener_types(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

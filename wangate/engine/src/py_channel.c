@@ -5,38 +5,11 @@
 #include <arpa/inet.h>
 #include <string.h>
 
-#include <errno.h>
 
 #include "wg_channel.h"
 #include "wg_py.h"
+#include "py_read.h"
 #include "wg_reader.h"
-
-/* the peer's faults in a packet that opened, as receive() raises and read() lists them */
-static const char MALFORMED_FRAMES[] = "malformed frames in a data-plane packet";
-static const char ACK_NEVER_SENT[] = "an ACK of a packet never sent (RFC 9000 §13.1)";
-
-/* One packet of a read: where it lies in the reader's buffers, the buffer it came in
- * (its sender), and what the channel made of it. */
-typedef struct {
-    uint32_t off, len;
-    uint16_t buffer;
-    uint16_t datagrams;
-    int result;
-    uint16_t datagram_off[16], datagram_len[16]; /* wg_parsed's, from the frames' start */
-} ReadPacket;
-
-/* The most packets one read() opens: 64 buffers of coalesced 1200-byte packets and more
- * fit; what a read holds beyond it (only packets under 1200 bytes coalesced, which our
- * sender never hands the kernel together) is dropped and counted, as a network loses. */
-#define READ_PACKETS 4096
-
-/* what one read() takes from the socket, and what the channel made of each packet */
-typedef struct {
-    wg_reader reader;
-    wg_parsed parsed; /* one packet's frames, copied out into its ReadPacket */
-    size_t packets;
-    ReadPacket packet[READ_PACKETS];
-} ReadBatch;
 
 typedef struct {
     PyObject_HEAD
@@ -117,10 +90,7 @@ done:
 
 static void Channel_dealloc(ChannelObject *self) {
     if (self->ready) wg_channel_free(&self->ch);
-    if (self->batch != NULL) {
-        wg_reader_free(&self->batch->reader);
-        PyMem_Free(self->batch);
-    }
+    wg_py_batch_free(self->batch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -219,10 +189,10 @@ static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_
     case 0:
         Py_RETURN_NONE;
     case WG_RECEIVE_MALFORMED:
-        PyErr_SetString(wg_RemoteProtocolError, MALFORMED_FRAMES);
+        PyErr_SetString(wg_RemoteProtocolError, wg_MALFORMED_FRAMES);
         return NULL;
     case WG_RECEIVE_BAD_ACK:
-        PyErr_SetString(wg_RemoteProtocolError, ACK_NEVER_SENT);
+        PyErr_SetString(wg_RemoteProtocolError, wg_ACK_NEVER_SENT);
         return NULL;
     case 1:
         return PyBytes_FromStringAndSize((const char *)frames + parsed.datagram_off[0],
@@ -244,123 +214,30 @@ static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_
     return list;
 }
 
-static PyObject *address_tuple(const struct sockaddr_storage *addr) {
-    char host[INET6_ADDRSTRLEN];
-    if (addr->ss_family == AF_INET) {
-        const struct sockaddr_in *v4 = (const struct sockaddr_in *)addr;
-        if (inet_ntop(AF_INET, &v4->sin_addr, host, sizeof(host)) == NULL) goto unknown;
-        return Py_BuildValue("(si)", host, (int)ntohs(v4->sin_port));
-    }
-    if (addr->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *v6 = (const struct sockaddr_in6 *)addr;
-        if (inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof(host)) == NULL) goto unknown;
-        return Py_BuildValue("(siII)", host, (int)ntohs(v6->sin6_port),
-                             (unsigned)ntohl(v6->sin6_flowinfo), (unsigned)v6->sin6_scope_id);
-    }
-unknown:
-    PyErr_Format(wg_LocalProtocolError, "a datagram from an address of family %d",
-                 (int)addr->ss_family);
-    return NULL;
-}
-
-static int append_new(PyObject *list, PyObject *item) {
-    if (item == NULL) return -1;
-    int rc = PyList_Append(list, item);
-    Py_DECREF(item);
-    return rc;
-}
-
-/* Open the packets of buffers [0, n) where they lie, cutting coalesced buffers at their
- * segment size.  Runs without the GIL. */
-static void open_read(ChannelObject *self, ReadBatch *b, int n, double now) {
-    size_t k = 0;
-    for (int i = 0; i < n; i++) {
-        uint8_t *data = wg_reader_data(&b->reader, i);
-        size_t len = b->reader.msgs[i].msg_len, segment = wg_reader_segment_bytes(&b->reader, i);
-        size_t at = 0;
-        if (segment < len) self->ch.stats.coalesced_reads++;
-        do { /* an empty datagram is one packet too: it goes back as not ours */
-            size_t plen = len - at < segment ? len - at : segment;
-            if (k == READ_PACKETS) {
-                self->ch.stats.read_overflow++;
-            } else {
-                ReadPacket *p = &b->packet[k++];
-                p->off = (uint32_t)((size_t)i * WG_READ_BUFFER_BYTES + at);
-                p->len = (uint32_t)plen;
-                p->buffer = (uint16_t)i;
-                p->result = wg_channel_receive_in_place(&self->ch, data + at, plen, now, &b->parsed);
-                p->datagrams = 0;
-                for (int j = 0; j < p->result && j < 16; j++) {
-                    p->datagram_off[j] = (uint16_t)b->parsed.datagram_off[j];
-                    p->datagram_len[j] = (uint16_t)b->parsed.datagram_len[j];
-                    p->datagrams++;
-                }
-            }
-            at += plen;
-        } while (at < len);
-    }
-    b->packets = k;
-}
-
 /* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
  * up to WG_READ_BATCH buffers (count) in one recvmmsg, each packet opened where it lies.
  * The socket, its packets and their opening all run without the GIL. */
+static wg_channel *own_channel(void *ctx, const uint8_t *packet, size_t len, uint32_t *route) {
+    (void)packet, (void)len;
+    *route = 0;
+    return &((ChannelObject *)ctx)->ch;
+}
+
 static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
-    if (self->batch == NULL) {
-        ReadBatch *batch = PyMem_Calloc(1, sizeof(ReadBatch));
-        if (batch == NULL || wg_reader_init(&batch->reader) < 0) {
-            PyMem_Free(batch);
-            return PyErr_NoMemory();
-        }
-        /* a kernel without UDP GRO reads plain datagrams */
-        if (self->gro) (void)wg_reader_set_gro(&batch->reader, self->ch.fd, 1);
-        self->batch = batch;
-    }
+    if (self->batch == NULL && (self->batch = wg_py_batch_new(self->ch.fd, self->gro)) == NULL)
+        return NULL;
     ReadBatch *b = self->batch;
-    int n, read_errno = 0;
-    Py_BEGIN_ALLOW_THREADS
-    n = wg_reader_read(&b->reader, self->ch.fd);
-    if (n < 0) read_errno = errno;
-    open_read(self, b, n < 0 ? 0 : n, now);
-    Py_END_ALLOW_THREADS
-    if (n < 0) {
-        errno = read_errno;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
+    int n = wg_py_batch_read(b, self->ch.fd, now, own_channel, self);
+    self->ch.stats.coalesced_reads += b->coalesced_reads;
+    self->ch.stats.read_overflow += b->read_overflow;
+    if (n < 0) return NULL;
     PyObject *datagrams = PyList_New(0), *foreign = PyList_New(0), *errors = PyList_New(0);
     if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;
-    for (size_t k = 0; k < b->packets; k++) {
-        const ReadPacket *p = &b->packet[k];
-        const uint8_t *data = b->reader.mem + p->off;
-        switch (p->result) {
-        case WG_RECEIVE_NOT_MINE: {
-            PyObject *address = address_tuple(&b->reader.addr[p->buffer]);
-            if (address == NULL) goto fail;
-            PyObject *pair = Py_BuildValue("(y#N)", (const char *)data, (Py_ssize_t)p->len, address);
-            if (append_new(foreign, pair) < 0) goto fail;
-            break;
-        }
-        case WG_RECEIVE_DROPPED:
-            break;
-        case WG_RECEIVE_MALFORMED:
-            if (append_new(errors, PyUnicode_FromString(MALFORMED_FRAMES)) < 0) goto fail;
-            break;
-        case WG_RECEIVE_BAD_ACK:
-            if (append_new(errors, PyUnicode_FromString(ACK_NEVER_SENT)) < 0) goto fail;
-            break;
-        default: {
-            const uint8_t *frames = data + WG_SHORT_HEADER_LEN;
-            for (int j = 0; j < p->datagrams; j++) {
-                PyObject *d = PyBytes_FromStringAndSize((const char *)frames + p->datagram_off[j],
-                                                        (Py_ssize_t)p->datagram_len[j]);
-                if (append_new(datagrams, d) < 0) goto fail;
-            }
-        }
-        }
-    }
+    for (size_t k = 0; k < b->packets; k++)
+        if (wg_py_append_packet(b, &b->packet[k], datagrams, foreign, errors) < 0) goto fail;
     return Py_BuildValue("(NNNi)", datagrams, foreign, errors, n);
 fail:
     Py_XDECREF(datagrams);
@@ -524,7 +401,7 @@ static PyGetSetDef Channel_getset[] = {
 
 static PySequenceMethods Channel_as_sequence = {.sq_length = (lenfunc)Channel_len};
 
-static PyTypeObject ChannelType = {
+PyTypeObject wg_ChannelType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wangate.engine._engine.PathChannel",
     .tp_basicsize = sizeof(ChannelObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -538,6 +415,19 @@ static PyTypeObject ChannelType = {
     .tp_as_sequence = &Channel_as_sequence,
 };
 
+wg_channel *wg_py_channel_of(PyObject *object) {
+    if (!PyObject_TypeCheck(object, &wg_ChannelType)) {
+        PyErr_SetString(PyExc_TypeError, "a PathChannel is needed");
+        return NULL;
+    }
+    ChannelObject *channel = (ChannelObject *)object;
+    if (!channel->ready) {
+        PyErr_SetString(wg_LocalProtocolError, "the channel is not set up");
+        return NULL;
+    }
+    return &channel->ch;
+}
+
 int wg_py_add_channel_types(PyObject *module) {
-    return wg_py_add_type(module, &ChannelType, "PathChannel");
+    return wg_py_add_type(module, &wg_ChannelType, "PathChannel");
 }

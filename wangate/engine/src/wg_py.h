@@ -23,5 +23,6 @@ int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name);
 int wg_py_add_cc_types(PyObject *module);
 int wg_py_add_recovery_types(PyObject *module);
 int wg_py_add_channel_types(PyObject *module);
+int wg_py_add_listener_types(PyObject *module);
 
 #endif
