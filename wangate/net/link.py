@@ -232,7 +232,8 @@ class PathLink(QuicConnectionProtocol):
         channel = self.channel
         if channel is None:
             return
-        channel.flush(time.monotonic())
+        if datagrams:  # an ACK is owed (a read of ACKs alone waits for the link's sending)
+            channel.flush(time.monotonic())
         if datagrams and self.driver is not None and self.state is LinkState.UP:
             for error in self.driver.datagrams_received(self, datagrams):
                 self._protocol_error(error)
