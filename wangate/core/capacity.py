@@ -34,12 +34,13 @@ Pure: samples come with ``now``; reading the estimate needs no clock.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 from wangate.errors import LocalProtocolError
 
-DEFAULT_WINDOW_BUSY_S = 10.0
-DEFAULT_MAX_GAP_S = 0.5
-DEFAULT_MIN_INTERVAL_S = 0.5
+DEFAULT_WINDOW_BUSY_S: Final = 10.0
+DEFAULT_MAX_GAP_S: Final = 0.5
+DEFAULT_MIN_INTERVAL_S: Final = 0.5
 
 
 class CapacityFilter:

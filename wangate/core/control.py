@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from wangate.core.control_outbox import CREDIT_REFRESH_S as CREDIT_REFRESH_S
 from wangate.core.events import Event, MessageTaken, SendFailed
@@ -29,7 +30,7 @@ from wangate.core.inbound import Reassembly
 from wangate.core.sending import Sender
 from wangate.errors import RemoteProtocolError
 
-MAX_HELD_RECORDS = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
+MAX_HELD_RECORDS: Final = 1 << 20  # done-not-taken records kept per peer (a few dozen bytes each)
 
 
 class ControlStreams:
@@ -124,7 +125,7 @@ class ControlStreams:
 
 _Handler = Callable[[ControlStreams, str, ControlFrame, float], None]
 # Every control frame the peer may send once a path is up; Hello is not among them.
-_HANDLERS: dict[type, _Handler] = {
+_HANDLERS: Final[dict[type, _Handler]] = {
     Ack: ControlStreams._on_ack,  # type: ignore[dict-item]
     Credit: ControlStreams._on_credit,  # type: ignore[dict-item]
     RouteChosen: ControlStreams._on_route,  # type: ignore[dict-item]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Final
 
 from wangate.core.frames import (
     MAX_DONE_IDS,
@@ -32,7 +33,7 @@ from wangate.core.replay import SentFrames
 # Re-advertise credit on a path at most this often, along with other control frames
 # that go on it anyway (never a packet of its own: the stream is reliable, and a path
 # that comes up, or consumption, sends credit at once)
-CREDIT_REFRESH_S = 1.0
+CREDIT_REFRESH_S: Final = 1.0
 
 
 class ControlOutbox:

@@ -15,46 +15,47 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
 # datagram types: the first byte's top two bits; its low bits are flags
-DGRAM_SHARD = 0x40
-DGRAM_REPAIR = 0x80
-DGRAM_PROBE = 0xC0
-DGRAM_TYPE_MASK = 0xC0
-SHARD_FLAG_CRITICAL = 0x01
+DGRAM_SHARD: Final = 0x40
+DGRAM_REPAIR: Final = 0x80
+DGRAM_PROBE: Final = 0xC0
+DGRAM_TYPE_MASK: Final = 0xC0
+SHARD_FLAG_CRITICAL: Final = 0x01
 
 # Truncated fields, expanded on receipt against the largest value seen the way QUIC
 # packet numbers are (RFC 9000 §17.1, Appendix A.3).
-SEQ_BITS = 32  # path_seq: a path would have to lose 2^31 datagrams in a row
-MSG_ID_BITS = 32  # msg_id: 2^31 messages between two datagrams of one message
+SEQ_BITS: Final = 32  # path_seq: a path would have to lose 2^31 datagrams in a row
+MSG_ID_BITS: Final = 32  # msg_id: 2^31 messages between two datagrams of one message
 # The send time: a wrapping stamp the receiver only echoes (RTT) or differences
 # (jitter), so a few bytes do: 24 bits of 4 microseconds wrap every 67.1 s.
-STAMP_BITS = 24
-STAMP_UNIT_S = 4e-6
-STAMP_MASK = (1 << STAMP_BITS) - 1
-_SEQ_MASK = (1 << SEQ_BITS) - 1
-_MSG_ID_MASK = (1 << MSG_ID_BITS) - 1
+STAMP_BITS: Final = 24
+STAMP_UNIT_S: Final = 4e-6
+STAMP_MASK: Final = (1 << STAMP_BITS) - 1
+_SEQ_MASK: Final = (1 << SEQ_BITS) - 1
+_MSG_ID_MASK: Final = (1 << MSG_ID_BITS) - 1
 
 # type|flags u8, path_seq u32, sent stamp u24, msg_id u32: the part every data datagram has
 # (the stamp as u16 + u8: one unpack, no bytes objects per datagram)
-_COMMON = struct.Struct("!BIHBI")
-_PROBE = struct.Struct("!BIHB")
+_COMMON: Final = struct.Struct("!BIHBI")
+_PROBE: Final = struct.Struct("!BIHB")
 # the usual shard: msg_len and offset both 4-byte varints (messages of 16 KiB to 1 GiB)
-_SHARD_USUAL = struct.Struct("!BIHBIII")
-_VARINT4_MASK = 0x3FFFFFFF
-_VARINT4_TAG = 0x80000000
-PROBE_BYTES = _PROBE.size  # 8
-MAX_FEC_SYMBOLS = 256
+_SHARD_USUAL: Final = struct.Struct("!BIHBIII")
+_VARINT4_MASK: Final = 0x3FFFFFFF
+_VARINT4_TAG: Final = 0x80000000
+PROBE_BYTES: Final = _PROBE.size  # 8
+MAX_FEC_SYMBOLS: Final = 256
 # Shard: common, then msg_len and offset as QUIC varints (RFC 9000 §16). Repair: common,
 # msg_len and block as varints, index u8, k u8; the symbol is the rest of the datagram.
-SHARD_HEADER_MAX_BYTES = _COMMON.size + 8 + 8  # 28
-REPAIR_HEADER_MAX_BYTES = _COMMON.size + 8 + 8 + 2  # 30
-MAX_DATAGRAM_HEADER_BYTES = max(SHARD_HEADER_MAX_BYTES, REPAIR_HEADER_MAX_BYTES)
-_VARINT_MAX = (1 << 62) - 1
+SHARD_HEADER_MAX_BYTES: Final = _COMMON.size + 8 + 8  # 28
+REPAIR_HEADER_MAX_BYTES: Final = _COMMON.size + 8 + 8 + 2  # 30
+MAX_DATAGRAM_HEADER_BYTES: Final = max(SHARD_HEADER_MAX_BYTES, REPAIR_HEADER_MAX_BYTES)
+_VARINT_MAX: Final = (1 << 62) - 1
 
-MAX_MESSAGE_BYTES = 1 << 40  # no single message may declare more (1 TiB)
+MAX_MESSAGE_BYTES: Final = 1 << 40  # no single message may declare more (1 TiB)
 
 
 def stamp(now: float) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.core.capacity import CapacityFilter
 from wangate.core.states import PathStateKind
@@ -40,7 +41,7 @@ from wangate.errors import LocalProtocolError
 
 _DELIVERED, _LOST, _BURST_LOST = 0, 1, 2
 # Random loss of a few percent seldom loses 3 in a row (2 % loss: 1 run in 2500 losses).
-FEC_BURST_LOSSES = 3
+FEC_BURST_LOSSES: Final = 3
 
 
 @dataclass(frozen=True)

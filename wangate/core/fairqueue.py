@@ -39,16 +39,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
 
-STRIPE_BYTES = 256 * 1024  # one turn of a job on a path
-CRITICAL_SHARE = 0.8  # of the bytes, at most, for one job's critical while others' bulk waits
-CRITICAL_PAYBACK = CRITICAL_SHARE / (1.0 - CRITICAL_SHARE)  # K: debt paid per bulk byte (4)
-CRITICAL_BURST_BYTES = 1 << 20  # critical debt allowed before the share applies
-NO_POLICY = JobPolicy()  # a job with no policy of its own
-MIN_WEIGHT = 1e-6  # a weight of 0 (or less) still gets served, last
+STRIPE_BYTES: Final = 256 * 1024  # one turn of a job on a path
+CRITICAL_SHARE: Final = (
+    0.8  # of the bytes, at most, for one job's critical while others' bulk waits
+)
+CRITICAL_PAYBACK: Final = CRITICAL_SHARE / (1.0 - CRITICAL_SHARE)  # K: debt paid per bulk byte (4)
+CRITICAL_BURST_BYTES: Final = 1 << 20  # critical debt allowed before the share applies
+NO_POLICY: Final = JobPolicy()  # a job with no policy of its own
+MIN_WEIGHT: Final = 1e-6  # a weight of 0 (or less) still gets served, last
 BULK, CRITICAL = 0, 1  # the classes, as indexes
 
 

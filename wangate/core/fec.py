@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from functools import cache, lru_cache
+from typing import Final
 
 import zfec
 
 from wangate.core.buffer import Buffer
 from wangate.errors import LocalProtocolError
 
-MAX_SYMBOLS = 256  # GF(2^8): at most 256 distinct symbols per block
+MAX_SYMBOLS: Final = 256  # GF(2^8): at most 256 distinct symbols per block
 
 
 @cache
@@ -216,7 +217,7 @@ def block_loss_probability(loss_rate: float, k: int, m: int) -> float:
     return min(total, 1.0)
 
 
-LOSS_RATE_QUANTUM = 1e-4  # loss estimates are noisy: cache per 0.01 %
+LOSS_RATE_QUANTUM: Final = 1e-4  # loss estimates are noisy: cache per 0.01 %
 
 
 def parity_for_loss(

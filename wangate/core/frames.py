@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.core.datagrams import (
     DGRAM_PROBE,
@@ -123,42 +124,44 @@ __all__ = [
     "varint_bytes",
 ]
 
-WIRE_VERSION = 5  # 5: RangesMissing; 4: datagrams in the data plane's packets (proto/engine.md)
+WIRE_VERSION: Final = (
+    5  # 5: RangesMissing; 4: datagrams in the data plane's packets (proto/engine.md)
+)
 
 
 # control frame types
-CTRL_HELLO = 0x01
-CTRL_ACK = 0x02
-CTRL_CREDIT = 0x03
-CTRL_REJECTED = 0x04
-CTRL_ROUTE = 0x05
-CTRL_DONE = 0x06
-CTRL_REPAIR_REQUEST = 0x07
-CTRL_TAKEN = 0x08
-CTRL_RANGES_MISSING = 0x09
+CTRL_HELLO: Final = 0x01
+CTRL_ACK: Final = 0x02
+CTRL_CREDIT: Final = 0x03
+CTRL_REJECTED: Final = 0x04
+CTRL_ROUTE: Final = 0x05
+CTRL_DONE: Final = 0x06
+CTRL_REPAIR_REQUEST: Final = 0x07
+CTRL_TAKEN: Final = 0x08
+CTRL_RANGES_MISSING: Final = 0x09
 
 
 # control frame envelope: type u8, body length u32
-_CTRL = struct.Struct("!BI")
-CONTROL_HEADER_BYTES = _CTRL.size
-MAX_CONTROL_BODY_BYTES = 64 * 1024
+_CTRL: Final = struct.Struct("!BI")
+CONTROL_HEADER_BYTES: Final = _CTRL.size
+MAX_CONTROL_BODY_BYTES: Final = 64 * 1024
 
-_HELLO = struct.Struct("!BQQ")  # version, instance_id, max_message_bytes
-_ACK_HEAD = struct.Struct("!IIH")  # echo_stamp (u24 in a u32), ack_delay_us, range count
-_ACK_RANGE = struct.Struct("!QQ")  # first, last (inclusive)
-MAX_ACK_RANGES = 1024
-_CREDIT = struct.Struct("!Q")
-_REJECTED = struct.Struct("!QH")
-_MSG_ID = struct.Struct("!Q")
-MAX_DONE_IDS = 1024
-_REPAIR_REQUEST_HEAD = struct.Struct("!QH")  # msg_id, block (or range) count
-_BLOCK = struct.Struct("!I")
-MAX_REPAIR_BLOCKS = 1024
-_RANGE = struct.Struct("!QQ")  # start, end (half-open)
-MAX_MISSING_RANGES = 256
+_HELLO: Final = struct.Struct("!BQQ")  # version, instance_id, max_message_bytes
+_ACK_HEAD: Final = struct.Struct("!IIH")  # echo_stamp (u24 in a u32), ack_delay_us, range count
+_ACK_RANGE: Final = struct.Struct("!QQ")  # first, last (inclusive)
+MAX_ACK_RANGES: Final = 1024
+_CREDIT: Final = struct.Struct("!Q")
+_REJECTED: Final = struct.Struct("!QH")
+_MSG_ID: Final = struct.Struct("!Q")
+MAX_DONE_IDS: Final = 1024
+_REPAIR_REQUEST_HEAD: Final = struct.Struct("!QH")  # msg_id, block (or range) count
+_BLOCK: Final = struct.Struct("!I")
+MAX_REPAIR_BLOCKS: Final = 1024
+_RANGE: Final = struct.Struct("!QQ")  # start, end (half-open)
+MAX_MISSING_RANGES: Final = 256
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-_U32 = 0xFFFFFFFF
+NAME_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_U32: Final = 0xFFFFFFFF
 
 
 def _pack(layout: struct.Struct, *values: int) -> bytes:
@@ -248,11 +251,11 @@ class RouteChosen:
     path: str
 
 
-REJECT_TOO_LARGE = 1
-REJECT_CHECKSUM = 2
-REJECT_MALFORMED = 3
-REJECT_EXPIRED = 4  # no byte arrived for the receiver's idle timeout: sender gone quiet
-REJECT_UNKNOWN_JOB = 5  # the receiving gateway serves no job of that name
+REJECT_TOO_LARGE: Final = 1
+REJECT_CHECKSUM: Final = 2
+REJECT_MALFORMED: Final = 3
+REJECT_EXPIRED: Final = 4  # no byte arrived for the receiver's idle timeout: sender gone quiet
+REJECT_UNKNOWN_JOB: Final = 5  # the receiving gateway serves no job of that name
 
 ControlFrame = (
     Hello

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from typing import Final
 
 from wangate.core.coding import CodingShape, InboundCoding
 from wangate.core.events import Event, MessageDropped, MessageProgress, MessageReceived
@@ -42,10 +43,10 @@ from wangate.core.message import HEAD_BYTES, MessageHeader, payload_offset, veri
 from wangate.core.rangeset import RangeSet
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
-MAX_DONE_PENDING = 4096
-DEFAULT_IDLE_TIMEOUT_S = 60.0
-PROGRESS_MIN_STEP_BYTES = 4 << 20  # progress reports: at most 64 per message, none smaller
-PROGRESS_STEPS = 64
+MAX_DONE_PENDING: Final = 4096
+DEFAULT_IDLE_TIMEOUT_S: Final = 60.0
+PROGRESS_MIN_STEP_BYTES: Final = 4 << 20  # progress reports: at most 64 per message, none smaller
+PROGRESS_STEPS: Final = 64
 
 Body = bytearray | memoryview  # writable, exactly the message's size
 # (size, where the payload starts if known): placing the payload is the allocator's

@@ -15,11 +15,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
-DEFAULT_JOB = "default"
-MAX_JOB_BYTES = 64
+DEFAULT_JOB: Final = "default"
+MAX_JOB_BYTES: Final = 64
 # a job's name: what a config section name, a metric label and a file name all take
-JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+JOB_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def job_name_error(name: object) -> str | None:
@@ -43,7 +44,7 @@ class JobPolicy:
     max_inflight_bytes: int | None = None
 
 
-DEFAULT_POLICIES: Mapping[str, JobPolicy] = {DEFAULT_JOB: JobPolicy()}
+DEFAULT_POLICIES: Final[Mapping[str, JobPolicy]] = {DEFAULT_JOB: JobPolicy()}
 
 
 def spread_paths(

@@ -9,11 +9,12 @@ unreachable its messages fail, and submit refuses new ones until it is heard aga
 from __future__ import annotations
 
 import math
+from typing import Final
 
 from wangate.core.states import PEER_TRANSITIONS, PeerStateKind, check_transition
 
-DEFAULT_PEER_DEAD_S = 5.0  # [limits] peer_dead_s
-PEER_QUIET_S = 1.0  # ten probe intervals without a word: the peer counts as degraded
+DEFAULT_PEER_DEAD_S: Final = 5.0  # [limits] peer_dead_s
+PEER_QUIET_S: Final = 1.0  # ten probe intervals without a word: the peer counts as degraded
 
 
 class PeerLiveness:

@@ -10,22 +10,23 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.checksum import crc32
 from wangate.core.buffer import Buffer
 from wangate.core.jobs import DEFAULT_JOB, JOB_NAME, MAX_JOB_BYTES
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
-MESSAGE_VERSION = 2  # 2: the job's name after the fixed head (version 1 had none)
-MAX_TAG_BYTES = 1024
-MAX_META_BYTES = 64 * 1024
-FLAG_CRITICAL = 0x01
+MESSAGE_VERSION: Final = 2  # 2: the job's name after the fixed head (version 1 had none)
+MAX_TAG_BYTES: Final = 1024
+MAX_META_BYTES: Final = 64 * 1024
+FLAG_CRITICAL: Final = 0x01
 
 # version u8, flags u8, tag_len u16, step i64, checksum u32, meta_len u32, job_len u8
-_HEAD = struct.Struct("!BBHqIIB")
-HEAD_BYTES = _HEAD.size  # 21
+_HEAD: Final = struct.Struct("!BBHqIIB")
+HEAD_BYTES: Final = _HEAD.size  # 21
 # a body's bytes before the payload, at most
-MAX_HEADER_BYTES = HEAD_BYTES + MAX_JOB_BYTES + MAX_TAG_BYTES + MAX_META_BYTES
+MAX_HEADER_BYTES: Final = HEAD_BYTES + MAX_JOB_BYTES + MAX_TAG_BYTES + MAX_META_BYTES
 
 
 @dataclass(frozen=True)

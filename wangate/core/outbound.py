@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.core.coding import BlockLedger, CodingShape
 from wangate.core.fairqueue import Helps, JobFairQueue
@@ -49,7 +50,7 @@ class CodingPolicy:
     critical_min_repair: int = 2
 
 
-UNKNOWN_TAIL_BYTES = 1 << 62
+UNKNOWN_TAIL_BYTES: Final = 1 << 62
 
 
 def _no_header(msg_len: int, k: int, datagram_bytes: int) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
+from typing import Final
 
 from wangate.core.events import SendFailed
 from wangate.core.fairqueue import NO_POLICY
@@ -36,11 +37,11 @@ from wangate.core.outbound_message import OutboundMessage
 # Of a trainer's deadline, what is spent before its message reaches a session and is not
 # counted: a message handed on at once keeps the deadline as the trainer gave it, so its
 # failure names that deadline, not one a few microseconds shorter.
-DEADLINE_SLACK_S = 0.01
+DEADLINE_SLACK_S: Final = 0.01
 # What a failure adds when every byte of the message went out once and it then failed
 # unconfirmed (silence, a deadline): it may be whole there, even taken (proto/delivery.md
 # "Limits").
-ALL_SENT = ", after all of it was sent (a trainer there may have taken it)"
+ALL_SENT: Final = ", after all of it was sent (a trainer there may have taken it)"
 
 
 def deadline_left_s(deadline_s: float, spent_s: float) -> float:

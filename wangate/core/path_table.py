@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from typing import Final
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, PathStateChanged
@@ -25,7 +26,7 @@ from wangate.core.paths import PathReceiver, PathRecord, PathSender, SentDatagra
 from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.errors import LocalProtocolError
 
-MIN_DATAGRAM_BYTES = MAX_DATAGRAM_HEADER_BYTES + 64
+MIN_DATAGRAM_BYTES: Final = MAX_DATAGRAM_HEADER_BYTES + 64
 
 
 class PathTable:

@@ -22,34 +22,35 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Final
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.frames import MAX_ACK_RANGES, STAMP_BITS, STAMP_UNIT_S, Ack, expand
 from wangate.core.rangeset import RangeSet
 from wangate.core.states import PATH_TRANSITIONS, PathStateKind, check_transition
 
-PACKET_THRESHOLD = 3  # RFC 9002 §6.1.1
-TIME_THRESHOLD = 9 / 8  # RFC 9002 §6.1.2
-MAX_ACK_DELAY_S = 0.005  # we ack at least this often while datagrams arrive
+PACKET_THRESHOLD: Final = 3  # RFC 9002 §6.1.1
+TIME_THRESHOLD: Final = 9 / 8  # RFC 9002 §6.1.2
+MAX_ACK_DELAY_S: Final = 0.005  # we ack at least this often while datagrams arrive
 # Critical data is acked within this: soon enough for loss detection to matter to a
 # message that lasts a few ms, late enough that one ack covers several datagrams (an
 # ack per datagram was half of a receiving gateway's work).
-CRITICAL_ACK_DELAY_S = 0.001
+CRITICAL_ACK_DELAY_S: Final = 0.001
 # An ack at once when this many wait: on a slow path the 5 ms above comes first; on a
 # fast one each ack is a control-stream write that aioquic carries in a packet of its
 # own each way (at 32, a fifth of both gateways' CPU at 1452-byte datagrams), while the
 # data plane's own ACKs already pace the window.
-ACK_EVERY_DATAGRAMS = 256
-MIN_RTO_S = 0.02
-RECENTLY_LOST_MAX = 4096  # lost datagrams remembered to notice a spurious loss
-RTO_FLOOR_MAX_S = 1.0
-RTO_FLOOR_DECAY = 0.999  # per ack without a spurious loss
-RTO_DECLARES = 2  # datagrams a retransmission timeout declares lost
-RTO_BACKOFF_MAX = 8  # the timeout doubles per expiry without an ack, up to this factor
+ACK_EVERY_DATAGRAMS: Final = 256
+MIN_RTO_S: Final = 0.02
+RECENTLY_LOST_MAX: Final = 4096  # lost datagrams remembered to notice a spurious loss
+RTO_FLOOR_MAX_S: Final = 1.0
+RTO_FLOOR_DECAY: Final = 0.999  # per ack without a spurious loss
+RTO_DECLARES: Final = 2  # datagrams a retransmission timeout declares lost
+RTO_BACKOFF_MAX: Final = 8  # the timeout doubles per expiry without an ack, up to this factor
 
 
 # a path that carries little is still given this much in flight when sizing its tail
-HORIZON_MIN_DATAGRAMS = 64
+HORIZON_MIN_DATAGRAMS: Final = 64
 
 
 def repair_horizon_bytes(sender: PathSender) -> int:

@@ -12,11 +12,12 @@ only its bytes.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
 # Longer than a path's silence takes to be declared down (0.5 s) plus a round trip:
 # what was sent before that was delivered or the stream would have stalled the path
-REPLAY_WINDOW_S = 2.0
-MAX_REPLAY_FRAMES = 4096  # per path: frames batch many messages' ids each
+REPLAY_WINDOW_S: Final = 2.0
+MAX_REPLAY_FRAMES: Final = 4096  # per path: frames batch many messages' ids each
 
 
 class SentFrames:

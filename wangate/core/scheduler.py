@@ -17,6 +17,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Final
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import RouteChanged
@@ -25,18 +26,18 @@ from wangate.core.placement import bulk_view, earliest_finish_s
 from wangate.core.selector import CriticalPathSelector, PathView, critical_view
 from wangate.core.states import PathStateKind
 
-SELECT_INTERVAL_S = 0.05  # how often the critical route is reconsidered while it is used
+SELECT_INTERVAL_S: Final = 0.05  # how often the critical route is reconsidered while it is used
 # ... and while no critical data flows (a bulk worker never has any): the route then only
 # shows in ``paths``; a critical message reconsiders it before it is routed, and a path
 # whose state changes at once.
-IDLE_SELECT_INTERVAL_S = 1.0
+IDLE_SELECT_INTERVAL_S: Final = 1.0
 # While critical traffic flows, bulk stays off the critical route whenever its RTT shows
 # a queue of more than this (or a quarter of its min RTT): critical data must not wait
 # behind our own bulk in the network, where we cannot reorder it.
-CRITICAL_QUEUE_S = 0.002
-CRITICAL_ACTIVE_S = 1.0  # critical traffic "flows" this long after a critical message
-CRITICAL_PROBE_BYTES = 1200
-MAX_DUPLICATES = 256  # duplicate pieces waiting for the backup path
+CRITICAL_QUEUE_S: Final = 0.002
+CRITICAL_ACTIVE_S: Final = 1.0  # critical traffic "flows" this long after a critical message
+CRITICAL_PROBE_BYTES: Final = 1200
+MAX_DUPLICATES: Final = 256  # duplicate pieces waiting for the backup path
 
 
 class PathScheduler:

@@ -35,17 +35,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import RouteChanged
 from wangate.core.states import PathStateKind
 from wangate.errors import LocalProtocolError
 
-SHARP_LOSS_RATE = 0.02  # a degraded route losing this much moves even to a slower path
+SHARP_LOSS_RATE: Final = 0.02  # a degraded route losing this much moves even to a slower path
 
 # Times come from float arithmetic on the caller's side (e.g. 0.01 * k); a nanosecond of
 # slack keeps "exactly after dwell_s" (and cooldown_s) from depending on rounding.
-_TIME_EPSILON_S = 1e-9
+_TIME_EPSILON_S: Final = 1e-9
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 from wangate.core.buffer import Buffer
 from wangate.core.control_outbox import ControlOutbox
@@ -50,16 +51,16 @@ from wangate.core.scheduler import (
 from wangate.core.states import PathStateKind
 from wangate.core.timers import TimerName
 
-PROBE_INTERVAL_S = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
+PROBE_INTERVAL_S: Final = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 # An idle path needs one probe per interval between the two sites, not one each way:
 # the site whose name sorts first probes; the other answers each probe at once, so each
 # side hears the other within the interval. The answering site probes only if the
 # prober's next probe is this late (two intervals: a late timer on a busy host does not
 # make both sides probe), and at least this often for its own RTT samples.
-ANSWERED_PROBE_WAIT_S = 2 * PROBE_INTERVAL_S
-ANSWERED_PROBE_INTERVAL_S = 1.0
-DONE_TIMEOUT_S = 1.0  # all acked but no "done" from the receiver: ask again after this
-DONE_CHECK_S = 0.25
+ANSWERED_PROBE_WAIT_S: Final = 2 * PROBE_INTERVAL_S
+ANSWERED_PROBE_INTERVAL_S: Final = 1.0
+DONE_TIMEOUT_S: Final = 1.0  # all acked but no "done" from the receiver: ask again after this
+DONE_CHECK_S: Final = 0.25
 
 
 class Sender:

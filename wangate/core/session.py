@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from wangate.core.buffer import Buffer
 from wangate.core.control import ControlStreams
@@ -61,8 +62,8 @@ from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolEr
 # After a late timer (``wangate.core.timers``) the peer has this many of its best path's
 # round trips (at least ANSWER_MIN_S) to answer what we send on waking before it can be
 # judged unreachable.
-ANSWER_RTTS = 3
-ANSWER_MIN_S = 0.05
+ANSWER_RTTS: Final = 3
+ANSWER_MIN_S: Final = 0.05
 
 
 class PeerSession:

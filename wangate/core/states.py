@@ -9,7 +9,7 @@ Each machine's transitions are in one table, as ``LinkState``'s are
 from __future__ import annotations
 
 import enum
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from wangate.errors import LocalProtocolError
 
@@ -33,7 +33,7 @@ class PeerStateKind(enum.StrEnum):
 
 # A path that is down comes back only through a connection or a word heard on it, as
 # up; it is judged again after that.
-PATH_TRANSITIONS: dict[PathStateKind, frozenset[PathStateKind]] = {
+PATH_TRANSITIONS: Final[dict[PathStateKind, frozenset[PathStateKind]]] = {
     PathStateKind.UP: frozenset({PathStateKind.DEGRADED, PathStateKind.DOWN}),
     PathStateKind.DEGRADED: frozenset({PathStateKind.UP, PathStateKind.DOWN}),
     PathStateKind.DOWN: frozenset({PathStateKind.UP}),
@@ -41,7 +41,7 @@ PATH_TRANSITIONS: dict[PathStateKind, frozenset[PathStateKind]] = {
 
 # The peer's state follows from its silence, its restarts and its paths, which change
 # in any order: each state may follow any other.
-PEER_TRANSITIONS: dict[PeerStateKind, frozenset[PeerStateKind]] = {
+PEER_TRANSITIONS: Final[dict[PeerStateKind, frozenset[PeerStateKind]]] = {
     state: frozenset(set(PeerStateKind) - {state}) for state in PeerStateKind
 }
 

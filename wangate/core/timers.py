@@ -19,9 +19,10 @@ trips to answer what we send on waking before it can be judged unreachable: the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
-LATE_TIMER_S = 0.005
-LATE_TIMER_RECHECK_S = 0.001
+LATE_TIMER_S: Final = 0.005
+LATE_TIMER_RECHECK_S: Final = 0.001
 
 # A deadline's name: one of the session's ("peer liveness"), or (kind, path) for a path's.
 TimerName = str | tuple[str, str]
