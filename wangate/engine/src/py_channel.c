@@ -5,10 +5,9 @@
 #include <arpa/inet.h>
 #include <string.h>
 
-
+#include "py_read.h"
 #include "wg_channel.h"
 #include "wg_py.h"
-#include "py_read.h"
 #include "wg_reader.h"
 
 typedef struct {
@@ -214,15 +213,16 @@ static PyObject *Channel_receive(ChannelObject *self, PyObject *const *args, Py_
     return list;
 }
 
-/* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
- * up to WG_READ_BATCH buffers (count) in one recvmmsg, each packet opened where it lies.
- * The socket, its packets and their opening all run without the GIL. */
+/* every packet of its own socket is the channel's to open (or to hand back: not ours) */
 static wg_channel *own_channel(void *ctx, const uint8_t *packet, size_t len, uint32_t *route) {
     (void)packet, (void)len;
     *route = 0;
     return &((ChannelObject *)ctx)->ch;
 }
 
+/* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
+ * up to WG_READ_BATCH buffers (count) in one recvmmsg, each packet opened where it lies.
+ * The socket, its packets and their opening all run without the GIL. */
 static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
