@@ -76,13 +76,13 @@ def test_each_paths_packets_go_to_its_owner_in_order_and_are_acknowledged(
     for channel, owner in zip(shared.b, owners, strict=True):
         shared.reader.add(channel, owner)
     assert len(shared.reader) == 2
-    assert shared.reader.read(NOW) == ([], [], 0)  # the first read turns GRO on
+    assert shared.reader.read(NOW) == ([], [], 0, 0)  # the first read turns GRO on
     first = datagrams(40, shared.a[0].datagram_bytes, seed=1)
     second = [b"x" * 100, b"y" * 7]
     send(shared.a[0], first)
     send(shared.a[1], second)
-    groups, foreign, count = shared.reader.read(NOW)
-    assert foreign == [] and count >= 2
+    groups, foreign, buffers, packets = shared.reader.read(NOW)
+    assert foreign == [] and buffers >= 2 and packets == 42
     assert groups == [(owners[0], first, []), (owners[1], second, [])]
     assert shared.b[0].stats()["datagrams_received"] == 40
     assert shared.b[1].stats()["datagrams_received"] == 2
@@ -95,11 +95,11 @@ def test_each_paths_packets_go_to_its_owner_in_order_and_are_acknowledged(
 
 def test_a_coalesced_run_is_cut_into_its_packets(shared: Shared) -> None:
     shared.reader.add(shared.b[0], "bj")
-    assert shared.reader.read(NOW) == ([], [], 0)
+    assert shared.reader.read(NOW) == ([], [], 0, 0)
     assert shared.reader.gro is True
     sent = datagrams(64, shared.a[0].datagram_bytes, seed=7)
     send(shared.a[0], sent)
-    assert shared.reader.read(NOW) == ([("bj", sent, [])], [], 2)  # 45 and 19 packets
+    assert shared.reader.read(NOW) == ([("bj", sent, [])], [], 2, 64)  # 45 and 19 packets
     assert shared.reader.stats() == {"coalesced_reads": 2, "read_overflow": 0, "foreign_packets": 0}
 
 
@@ -113,9 +113,9 @@ def test_what_no_route_claims_comes_back_untouched_with_its_sender(shared: Share
     for packet in (long_header, unrouted, short_garbage, b""):
         other.sendto(packet, here)
     send(shared.a[0], [b"mine"])
-    groups, foreign, count = shared.reader.read(NOW)
+    groups, foreign, buffers, packets = shared.reader.read(NOW)
     sender = other.getsockname()
-    assert groups == [("bj", [b"mine"], [])] and count == 5
+    assert groups == [("bj", [b"mine"], [])] and buffers == packets == 5
     assert foreign == [(p, sender) for p in (long_header, unrouted, short_garbage, b"")]
     assert shared.reader.stats()["foreign_packets"] == 4
 
@@ -128,10 +128,10 @@ def test_a_removed_route_hands_its_packets_back_and_can_be_added_again(shared: S
     assert len(shared.reader) == 0
     packet = shared.sealed_by(1, bytes([0x30]) + b"late", 0)
     shared.dialing[1].sendto(packet, shared.listening.getsockname())
-    assert shared.reader.read(NOW) == ([], [(packet, shared.dialing[1].getsockname())], 1)
+    assert shared.reader.read(NOW) == ([], [(packet, shared.dialing[1].getsockname())], 1, 1)
     shared.reader.add(shared.b[1], "sg again")
     shared.dialing[1].sendto(packet, shared.listening.getsockname())
-    assert shared.reader.read(NOW) == ([("sg again", [b"late"], [])], [], 1)
+    assert shared.reader.read(NOW) == ([("sg again", [b"late"], [])], [], 1, 1)
 
 
 def test_a_peers_bad_packets_are_its_errors_and_forgeries_are_dropped(shared: Shared) -> None:
@@ -144,8 +144,8 @@ def test_a_peers_bad_packets_are_its_errors_and_forgeries_are_dropped(shared: Sh
     unknown_frame = shared.sealed_by(1, bytes([0x1F]) + b"junk", 1)
     for sock, packet in ((0, good), (1, bytes(forged)), (0, good), (1, unknown_frame)):
         shared.dialing[sock].sendto(packet, here)
-    groups, foreign, count = shared.reader.read(NOW)
-    assert count == 4 and foreign == []
+    groups, foreign, buffers, packets = shared.reader.read(NOW)
+    assert buffers == packets == 4 and foreign == []  # the dropped ones counted too
     assert groups == [
         ("bj", [b"abc"], []),  # its replay dropped
         ("sg", [], ["malformed frames in a data-plane packet"]),

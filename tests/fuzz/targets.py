@@ -610,8 +610,9 @@ def engine_listener(data: bytes) -> None:
     foreign: list[tuple[bytes, Any]] = []
     owners: list[int] = []
     while True:
-        groups, others, count = reader.read(1.0)
+        groups, others, count, packets = reader.read(1.0)
         foreign += others
+        assert packets >= count and packets >= len(others)
         for owner, datagrams, errors in groups:
             assert owner in (0, 1) and all(isinstance(d, bytes) for d in datagrams)
             assert all(isinstance(e, str) for e in errors)

@@ -50,7 +50,7 @@ class ListenerReader:
     def read(
         self, now: float
     ) -> tuple[
-        list[tuple[Any, list[bytes], list[str]]], list[tuple[bytes, tuple[Any, ...]]], int
+        list[tuple[Any, list[bytes], list[str]]], list[tuple[bytes, tuple[Any, ...]]], int, int
     ]: ...
     def stats(self) -> dict[str, int]: ...
 

@@ -182,11 +182,11 @@ class PeerListener(asyncio.DatagramProtocol):
         taken = 0
         while taken < MAX_DATAGRAMS_PER_TURN:
             try:
-                groups, foreign, buffers = reader.read(time.monotonic())
+                groups, foreign, buffers, packets = reader.read(time.monotonic())
             except OSError as exc:  # an ICMP error reported on the socket
                 self.error_received(exc)
                 return
-            taken += buffers + len(foreign)
+            taken += packets  # a coalesced buffer holds dozens, forged ones too
             for link, datagrams, errors in groups:
                 link.data_plane_read(datagrams, errors)
             for data, addr in foreign:

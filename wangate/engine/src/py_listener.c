@@ -154,10 +154,11 @@ static PyObject *group_of(Route *r, PyObject *groups) {
     return rc < 0 ? NULL : (r->group = group);
 }
 
-/* read(now) -> (groups, foreign, count): one recvmmsg of up to WG_READ_BATCH buffers
- * (count), each packet opened where it lies by its route's channel, without the GIL;
- * groups: (owner, datagrams, errors) for each route with packets, in the order of their
- * first; foreign: (bytes, address) of the packets no route claims. */
+/* read(now) -> (groups, foreign, buffers, packets): one recvmmsg of up to WG_READ_BATCH
+ * buffers, cut into their packets (UDP GRO), each opened where it lies by its route's
+ * channel, without the GIL; groups: (owner, datagrams, errors) for each route with
+ * packets, in the order of their first; foreign: (bytes, address) of the packets no
+ * route claims; packets counts every one, dropped ones too (what the read cost). */
 static PyObject *Reader_read(ReaderObject *self, PyObject *arg) {
     double now = PyFloat_AsDouble(arg);
     if (now == -1.0 && PyErr_Occurred()) return NULL;
@@ -186,7 +187,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *arg) {
             goto fail;
     }
     for (size_t i = 0; i < self->count; i++) self->routes[i].group = NULL;
-    return Py_BuildValue("(NNi)", groups, foreign, n);
+    return Py_BuildValue("(NNin)", groups, foreign, n, (Py_ssize_t)b->packets);
 fail:
     for (size_t i = 0; i < self->count; i++) self->routes[i].group = NULL;
     Py_XDECREF(groups);
@@ -222,7 +223,7 @@ static PyMethodDef Reader_methods[] = {
     {"remove", (PyCFunction)Reader_remove, METH_O,
      "remove(cid) -> bool: that connection ID's route is gone (False: there was none)"},
     {"read", (PyCFunction)Reader_read, METH_O,
-     "read(now) -> (groups, foreign, count): a batch from the socket, sorted by route"},
+     "read(now) -> (groups, foreign, buffers, packets): a batch from the socket, by route"},
     {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "stats() -> dict of counters"},
     {NULL, NULL, 0, NULL},
 };
