@@ -65,9 +65,6 @@ def timer_delay_s(deadline: float, now: float) -> float:
     return MIN_TIMER_DELAY_S if 0.0 < delay_s < MIN_TIMER_DELAY_S else delay_s
 
 
-ACK_EVERY_PACKETS = 32  # within a turn of reads, the data plane acks at least this often
-
-
 MAX_PROTOCOL_ERRORS = 100  # malformed datagrams tolerated before the peer is cut off
 
 
@@ -132,7 +129,6 @@ class PathLink(QuicConnectionProtocol):
         self.channel: PathChannel | None = None
         self._channel_timer: asyncio.TimerHandle | None = None
         self._channel_timer_at: float | None = None
-        self._received = 0  # data-plane packets read since the last flush
         # aioquic's connection may have packets to send or a timer to re-arm: something
         # reached it (a packet of its own, control data, a close, its timer) since its
         # last transmit. Only then is it asked: a pass costs more than a batch of ours.
@@ -185,11 +181,10 @@ class PathLink(QuicConnectionProtocol):
     # ------------------------------------------------------------- receiving
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        # aioquic transmits after every datagram; one turn of the loop may read dozens,
-        # and one answer after all of them costs one pass instead of one each.
-        channel = self.channel
-        if channel is None or not self._data_plane_received(channel, cast(bytes, data)):
-            self._quic_received(cast(bytes, data), addr)
+        # Only aioquic's packets come this way: the data plane's are read in batches
+        # (``_read_batches``, or the listener's ``ListenerReader``). aioquic transmits
+        # after every datagram; one answer after a turn's worth costs one pass.
+        self._quic_received(cast(bytes, data), addr)
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
@@ -241,29 +236,6 @@ class PathLink(QuicConnectionProtocol):
             self._protocol_error(RemoteProtocolError(reason))
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
-
-    def _data_plane_received(self, channel: PathChannel, data: bytes) -> bool:
-        """False if ``data`` is not a packet of ``channel``'s."""
-        try:
-            got = channel.receive(data, time.monotonic())
-        except RemoteProtocolError as exc:  # opened with the peer's key: its fault
-            self._protocol_error(exc)
-            got = None
-        if got is False:
-            return False
-        if got is not None and self.state is LinkState.UP:
-            if type(got) is bytes:
-                self._on_datagram(got)
-            else:
-                for datagram in cast(list[bytes], got):
-                    self._on_datagram(datagram)
-        # a turn of the loop may read thousands: the sender hears of the first ones
-        # before the last are handled, or its RTT counts the whole turn
-        self._received += 1
-        if self._received >= ACK_EVERY_PACKETS and self.channel is not None:
-            self._received = 0
-            self.channel.flush(time.monotonic())
-        return True
 
     def _answer_received(self) -> None:
         self._after_receive = None
@@ -378,13 +350,6 @@ class PathLink(QuicConnectionProtocol):
         driver.link_up(self)
         return True
 
-    def _on_datagram(self, data: bytes) -> None:
-        assert self.driver is not None
-        try:
-            self.driver.datagram_received(self, data)
-        except RemoteProtocolError as exc:
-            self._protocol_error(exc)
-
     def _protocol_error(self, exc: RemoteProtocolError) -> None:
         self._protocol_errors += 1
         log.warning("%s/%s: dropped a datagram: %s", self.peer, self.path, exc)
@@ -432,7 +397,6 @@ class PathLink(QuicConnectionProtocol):
         channel = self.channel
         if channel is not None:
             now = time.monotonic()
-            self._received = 0
             channel.flush(now)
             self._arm_channel_timer(channel, now)
         if self._quic_due:

@@ -303,14 +303,6 @@ class PeerDriver:
 
     # ------------------------------------------------------------- inputs
 
-    def datagram_received(self, link: PathLink, data: bytes) -> None:
-        """One DATAGRAM frame; raises RemoteProtocolError if malformed."""
-        assert link.path is not None
-        self._session.handle_datagram(link.path, data, self._clock())
-        # a message may be complete, and an ack deadline may be new: without this
-        # both would wait for whatever timer happened to be armed
-        self._datagrams_handled = True
-
     def datagrams_received(
         self, link: PathLink, datagrams: list[bytes]
     ) -> list[RemoteProtocolError]:
