@@ -118,7 +118,7 @@ fuzz-atheris: $(STAMP)
 	rm -f $(STAMP)
 	@trap '$(ENGINE_BUILD) && touch $(STAMP)' EXIT; \
 	CC=$(FUZZ_CC) CFLAGS=$(ATHERIS_COVERAGE) $(ENGINE_BUILD) && \
-	for t in engine_frames engine_packet engine_listener; do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
+	for t in engine_frames engine_packet engine_listener engine_shards; do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
 		$(VENV)/bin/python tests/fuzz/fuzz_$$t.py $(FUZZ_OUT)/atheris/$$t tests/fuzz/corpus/$$t \
 			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 			-artifact_prefix=$(FUZZ_OUT)/atheris/$$t- || exit 1; \

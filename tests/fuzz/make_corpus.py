@@ -17,6 +17,7 @@ from wangate.core.coding import CodingShape
 from wangate.core.fec import BlockEncoder
 from wangate.core.frames import encode_repair, encode_shard
 from wangate.core.message import MessageHeader, message_checksum
+from wangate.core.outbound import CodingPolicy
 from wangate.engine import _engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +99,35 @@ def engine_seeds() -> dict[str, list[bytes]]:
         targets.engine_listener_input(1, [(0, b"\xc0" + bytes(40)), (0x8000, ack), (0, b"")]),
         targets.engine_listener_input(0, [(0xC000, b"\x1fjunk"), (0x4000, b"\x40" + bytes(20))]),
     ]
-    return {"engine_frames": frames, "engine_packet": packets, "engine_listener": listener}
+    return {
+        "engine_frames": frames,
+        "engine_packet": packets,
+        "engine_listener": listener,
+        "engine_shards": engine_shards_seeds(),
+    }
+
+
+def engine_shards_seeds() -> list[bytes]:
+    """Two messages (the second critical) as a sender sends them: cut in batches of 64,
+    and with FEC (k=8, a repair symbol per block) cut in 8, 1 and 32; then reordered,
+    with a duplicate and a datagram cut short, in batches of 16."""
+    out = []
+    for coding, cuts in ((None, b"\x3f"), (CodingPolicy(k=8, min_repair=1), b"\x07\x00\x1f")):
+        sender = targets.receiving_sessions(coding)[0]
+        for step, size in enumerate((20_000, 40_000)):
+            payload = bytes((step * 31 + i) % 251 for i in range(size))
+            meta = b"\x01"
+            header = MessageHeader("t", step, step == 1, message_checksum(meta, payload), meta)
+            sender.submit(header, payload, 0.0)
+        datagrams: list[bytes] = []
+        while batch := sender.datagrams_to_send("a", 0.001, 64):
+            datagrams += batch
+        out.append(targets.engine_shards_input(cuts, datagrams))
+    mixed = datagrams[:]
+    mixed[3], mixed[9] = mixed[9], mixed[3]
+    mixed[20:20] = [mixed[12], mixed[5][:15]]
+    out.append(targets.engine_shards_input(b"\x0f", mixed))
+    return out
 
 
 def seeds() -> dict[str, list[bytes]]:

@@ -628,6 +628,81 @@ def engine_listener(data: bytes) -> None:
     assert reader.stats()["foreign_packets"] == len(expected)
 
 
+def receiving_sessions(coding: Any = None) -> tuple[Any, Any, Any]:
+    """A sending session and two receiving ones in the same state, one path "a" up
+    between them (1200-byte datagrams): the engine_shards target's, and its tests'."""
+    from wangate.core.session import PeerSession
+
+    def up(site: str, peer: str) -> PeerSession:
+        kw: dict[str, Any] = {} if coding is None else {"coding": coding}
+        session = PeerSession(
+            site, peer, max_message_bytes=1 << 22, inbox_window_bytes=1 << 23, now=0, **kw
+        )
+        session.path_up("a", datagram_bytes=1200, now=0.0)
+        return session
+
+    sender, one, batched = up("bj", "sh"), up("sh", "bj"), up("sh", "bj")
+    hello = sender.control_to_send("a", 0.0)
+    for receiver in (one, batched):
+        for frame in frames.ControlStreamDecoder().feed(hello):
+            receiver.handle_control("a", frame, 0.0)
+    for frame in frames.ControlStreamDecoder().feed(one.control_to_send("a", 0.0)):
+        sender.handle_control("a", frame, 0.0)
+    batched.control_to_send("a", 0.0)
+    return sender, one, batched
+
+
+def received_events(session: Any) -> list[object]:
+    """The events ``session`` queued, a delivered message's payload as bytes."""
+    out: list[object] = []
+    for event in iter(session.next_event, None):
+        if isinstance(event, MessageReceived):
+            out.append(("received", event.msg_id, event.header, bytes(event.payload)))
+        else:
+            out.append(event)
+    return out
+
+
+def engine_shards_input(cuts: bytes, datagrams: list[bytes]) -> bytes:
+    """The engine_shards target's input: a byte counting the cut bytes, those, then
+    the datagrams as the reassembly target takes them."""
+    return bytes([len(cuts)]) + cuts + reassembly_input(datagrams)
+
+
+def engine_shards(data: bytes) -> None:
+    """``place_shards`` under the session: a peer's datagrams handled in batches (the
+    batch sizes cycle through the cut bytes, 1..256) leave what they leave handled one
+    at a time: the same errors, events, control frames owed and bytes held."""
+    if not data:
+        return
+    cuts = data[1 : 1 + data[0]] or b"\x40"
+    _, one, batched = receiving_sessions()
+    datagrams: list[bytes] = []
+    pos = 1 + data[0]
+    while pos + 2 <= len(data) and len(datagrams) < 512:
+        (size,) = struct.unpack_from("!H", data, pos)
+        datagrams.append(data[pos + 2 : pos + 2 + size])
+        pos += 2 + size
+    now, start = 0.01, 0
+    for i in range(len(datagrams)):
+        batch = datagrams[start : start + cuts[i % len(cuts)] + 1]
+        if not batch:
+            break
+        start += len(batch)
+        now += 0.002
+        expected = []
+        for datagram in batch:
+            try:
+                one.handle_datagram("a", datagram, now)
+            except RemoteProtocolError as exc:
+                expected.append(str(exc))
+        assert [str(e) for e in batched.handle_datagrams("a", batch, now)] == expected
+        assert received_events(batched) == received_events(one)
+        assert batched.control_to_send("a", now) == one.control_to_send("a", now)
+        assert batched.status() == one.status()
+        assert batched._inbound.held_bytes == one._inbound.held_bytes
+
+
 TARGETS = {
     "datagram": datagram,
     "control_stream": control_stream,
@@ -644,6 +719,7 @@ TARGETS = {
     "engine_frames": engine_frames,
     "engine_packet": engine_packet,
     "engine_listener": engine_listener,
+    "engine_shards": engine_shards,
 }
 
 

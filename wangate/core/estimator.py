@@ -42,6 +42,7 @@ from wangate.errors import LocalProtocolError
 _DELIVERED, _LOST, _BURST_LOST = 0, 1, 2
 # Random loss of a few percent seldom loses 3 in a row (2 % loss: 1 run in 2500 losses).
 FEC_BURST_LOSSES: Final = 3
+_JITTER_KEEP: Final = 15 / 16  # of the jitter estimate per transit sample (RFC 3550 §6.4.1)
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,13 @@ class PathEstimator:
             d_s = transit_s - self._last_transit_s
             self._jitter_s += (abs(d_s) - self._jitter_s) / 16  # RFC 3550 §6.4.1
         self._last_transit_s = transit_s
+
+    def on_transit_run(self, count: int, jitter_s: float, last_transit_s: float) -> None:
+        """``count`` more samples, all arriving at once after the last one: the RFC 3550
+        filter run over their differences from 0 gave ``jitter_s``; the newest sample
+        is ``last_transit_s`` (see ``place_shards``)."""
+        self._jitter_s = self._jitter_s * _JITTER_KEEP**count + jitter_s
+        self._last_transit_s = last_transit_s
 
     def on_heard(self, now: float) -> None:
         if self._last_heard_at is None or now > self._last_heard_at:

@@ -118,6 +118,10 @@ class Reassembly:
         # in progress, least recently progressed first (``_progressed`` moves to the end),
         # so the first one is the next to expire: expire/next_expiry are O(1) amortised
         self.inbound: OrderedDict[int, InboundMessage] = OrderedDict()
+        # the bodies of those whose shards may be written in before they are handled
+        # (``place_shards``, then ``accept_run``): every message in progress that no FEC
+        # repair symbol reached (a repaired one decodes block by block, per datagram)
+        self.placeable: dict[int, Body] = {}
         self._newest_progressed = 0  # at the end of ``inbound`` (if still in it)
         self.completed = RangeSet()  # message ids delivered
         # of those, the ones a trainer here took: "done" said again brings "taken" too
@@ -174,6 +178,7 @@ class Reassembly:
             start = None if first_bytes is None else payload_offset(first_bytes)
             message = InboundMessage(self.allocate(msg_len, start), now)
             self.inbound[msg_id] = message
+            self.placeable[msg_id] = message.body
             self._newest_progressed = msg_id
             self.held_bytes += msg_len
         elif msg_len != len(message.body):
@@ -211,6 +216,22 @@ class Reassembly:
             self.ranges_missing_sent += 1
         return True
 
+    def accept_run(self, msg_id: int, msg_len: int, start: int, end: int, now: float) -> bool:
+        """Shards of ``[start, end)`` (``start`` > 0), already written into the body
+        ``placeable`` had for ``msg_id``, as ``accept_shard`` would have taken them one
+        by one, except that the prefix is reported (``MessageProgress``) once, after all."""
+        message = self._message(msg_id, msg_len, now)
+        if not isinstance(message, InboundMessage):
+            return message is True  # finished by an earlier datagram of the same batch
+        if message.coding is not None:  # place_shards leaves a repaired message alone
+            raise LocalProtocolError(f"message {msg_id}: shards placed after its repair")
+        if message.received.add(start, end):
+            self._progressed(msg_id, message, now)
+            if start <= message.prefix_bytes:
+                self._report(msg_id, message)
+        self._maybe_finish(msg_id, message)
+        return True
+
     def accept_repair(self, repair: RepairDatagram, now: float) -> bool:
         message = self._message(repair.msg_id, repair.msg_len, now)
         if not isinstance(message, InboundMessage):
@@ -218,6 +239,7 @@ class Reassembly:
         shape = CodingShape(repair.msg_len, repair.symbol_bytes, repair.k)
         if message.coding is None:
             message.coding = InboundCoding(shape)
+            self.placeable.pop(repair.msg_id, None)
         elif message.coding.shape != shape:
             raise RemoteProtocolError(f"message {repair.msg_id}: repair symbols changed shape")
         start, end = shape.block_range(repair.block)
@@ -297,6 +319,7 @@ class Reassembly:
             self._drop(msg_id, message, REJECT_UNKNOWN_JOB, reason)
             return
         del self.inbound[msg_id]
+        self.placeable.pop(msg_id, None)
         self.completed.add(msg_id, msg_id + 1)
         self.done_pending[msg_id] = None
         self.messages_received += 1
@@ -340,6 +363,7 @@ class Reassembly:
 
     def _drop(self, msg_id: int, message: InboundMessage, code: int, reason: str) -> None:
         del self.inbound[msg_id]
+        self.placeable.pop(msg_id, None)
         self.release(len(message.body))
         self.free(message.body)
         self._reject(msg_id, code, reason)
@@ -370,6 +394,7 @@ class Reassembly:
         for message in self.inbound.values():
             self.free(message.body)
         self.inbound.clear()
+        self.placeable.clear()
         self.completed.clear()
         self.taken.clear()
         self.rejected.clear()

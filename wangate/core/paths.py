@@ -270,6 +270,23 @@ class PathReceiver:
         if self.ack_due_at is None or due_at < self.ack_due_at:
             self.ack_due_at = due_at
 
+    def on_datagrams(
+        self, seq_first: int, seq_last: int, last_stamp: int, now: float, ack_within_s: float
+    ) -> None:
+        """``on_datagram`` for each of ``seq_first`` .. ``seq_last``, sent in that order
+        (the last sent at ``last_stamp``)."""
+        if self.pending_count == 0:
+            self.first_pending_at = now
+        self.pending.add(seq_first, seq_last + 1)
+        self.pending_count += seq_last - seq_first + 1
+        if seq_last >= self.newest_seq:
+            self.newest_seq = seq_last
+            self.newest_stamp = last_stamp
+            self.newest_received_at = now
+        due_at = now + ack_within_s
+        if self.ack_due_at is None or due_at < self.ack_due_at:
+            self.ack_due_at = due_at
+
     def sender_clock_s(self, sent_stamp: int) -> float:
         """The sender's clock (seconds, its own epoch) at ``sent_stamp``: the wrapping
         stamp unwrapped against the newest heard on this path (RFC 9000 Appendix A.3)."""

@@ -57,12 +57,17 @@ from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.core.timers import LATE_TIMER_RECHECK_S as LATE_TIMER_RECHECK_S
 from wangate.core.timers import LATE_TIMER_S as LATE_TIMER_S
 from wangate.core.timers import TimerTable
+from wangate.engine._engine import place_shards
 from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 # After a late timer (``wangate.core.timers``) the peer has this many of its best path's
 # round trips (at least ANSWER_MIN_S) to answer what we send on waking before it can be
 # judged unreachable.
 ANSWER_RTTS: Final = 3
+# what ``place_shards`` makes of consecutive shards it wrote in (wangate/engine/src/py_shards.c):
+# (msg_id, msg_len, start, end, seq_first, seq_last, count, size_bytes, critical,
+#  stamp_first, stamp_last, jitter_s)
+ShardRun = tuple[int, int, int, int, int, int, int, int, bool, int, int, float]
 ANSWER_MIN_S: Final = 0.05
 
 
@@ -333,12 +338,44 @@ class PeerSession:
             raise LocalProtocolError(f"datagram on path {path} that is not up")
         self._heard(path, record, now)
         errors: list[RemoteProtocolError] = []
-        for data in datagrams:
+        # the usual shards of messages under way are written into their bodies in C and
+        # come back as runs; the rest as they came, each handled on its own
+        placed = place_shards(
+            datagrams, self._inbound.placeable, record.receiver.newest_seq, self._largest_msg_id_in
+        )
+        for item in placed:
+            if isinstance(item, tuple):
+                self._handle_run(record, item, now)
+                continue
             try:
-                self._handle_datagram(record, data, now)
+                self._handle_datagram(record, item, now)
             except RemoteProtocolError as exc:
                 errors.append(exc)
         return errors
+
+    def _handle_run(self, record: PathRecord, run: ShardRun, now: float) -> None:
+        """Shards ``place_shards`` wrote in, as ``_handle_datagram`` would each."""
+        msg_id, msg_len, start, end, seq_first, seq_last = (
+            run[0],
+            run[1],
+            run[2],
+            run[3],
+            run[4],
+            run[5],
+        )
+        count, size_bytes, critical = run[6], run[7], run[8]
+        stamp_first, stamp_last, jitter_s = run[9], run[10], run[11]
+        receiver, estimator = record.receiver, record.sender.estimator
+        estimator.on_transit_sample(now - receiver.sender_clock_s(stamp_first), now)
+        if count > 1:
+            last_transit_s = now - receiver.sender_clock_s(stamp_last)
+            estimator.on_transit_run(count - 1, jitter_s, last_transit_s)
+        if msg_id > self._largest_msg_id_in:
+            self._largest_msg_id_in = msg_id
+        if self._inbound.accept_run(msg_id, msg_len, start, end, now):
+            receiver.received_bytes += size_bytes
+            ack_within_s = CRITICAL_ACK_DELAY_S if critical else MAX_ACK_DELAY_S
+            receiver.on_datagrams(seq_first, seq_last, stamp_last, now, ack_within_s)
 
     def _handle_datagram(self, record: PathRecord, data: bytes, now: float) -> None:
         receiver, sender = record.receiver, record.sender

@@ -56,6 +56,13 @@ class ListenerReader:
 
 # Diagnostic and test functions and types (packet sealing, frame codecs, the controller,
 # recovery and receive tracking for differential tests): see py_*.c for their signatures.
+# (msg_id, msg_len, start, end, seq_first, seq_last, count, size_bytes, critical,
+#  stamp_first, stamp_last, jitter_s): see src/py_shards.c
+ShardRun = tuple[int, int, int, int, int, int, int, int, bool, int, int, float]
+
+def place_shards(
+    datagrams: list[bytes], bodies: dict[int, Any], newest_seq: int, largest_msg_id: int
+) -> list[bytes | ShardRun]: ...  # non-bytes items come back as they are
 def encode_ack(ranges: list[tuple[int, int]], ack_delay: int, cap: int = ...) -> bytes: ...
 def parse_frames(data: bytes) -> dict[str, Any]: ...
 def encode_varint(value: int) -> bytes: ...

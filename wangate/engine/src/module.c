@@ -58,7 +58,8 @@ PyMODINIT_FUNC PyInit__engine(void) {
     }
     if (add_methods(module, wg_py_crypto_methods) < 0 ||
         add_methods(module, wg_py_frames_methods) < 0 ||
-        add_methods(module, wg_py_cc_methods) < 0 || wg_py_add_cc_types(module) < 0 ||
+        add_methods(module, wg_py_cc_methods) < 0 ||
+        add_methods(module, wg_py_shards_methods) < 0 || wg_py_add_cc_types(module) < 0 ||
         wg_py_add_recovery_types(module) < 0 || wg_py_add_channel_types(module) < 0 ||
         wg_py_add_listener_types(module) < 0) {
         Py_DECREF(module);

@@ -15,6 +15,7 @@ extern PyObject *wg_RemoteProtocolError;
 extern PyMethodDef wg_py_crypto_methods[];
 extern PyMethodDef wg_py_frames_methods[];
 extern PyMethodDef wg_py_cc_methods[];
+extern PyMethodDef wg_py_shards_methods[];
 
 /* ready `type` and add it to `module` as `name`: 0, or -1 with an exception set */
 int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name);
