@@ -112,13 +112,14 @@ fuzz: fuzz-build $(STAMP)
 # FUZZ_SECONDS each, with the engine built by clang with libFuzzer's coverage; the normal
 # engine is reinstalled afterwards, as by make asan.
 ATHERIS_COVERAGE := -fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp
+ATHERIS_TARGETS ?= engine_frames engine_packet engine_listener engine_shards
 fuzz-atheris: $(STAMP)
 	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
 	$(VENV)/bin/pip install -q 'atheris>=2.3'
 	rm -f $(STAMP)
 	@trap '$(ENGINE_BUILD) && touch $(STAMP)' EXIT; \
 	CC=$(FUZZ_CC) CFLAGS=$(ATHERIS_COVERAGE) $(ENGINE_BUILD) && \
-	for t in engine_frames engine_packet engine_listener engine_shards; do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
+	for t in $(ATHERIS_TARGETS); do mkdir -p $(FUZZ_OUT)/atheris/$$t; \
 		$(VENV)/bin/python tests/fuzz/fuzz_$$t.py $(FUZZ_OUT)/atheris/$$t tests/fuzz/corpus/$$t \
 			-max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 			-artifact_prefix=$(FUZZ_OUT)/atheris/$$t- || exit 1; \

@@ -89,7 +89,7 @@ def test_each_paths_packets_go_to_its_owner_in_order_and_are_acknowledged(
     # each channel acknowledges what it opened, to its own dialer
     for a, b, n in zip(shared.a, shared.b, (40, 2), strict=True):
         assert b.flush(NOW + 0.002) == 1
-        assert a.read(NOW + 0.002) == ([], [], [], 1)
+        assert a.read(NOW + 0.002) == ([], [], [], 1, 1)
         assert a.stats()["acked_packets"] == n
 
 

@@ -30,12 +30,12 @@ def send_all(pair: Pair, sent: list[bytes]) -> None:
 def test_a_batch_is_read_whole_in_order_and_acknowledged(pair: Pair) -> None:
     sent = datagrams(BATCH, pair.a.datagram_bytes, seed=7)
     send_all(pair, sent)
-    assert pair.b.read(pair.now) == (sent, [], [], BATCH)
-    assert pair.b.read(pair.now) == ([], [], [], 0)  # nothing waiting: no block, no error
+    assert pair.b.read(pair.now) == (sent, [], [], BATCH, BATCH)
+    assert pair.b.read(pair.now) == ([], [], [], 0, 0)  # nothing waiting: no block, no error
     assert pair.b.stats()["datagrams_received"] == BATCH
     pair.now += 0.002
     assert pair.b.flush(pair.now) == 1  # the batch is acknowledged like any other packets
-    assert pair.a.read(pair.now) == ([], [], [], 1)
+    assert pair.a.read(pair.now) == ([], [], [], 1, 1)
     assert pair.a.stats()["acked_packets"] == BATCH
 
 
@@ -48,8 +48,8 @@ def test_more_than_a_batch_is_read_in_batches(pair: Pair) -> None:
             other.sendto(datagram, pair.socks[1].getsockname())
         first, second = pair.b.read(pair.now), pair.b.read(pair.now)
         sender = other.getsockname()
-        assert first == ([], [(d, sender) for d in sent[:BATCH]], [], BATCH)
-        assert second == ([], [(d, sender) for d in sent[BATCH:]], [], 100 - BATCH)
+        assert first == ([], [(d, sender) for d in sent[:BATCH]], [], BATCH, BATCH)
+        assert second == ([], [(d, sender) for d in sent[BATCH:]], [], 100 - BATCH, 100 - BATCH)
     finally:
         other.close()
 
@@ -65,9 +65,9 @@ def test_what_is_not_the_channels_comes_back_untouched_with_its_sender(pair: Pai
         send_all(pair, [b"data"])
         other.sendto(not_ours, b_addr)
         other.sendto(b"", b_addr)
-        got, foreign, errors, count = pair.b.read(pair.now)
+        got, foreign, errors, count, packets = pair.b.read(pair.now)
         sender = other.getsockname()
-        assert got == [b"data"] and errors == [] and count == 4
+        assert got == [b"data"] and errors == [] and count == packets == 4
         assert foreign == [(long_header, sender), (not_ours, sender), (b"", sender)]
     finally:
         other.close()
@@ -84,8 +84,8 @@ def test_forged_replayed_and_bad_packets_are_dropped_and_the_rest_kept(pair: Pai
     two = _sealed_by_a(bytes([0x31, 1]) + b"d" + bytes([0x30]) + b"ef", 4)
     for packet in (good, bytes(forged), good, unknown_frame, never_sent, two):
         a_sock.sendto(packet, b_addr)
-    got, foreign, errors, count = pair.b.read(pair.now)
-    assert count == 6 and foreign == []
+    got, foreign, errors, count, packets = pair.b.read(pair.now)
+    assert count == packets == 6 and foreign == []  # the dropped ones counted too
     assert got == [b"abc", b"d", b"ef"]  # the replay and the forgery dropped
     assert errors == [
         "malformed frames in a data-plane packet",
@@ -116,4 +116,4 @@ def test_a_socket_error_is_an_os_error(pair: Pair) -> None:
     pair.socks[1].send(b"to nobody")  # loopback answers with ICMP port unreachable
     with pytest.raises(ConnectionRefusedError):
         pair.b.read(pair.now)
-    assert pair.b.read(pair.now) == ([], [], [], 0)  # reported once, then serving
+    assert pair.b.read(pair.now) == ([], [], [], 0, 0)  # reported once, then serving

@@ -205,11 +205,11 @@ class PathLink(QuicConnectionProtocol):
             if channel is None:
                 return
             try:
-                datagrams, foreign, errors, buffers = channel.read(time.monotonic())
+                datagrams, foreign, errors, buffers, packets = channel.read(time.monotonic())
             except OSError as exc:  # an ICMP error reported on the socket
                 self.error_received(exc)
                 break
-            taken += len(datagrams) + len(foreign) + buffers
+            taken += packets  # a coalesced buffer holds dozens, forged ones too
             if buffers:
                 self.data_plane_read(datagrams, errors)
             for data, addr in foreign:

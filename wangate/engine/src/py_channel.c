@@ -220,9 +220,10 @@ static wg_channel *own_channel(void *ctx, const uint8_t *packet, size_t len, uin
     return &((ChannelObject *)ctx)->ch;
 }
 
-/* read(now) -> (datagrams, foreign, errors, count): what the channel's own socket holds,
- * up to WG_READ_BATCH buffers (count) in one recvmmsg, each packet opened where it lies.
- * The socket, its packets and their opening all run without the GIL. */
+/* read(now) -> (datagrams, foreign, errors, buffers, packets): what the channel's own
+ * socket holds, up to WG_READ_BATCH buffers in one recvmmsg, each packet opened where it
+ * lies; packets counts every one, dropped ones too (what the read cost). The socket,
+ * its packets and their opening all run without the GIL. */
 static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     READY(self);
     double now = PyFloat_AsDouble(arg);
@@ -238,7 +239,7 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;
     for (size_t k = 0; k < b->packets; k++)
         if (wg_py_append_packet(b, &b->packet[k], datagrams, foreign, errors) < 0) goto fail;
-    return Py_BuildValue("(NNNi)", datagrams, foreign, errors, n);
+    return Py_BuildValue("(NNNin)", datagrams, foreign, errors, n, (Py_ssize_t)b->packets);
 fail:
     Py_XDECREF(datagrams);
     Py_XDECREF(foreign);
