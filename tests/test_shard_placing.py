@@ -16,14 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fuzz.targets import received_events, receiving_sessions
+from tests.fuzz.targets import handle_both, receiving_sessions
 from tests.test_session_reads import fingerprint
 from wangate.core.datagrams import encode_probe, encode_repair, encode_shard
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
 from wangate.engine._engine import place_shards
-from wangate.errors import RemoteProtocolError
 
 MSG = 1 << 16  # a usual shard's message: 16 KiB .. 1 GiB
 
@@ -187,15 +186,7 @@ def test_batches_leave_the_state_that_one_datagram_at_a_time_leaves(seed: int) -
         now += 0.002
         copies = {k: bytearray(v) for k, v in batched._inbound.placeable.items()}
         runs += sum(isinstance(x, tuple) for x in place_shards(batch, copies, 0, 0))
-        expected_errors = []
-        for data in batch:
-            try:
-                one.handle_datagram("a", data, now)
-            except RemoteProtocolError as exc:
-                expected_errors.append(str(exc))
-        assert [str(e) for e in batched.handle_datagrams("a", batch, now)] == expected_errors
-        assert received_events(batched) == received_events(one)
-        assert batched.control_to_send("a", now) == one.control_to_send("a", now)
+        handle_both(one, batched, batch, now)
         (jitter_batched, state_batched), (jitter_one, state_one) = _state(batched), _state(one)
         assert state_batched == state_one
         assert jitter_batched == pytest.approx(jitter_one, rel=1e-9, abs=1e-15)

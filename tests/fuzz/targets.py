@@ -690,17 +690,23 @@ def engine_shards(data: bytes) -> None:
             break
         start += len(batch)
         now += 0.002
-        expected = []
-        for datagram in batch:
-            try:
-                one.handle_datagram("a", datagram, now)
-            except RemoteProtocolError as exc:
-                expected.append(str(exc))
-        assert [str(e) for e in batched.handle_datagrams("a", batch, now)] == expected
-        assert received_events(batched) == received_events(one)
-        assert batched.control_to_send("a", now) == one.control_to_send("a", now)
+        handle_both(one, batched, batch, now)
         assert batched.status() == one.status()
         assert batched._inbound.held_bytes == one._inbound.held_bytes
+
+
+def handle_both(one: Any, batched: Any, batch: list[bytes], now: float) -> None:
+    """``batch`` to ``one`` a datagram at a time and to ``batched`` in one call: the
+    same errors, events and control frames owed."""
+    expected = []
+    for datagram in batch:
+        try:
+            one.handle_datagram("a", datagram, now)
+        except RemoteProtocolError as exc:
+            expected.append(str(exc))
+    assert [str(e) for e in batched.handle_datagrams("a", batch, now)] == expected
+    assert received_events(batched) == received_events(one)
+    assert batched.control_to_send("a", now) == one.control_to_send("a", now)
 
 
 TARGETS = {

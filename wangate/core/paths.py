@@ -258,17 +258,7 @@ class PathReceiver:
 
     def on_datagram(self, seq: int, sent_stamp: int, now: float, ack_within_s: float) -> None:
         """Owe an ack for ``seq`` within ``ack_within_s``."""
-        if self.pending_count == 0:
-            self.first_pending_at = now
-        self.pending.add(seq, seq + 1)
-        self.pending_count += 1
-        if seq >= self.newest_seq:
-            self.newest_seq = seq
-            self.newest_stamp = sent_stamp
-            self.newest_received_at = now
-        due_at = now + ack_within_s
-        if self.ack_due_at is None or due_at < self.ack_due_at:
-            self.ack_due_at = due_at
+        self.on_datagrams(seq, seq, sent_stamp, now, ack_within_s)
 
     def on_datagrams(
         self, seq_first: int, seq_last: int, last_stamp: int, now: float, ack_within_s: float
