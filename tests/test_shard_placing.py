@@ -90,6 +90,19 @@ def test_runs_break_at_gaps_in_offsets_or_sequence_numbers_messages_and_critical
     ]
 
 
+def test_a_batch_writes_into_at_most_32_bodies_and_leaves_the_rest_to_the_session() -> None:
+    bodies = {msg_id: bytearray(MSG) for msg_id in range(1, 41)}
+    # interleaved: each body is looked up once, however often the batch comes back to it
+    batch = [shard(i + 1, 0, 100, b"i" * 10, msg_id=1 + i % 2) for i in range(6)]
+    batch += [shard(7 + i, 0, 100, b"m" * 10, msg_id=3 + i) for i in range(38)]
+    placed = place_shards(batch, bodies, 0, 0)
+    runs = [p for p in placed if isinstance(p, tuple)]
+    assert [r[0] for r in runs] == [1, 2, 1, 2, 1, 2, *range(3, 33)]
+    assert placed[len(runs) :] == batch[len(runs) :]  # messages 33 to 40
+    assert all(bodies[m][100:110] == b"m" * 10 for m in range(3, 33))
+    assert all(bodies[m] == bytes(MSG) for m in range(33, 41))
+
+
 def test_truncated_fields_expand_against_the_newest_seen() -> None:
     # sequence numbers and message ids past 2^32, sent as their low 32 bits
     seq, msg_id = (1 << 32) + 5, (1 << 32) + 3

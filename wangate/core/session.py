@@ -64,11 +64,11 @@ from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolEr
 # round trips (at least ANSWER_MIN_S) to answer what we send on waking before it can be
 # judged unreachable.
 ANSWER_RTTS: Final = 3
+ANSWER_MIN_S: Final = 0.05
 # what ``place_shards`` makes of consecutive shards it wrote in (wangate/engine/src/py_shards.c):
 # (msg_id, msg_len, start, end, seq_first, seq_last, count, size_bytes, critical,
 #  stamp_first, stamp_last, jitter_s)
 ShardRun = tuple[int, int, int, int, int, int, int, int, bool, int, int, float]
-ANSWER_MIN_S: Final = 0.05
 
 
 class PeerSession:
@@ -355,16 +355,9 @@ class PeerSession:
 
     def _handle_run(self, record: PathRecord, run: ShardRun, now: float) -> None:
         """Shards ``place_shards`` wrote in, as ``_handle_datagram`` would each."""
-        msg_id, msg_len, start, end, seq_first, seq_last = (
-            run[0],
-            run[1],
-            run[2],
-            run[3],
-            run[4],
-            run[5],
-        )
-        count, size_bytes, critical = run[6], run[7], run[8]
-        stamp_first, stamp_last, jitter_s = run[9], run[10], run[11]
+        msg_id, msg_len, start, end = run[0], run[1], run[2], run[3]
+        seq_first, seq_last, count, size_bytes = run[4], run[5], run[6], run[7]
+        critical, stamp_first, stamp_last, jitter_s = run[8], run[9], run[10], run[11]
         receiver, estimator = record.receiver, record.sender.estimator
         estimator.on_transit_sample(now - receiver.sender_clock_s(stamp_first), now)
         if count > 1:

@@ -5,7 +5,8 @@
  * A shard is taken here when it has the usual encoding (4-byte msg_len and offset,
  * both varints), does not start its message (offset 0 says where the payload begins,
  * and is the sender's "done?"), belongs to a message in `bodies` (admitted, no FEC
- * repair so far) whose size it matches, and lies inside it. Everything else, malformed
+ * repair so far; one of the first MAX_BODIES the batch writes into) whose size it
+ * matches, and lies inside it. Everything else, malformed
  * datagrams included, comes back as it came, in place, for the session's per-datagram
  * path, which gives the same errors as ever. Consecutive taken shards of one message
  * whose offsets and path sequence numbers both follow on are one run:
@@ -30,6 +31,7 @@
 #define DGRAM_SHARD 0x40
 #define DGRAM_REPAIR 0x80
 #define MAX_REPAIRED 64 /* messages a batch's repair symbols take off the fast path */
+#define MAX_BODIES 32   /* bodies one batch writes into; shards of more are the session's */
 #define FLAG_CRITICAL 0x01
 #define USUAL_HEADER_BYTES 20 /* type u8, seq u32, stamp u24, msg_id u32, 2 x varint4 */
 #define VARINT4_MASK 0x3FFFFFFFu
@@ -115,20 +117,21 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
     /* the sources stay referenced while the GIL is released (the list is the caller's
      * and could change meanwhile), and the bodies' buffers stay exported */
     copy_t *copies = PyMem_Malloc((size_t)n * sizeof(copy_t));
-    Py_buffer *views = PyMem_Malloc((size_t)n * sizeof(Py_buffer));
     PyObject *out = PyList_New(0);
-    if (copies == NULL || views == NULL || out == NULL) {
+    if (copies == NULL || out == NULL) {
         PyMem_Free(copies);
-        PyMem_Free(views);
         Py_XDECREF(out);
         return PyErr_NoMemory();
     }
+    Py_buffer views[MAX_BODIES];
+    uint64_t view_ids[MAX_BODIES];
     Py_ssize_t ncopies = 0, nviews = 0;
     int failed = 0;
     run_t run = {0};
     int in_run = 0;
     uint64_t cur_id = 0; /* the message `cur` is the body of (0: none looked up) */
     Py_buffer *cur = NULL;
+    int looked_up = 0; /* in `bodies`, for cur_id (cur NULL after: it has none) */
     /* The session expands the truncated fields of the datagrams left to it against what
      * it has seen by then, and those may move what it has seen: the newest sequence
      * number (if accepted) and the largest message id (if decoded). Here that is known
@@ -171,6 +174,12 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
         if (usual && msg_id != cur_id) {
             cur_id = msg_id;
             cur = NULL;
+            looked_up = 0;
+            for (Py_ssize_t v = 0; v < nviews && cur == NULL; v++)
+                if (view_ids[v] == msg_id) cur = &views[v], looked_up = 1;
+        }
+        if (usual && !looked_up && nviews < MAX_BODIES) {
+            looked_up = 1;
             PyObject *key = PyLong_FromUnsignedLongLong(msg_id);
             if (key == NULL) {
                 failed = 1;
@@ -187,6 +196,7 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
                     failed = 1;
                     break;
                 }
+                view_ids[nviews] = msg_id;
                 cur = &views[nviews++];
             }
         }
@@ -251,7 +261,6 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < ncopies; i++) Py_DECREF(copies[i].src);
     for (Py_ssize_t i = 0; i < nviews; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(copies);
-    PyMem_Free(views);
     if (failed) {
         Py_DECREF(out);
         return NULL;
