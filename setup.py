@@ -36,7 +36,7 @@ COMPILED_CORE = [
         "capacity", "coding", "control_outbox", "datagrams", "estimator", "fairqueue",
         "frames", "governor", "inbound", "liveness", "outbound", "outbound_message",
         "path_table", "paths",
-        "rangeset", "scheduler", "selector", "sending", "session", "timers",
+        "rangeset", "scheduler", "selector", "sending", "sent_outcomes", "session", "timers",
     )
 ]
 # The build's own environment has none of the run-time dependencies (numpy, aioquic):

@@ -30,7 +30,7 @@ workers_receiving workers_stripes
 engine_crypto engine_frames engine_cc engine_recovery engine_received
 engine_fuzz_regressions"""
 SIM = """capacity governor late_timer liveness repair_budget rows selector session session_fec
-session_idle session_jobs session_reads"""
+session_idle session_jobs session_reads shard_spans"""
 DAEMONS = """aioquic_compat auth cli client client_timeout collective congestion connect_race
 daemon datagram_size dial_replaced e2e faults flood link_close listener localapi_access
 localapi_framing localapi_mailbox localapi_segments localapi_server localapi_stream loopback

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.test_shard_spans import expected, span
 from wangate.engine import PathChannel, _engine
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
@@ -246,3 +247,23 @@ def test_an_authenticated_peers_bad_frames_are_its_error(pair: Pair) -> None:
     with pytest.raises(RemoteProtocolError, match="never sent"):
         pair.b.receive(_sealed_by_a(never_sent, 3), pair.now)
     assert pair.b.receive(_sealed_by_a(datagram, 4), pair.now) == b"abc"  # still serving
+
+
+def test_a_channel_frames_a_span_into_its_queue_and_sends_it(pair: Pair) -> None:
+    # as encode_shard frames each datagram (tests/test_shard_spans.py holds the two alike)
+    stride = pair.a.datagram_bytes - 20
+    s = span(stride=stride, end=40 + 3 * stride + 7)
+    other = b"\x40" + bytes(30)  # what comes before and after it keeps its place
+    assert pair.a.queue_many([other, s, other]) == 6
+    assert len(pair.a) == 6
+    assert pair.a.flush(pair.now) == 6
+    assert pair.deliver(1) == [other, *expected(s), other]
+
+
+def test_a_channel_refuses_a_span_it_cannot_carry_and_queues_what_fits(pair: Pair) -> None:
+    with pytest.raises(LocalProtocolError, match="do not fit"):
+        pair.a.queue_many([span(stride=pair.a.datagram_bytes - 19)])
+    assert len(pair.a) == 0
+    many = span(stride=50, end=40 + 300 * 50)  # 300 datagrams; the queue holds 256
+    assert pair.a.queue_many([many, b"\x40" + bytes(30)]) == 256
+    assert len(pair.a) == 256

@@ -75,7 +75,7 @@ class ControlStreams:
         self.held.clear()
 
     def _on_ack(self, path: str, frame: Ack, now: float) -> None:
-        self._send.on_ack(path, frame, now)
+        self._send.outcomes.on_ack(path, frame, now)
 
     def _on_credit(self, path: str, frame: Credit, now: float) -> None:
         if self._send.outbox.grant(frame.granted_bytes):

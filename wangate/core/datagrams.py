@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
+from wangate.core.buffer import Buffer
 from wangate.errors import LocalProtocolError, RemoteProtocolError
 
 # datagram types: the first byte's top two bits; its low bits are flags
@@ -259,6 +260,30 @@ def encode_shard(
     size = varint_bytes(msg_len)
     head = _common(DGRAM_SHARD, critical, path_seq, sent_stamp, msg_id)
     return head + _varint(msg_len, size) + _varint(offset, size) + data
+
+
+class ShardSpan(NamedTuple):
+    """Shards of one message that follow each other, to be framed by the engine
+    (``encode_shard_span``, ``PathChannel.queue_many``): datagram i carries the message's
+    bytes [start + i * stride, min(start + (i + 1) * stride, end)) with path sequence
+    number ``seq_first + i``, all with one send stamp, each exactly as ``encode_shard``
+    frames it. A sender hands a run of shards over in one piece, not one bytes object
+    per datagram."""
+
+    payload: Buffer  # the message's bytes from payload_base on
+    payload_base: int
+    seq_first: int
+    stamp: int
+    msg_id: int
+    msg_len: int
+    start: int
+    end: int
+    stride: int
+    critical: bool
+
+    @property
+    def datagrams(self) -> int:
+        return -(-(self.end - self.start) // self.stride)
 
 
 def encode_repair(

@@ -309,20 +309,60 @@ class JobFairQueue(Generic[M]):
                     # datagrams): leave it to the others
                     skipped += 1
                 if piece is not None:
-                    # charged: the job's tag, the critical debts, the turn
-                    size = piece.size_bytes
-                    job.tags[cls] += size * job.inv_weight
-                    if message.critical:
-                        if self._bulk_jobs > (1 if job.bulk else 0):  # another's bulk waits
-                            job.debt_bytes += size
-                            self._debtors[job.name] = job
-                    elif self._debtors:
-                        self._pay_debts(size)
-                    turn.left_bytes -= size
-                    if turn.left_bytes <= 0 or not has_work:
-                        self._turns[cls].pop(path, None)  # the stripe is served: pick again
+                    self._charge(job, cls, message.critical, piece.size_bytes, turn, path, has_work)
                     return piece
         return None
+
+    def _charge(
+        self,
+        job: _Job[M],
+        cls: int,
+        critical: bool,
+        size: int,
+        turn: _Turn[M],
+        path: str | None,
+        has_work: bool,
+    ) -> None:
+        """A piece of ``size`` bytes was served: the job's tag, the critical debts, the
+        turn."""
+        job.tags[cls] += size * job.inv_weight
+        if critical:
+            if self._bulk_jobs > (1 if job.bulk else 0):  # another's bulk waits
+                job.debt_bytes += size
+                self._debtors[job.name] = job
+        elif self._debtors:
+            self._pay_debts(size)
+        turn.left_bytes -= size
+        if turn.left_bytes <= 0 or not has_work:
+            self._turns[cls].pop(path, None)  # the stripe is served: pick again
+
+    def served_next(self, message: M, path: str | None) -> bool:
+        """Whether the next bulk ``take`` for ``path`` would serve ``message`` first, as it
+        did the last: its job's turn there goes on, ``message`` heads the job's bulk, and
+        no critical message of the job is served as bulk."""
+        turn = self._turns[BULK].get(path)
+        if turn is None:
+            return False
+        job = turn.job
+        return (
+            job.name == message.job
+            and bool(job.bulk)
+            and job.bulk[0] is message
+            and not (job.critical and self._demoted(job))
+            and job.may_use(path)
+        )
+
+    def charge_next(self, message: M, path: str | None, size: int) -> None:
+        """``message`` was served ``size`` bytes as the next take would (``served_next``)."""
+        turn = self._turns[BULK][path]
+        job = turn.job
+        has_work = message.has_work
+        if not has_work:
+            job.bulk.popleft()
+            message.queued = False
+            if not job.bulk:
+                self._bulk_jobs -= 1
+        self._charge(job, BULK, False, size, turn, path, has_work)
 
     def _pay_debts(self, bulk_bytes: int) -> None:
         paid = int(bulk_bytes * CRITICAL_PAYBACK)

@@ -33,9 +33,10 @@ from typing import Final
 
 from wangate.core.coding import BlockLedger, CodingShape
 from wangate.core.fairqueue import Helps, JobFairQueue
-from wangate.core.fec import MAX_SYMBOLS
+from wangate.core.fec import MAX_SYMBOLS, parity_for_loss
 from wangate.core.jobs import JobPolicy
 from wangate.core.outbound_message import OutboundMessage, Piece
+from wangate.core.paths import PathSender, repair_horizon_bytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,30 @@ class OutboundQueue:
         message.header_bytes = self.header_bytes(message.body_len, 0, 0)
         self._add_backlog(message, message.body_len)
         self._enqueue(message)
+
+    def adapt_coding(self, senders: list[PathSender]) -> None:
+        """To the open paths' senders: symbol size fits every one; repair count follows
+        the measured loss, and where it is spent (``round_trip_costs``) what the paths
+        send while a loss is found and repaired."""
+        policy = self.coding
+        if not policy.k or not senders:
+            self.symbol_bytes = 0
+            return
+        self.symbol_bytes = min(s.datagram_bytes for s in senders)  # less each one's header
+        self.largest_datagram_bytes = max(s.datagram_bytes for s in senders)
+        # random loss seen by a block spread over the paths in proportion to their rates
+        rates = [s.estimator.planning_rate_bps for s in senders]
+        # declared: mypy infers float | Literal[0] for this sum, which the compiled core
+        # (mypyc) divides as an int
+        loss: float = sum(
+            s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True)
+        )
+        loss /= sum(rates)
+        self.repair_count = parity_for_loss(
+            loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
+        )
+        self.loss_rate = loss
+        self.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
 
     def set_policies(self, policies: Mapping[str, JobPolicy]) -> None:
         self.work.set_policies(policies)
@@ -167,6 +192,27 @@ class OutboundQueue:
             return self._new_piece(message, space)
         return None
 
+    def take_next(self, message: OutboundMessage, path: str, space: int) -> tuple[int, int, int]:
+        """(end, block, index) of the next piece of ``message`` for ``path`` if the next
+        bulk ``take`` would cut it from its new bytes right after the last one (no
+        repairs waiting), else (0, -1, -1) and nothing is taken. What ``take`` would do
+        for that piece is done, at a fraction of its cost: a path sending a stripe asks
+        this once per datagram."""
+        start = message.next_offset
+        shape = message.shape
+        if (
+            start >= message.body_len
+            or message.repairs
+            or message.repair_work
+            or (shape is None and self.coding.k and self.symbol_bytes)  # not cut yet
+            or (shape is not None and shape.symbol_bytes > space - message.header_bytes)
+            or not self.work.served_next(message, path)
+        ):
+            return 0, -1, -1
+        start, end, block, index = self._cut(message, space)
+        self.work.charge_next(message, path, end - start)
+        return end, block, index
+
     def _fits_no_path(self, message: OutboundMessage) -> bool:
         shape = message.shape
         assert shape is not None
@@ -197,6 +243,12 @@ class OutboundQueue:
             self._add_backlog(message, end - start)
 
     def _new_piece(self, message: OutboundMessage, space: int) -> Piece:
+        start, end, block, index = self._cut(message, space)
+        return Piece(message, start, end, False, block, index)
+
+    def _cut(self, message: OutboundMessage, space: int) -> tuple[int, int, int, int]:
+        """The message's next new bytes for a datagram of ``space`` bytes: (start, end,
+        block, index), block and index -1 for bytes that count for no coded block."""
         start = message.next_offset
         k = self.coding.k
         if message.shape is None and k and self.symbol_bytes:
@@ -211,7 +263,7 @@ class OutboundQueue:
             message.next_offset = end
             self._add_backlog(message, start - end)
             self.source_bytes += end - start
-            return Piece(message, start, end, False)
+            return start, end, -1, -1
         block = shape.block_of(start)
         index = start // shape.symbol_bytes - block * shape.k
         symbol_start, symbol_end = shape.symbol_range(block, index)
@@ -222,7 +274,7 @@ class OutboundQueue:
             # this path cannot carry a whole symbol: send part, queue the rest as a range
             message.repairs.append((start + max_bytes, symbol_end))
             self._add_backlog(message, symbol_end - start - max_bytes)
-            return Piece(message, start, start + max_bytes, False)
+            return start, start + max_bytes, -1, -1
         ledger = message.ledger(block)
         ledger.inflight += 1
         if index == shape.block_k(block) - 1:  # the block's sources are all out
@@ -235,7 +287,7 @@ class OutboundQueue:
                 count = self.coding.min_repair
                 self.fec_mid_blocks += 1
             self._queue_repairs(message, block, count, upfront=True)
-        return Piece(message, symbol_start, symbol_end, False, block, index)
+        return symbol_start, symbol_end, block, index
 
     def round_trip_costs(self, message: OutboundMessage, block_end: int) -> bool:
         """Whether a loss in the block ending at byte ``block_end`` would cost a round

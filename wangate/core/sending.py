@@ -25,15 +25,13 @@ from wangate.core.control_outbox import ControlOutbox
 from wangate.core.estimator import PathEstimator
 from wangate.core.events import Event, MessageDelivered, SendFailed
 from wangate.core.fairqueue import JobSendStats
-from wangate.core.fec import parity_for_loss
 from wangate.core.frames import (
-    Ack,
+    ShardSpan,
     encode_probe,
     encode_repair,
     encode_shard,
     message_header_bytes,
     stamp,
-    stamp_age_s,
 )
 from wangate.core.governor import BulkGovernor, common_delay_s
 from wangate.core.jobs import DEFAULT_POLICIES, JobPolicy
@@ -41,15 +39,17 @@ from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy, OutboundQueue
 from wangate.core.outbound_message import OutboundMessage, Piece
 from wangate.core.outbox import ALL_SENT, Outbox
-from wangate.core.paths import PathRecord, SentDatagram, repair_horizon_bytes
+from wangate.core.paths import PathRecord, PathSender, SentDatagram
 from wangate.core.scheduler import (
     CRITICAL_ACTIVE_S,
     IDLE_SELECT_INTERVAL_S,
     SELECT_INTERVAL_S,
     PathScheduler,
 )
+from wangate.core.sent_outcomes import SentOutcomes
 from wangate.core.states import PathStateKind
 from wangate.core.timers import TimerName
+from wangate.engine._engine import encode_shard_span
 
 PROBE_INTERVAL_S: Final = 0.1  # keep-alive probe on an idle path (RTT stays fresh)
 # An idle path needs one probe per interval between the two sites, not one each way:
@@ -88,6 +88,7 @@ class Sender:
         self.queue.waiting = self.outbox.waiting
         self.queue.header_bytes = message_header_bytes
         self.scheduler = PathScheduler()
+        self.outcomes = SentOutcomes(paths, self.queue, self.scheduler.selector)
         self.last_critical_at = -CRITICAL_ACTIVE_S
         # without one, bulk is never slowed for critical traffic ([critical] in config)
         self.governor = governor or BulkGovernor(target_delay_s=math.inf)
@@ -242,31 +243,53 @@ class Sender:
     def pending_bytes(self) -> int:
         return self.outbox.waiting_bytes() + sum(m.body_len for m in self.queue.messages.values())
 
-    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+    def send_batch(self, path: str, now: float, limit: int) -> list[bytes | ShardSpan]:
         """Up to ``limit`` datagrams for ``path``: what ``datagram_to_send`` gives one call
-        after another, which paths may carry data read once (sending changes it not)."""
-        datagrams: list[bytes] = []
+        after another, a run of one message's plain shards as one ``ShardSpan`` (which
+        paths may carry data is read once: sending changes it not)."""
+        items: list[bytes | ShardSpan] = []
         usable, estimators = self.usable(), self._estimators()
-        while len(datagrams) < limit:
-            datagram = self._datagram_to_send(path, now, usable, estimators)
-            if datagram is None:
+        room = limit
+        while room > 0:
+            taken = self._to_send(path, now, usable, estimators, room, items)
+            if not taken:
                 break
-            datagrams.append(datagram)
+            room -= taken
+        return items
+
+    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+        """``send_batch``'s datagrams, each as bytes (spans framed by the engine)."""
+        datagrams: list[bytes] = []
+        for item in self.send_batch(path, now, limit):
+            if isinstance(item, bytes):
+                datagrams.append(item)
+            else:
+                datagrams += encode_shard_span(item)
         return datagrams
 
     def datagram_to_send(self, path: str, now: float) -> bytes | None:
-        return self._datagram_to_send(path, now, self.usable(), self._estimators())
+        items: list[bytes | ShardSpan] = []
+        self._to_send(path, now, self.usable(), self._estimators(), 1, items)
+        if not items:
+            return None
+        item = items[0]
+        assert isinstance(item, bytes)  # a span takes room for two or more
+        return item
 
-    def _datagram_to_send(
+    def _to_send(
         self,
         path: str,
         now: float,
         usable: dict[str, bool],
         estimators: dict[str, PathEstimator],
-    ) -> bytes | None:
+        room: int,
+        items: list[bytes | ShardSpan],
+    ) -> int:
+        """What ``path`` carries next, at most ``room`` datagrams of it, onto ``items``:
+        how many datagrams (0: none now)."""
         record = self._paths.get(path)
         if record is None or not record.connected:
-            return None
+            return 0
         sender = record.sender
         if record.usable:
             piece = self._next_piece(path, sender.datagram_bytes, now, usable, estimators)
@@ -285,17 +308,20 @@ class Sender:
                         )
                     )
                     assert message.shape is not None
-                    return encode_repair(
-                        seq,
-                        stamp(now),
-                        message.msg_id,
-                        message.body_len,
-                        piece.block,
-                        piece.symbol,
-                        message.shape.k,
-                        data,
-                        message.critical,
+                    items.append(
+                        encode_repair(
+                            seq,
+                            stamp(now),
+                            message.msg_id,
+                            message.body_len,
+                            piece.block,
+                            piece.symbol,
+                            message.shape.k,
+                            data,
+                            message.critical,
+                        )
                     )
+                    return 1
                 sent = SentDatagram(
                     message.msg_id,
                     piece.start,
@@ -308,21 +334,90 @@ class Sender:
                 seq = sender.record(sent)
                 if piece.repair:
                     self.repair_datagrams += 1
-                return encode_shard(
-                    seq,
-                    stamp(now),
-                    message.msg_id,
-                    message.body_len,
-                    piece.start,
-                    message.read(piece.start, piece.end),
-                    message.critical,
-                )
+                elif room > 1 and not message.critical and not self.queue.work.restricted:
+                    return self._stripe(
+                        path, sender, piece, seq, now, usable, estimators, room, counts, items
+                    )
+                items.append(_shard(seq, now, message, piece.start, piece.end))
+                return 1
         # asked for a datagram and nothing to carry: the path is not the limit now
         sender.estimator.on_app_limited(now)
         if now >= self.probe_due_at(path, record):
             seq = sender.record(SentDatagram(0, 0, 0, now, 0))
-            return encode_probe(seq, stamp(now))
-        return None
+            items.append(encode_probe(seq, stamp(now)))
+            return 1
+        return 0
+
+    def _stripe(
+        self,
+        path: str,
+        sender: PathSender,
+        piece: Piece,
+        seq: int,
+        now: float,
+        usable: dict[str, bool],
+        estimators: dict[str, PathEstimator],
+        room: int,
+        counts: list[int],
+        items: list[bytes | ShardSpan],
+    ) -> int:
+        """After a plain bulk piece (its datagram recorded as ``seq``), the pieces of its
+        message that the next calls would give this path, up to ``room`` datagrams in
+        all, as one span: per datagram, only what sending here can change is asked
+        again (critical work for this path, the bulk governor, whether another path
+        would finish the backlog sooner, the job's turn); the rest stands within one
+        call. The message's first piece, which carries its header, goes as bytes."""
+        message, queue, scheduler = piece.message, self.queue, self.scheduler
+        governor = self.governor
+        base = len(message.head)
+        start = piece.start
+        if start < base:
+            items.append(_shard(seq, now, message, start, piece.end))
+            start, seq = piece.end, seq + 1
+        space = sender.datagram_bytes
+        others = any(ok for name, ok in usable.items() if name != path)
+        critical_active = now - self.last_critical_at < CRITICAL_ACTIVE_S
+        msg_id, end, count = message.msg_id, piece.end, 1
+        while count < room:
+            if queue.has_critical_work and queue.work.critical_for(
+                path, scheduler.critical_route(usable)
+            ):
+                break
+            if now >= governor.next_update_at or not governor.allows(now):
+                break
+            if others and not scheduler.bulk_helps(
+                path, estimators, usable, queue.bulk_backlog_bytes, space, now, critical_active
+            ):
+                break
+            next_end, block, index = queue.take_next(message, path, space)
+            if not next_end:
+                break
+            sender.record(SentDatagram(msg_id, end, next_end, now, next_end - end, block, index))
+            governor.on_bulk_sent(space)
+            counts[0] += next_end - end
+            counts[1] += 1
+            end = next_end
+            count += 1
+        spanned = count - 1 if start > piece.start else count  # datagrams from start
+        if spanned == 1:
+            items.append(_shard(seq, now, message, start, end))
+        elif spanned > 1:
+            stride = piece.end - piece.start  # every piece but a message's last is as long
+            items.append(
+                ShardSpan(
+                    message.payload,
+                    base,
+                    seq,
+                    stamp(now),
+                    msg_id,
+                    message.body_len,
+                    start,
+                    end,
+                    stride,
+                    message.critical,
+                )
+            )
+        return count
 
     def probe_due_at(self, path: str, record: PathRecord) -> float:
         """When ``path``'s keep-alive probe is due if nothing else is sent on it: an
@@ -439,7 +534,7 @@ class Sender:
             left = self._paths.get(change.previous or "")
             if left is not None and left.sender.estimator.state(now).kind != PathStateKind.UP:
                 self._rescue_critical(left)
-        self._adapt_coding(open_paths)
+        self.queue.adapt_coding([self._paths[n].sender for n in open_paths])
 
     def _rescue_critical(self, record: PathRecord) -> None:
         """The critical route left a path that went bad: the critical data still on it
@@ -452,108 +547,7 @@ class Sender:
             if sent.msg_id in messages and messages[sent.msg_id].critical
         ]
         if seqs:
-            self.requeue(record, record.sender.give_up(seqs), outage=True)
-
-    def _adapt_coding(self, open_paths: set[str]) -> None:
-        """Symbol size fits every open path; repair count follows the measured loss,
-        and where it is spent (``OutboundQueue.round_trip_costs``) what the paths send
-        while a loss is found and repaired."""
-        queue, policy = self.queue, self.queue.coding
-        if not policy.k or not open_paths:
-            queue.symbol_bytes = 0
-            return
-        senders = [self._paths[n].sender for n in open_paths]
-        queue.symbol_bytes = min(s.datagram_bytes for s in senders)  # less each one's header
-        queue.largest_datagram_bytes = max(s.datagram_bytes for s in senders)
-        # random loss seen by a block spread over the paths in proportion to their rates
-        rates = [s.estimator.planning_rate_bps for s in senders]
-        # declared: mypy infers float | Literal[0] for this sum, which the compiled core
-        # (mypyc) divides as an int
-        loss: float = sum(
-            s.estimator.random_loss_rate * r for s, r in zip(senders, rates, strict=True)
-        )
-        loss /= sum(rates)
-        queue.repair_count = parity_for_loss(
-            loss, policy.k, floor=policy.min_repair, ceiling=policy.max_repair
-        )
-        queue.loss_rate = loss
-        queue.tail_bytes = sum(repair_horizon_bytes(s) for s in senders)
-
-    def requeue(
-        self, record: PathRecord, lost: Iterable[SentDatagram], *, outage: bool = False
-    ) -> None:
-        """Send elsewhere what ``record``'s path lost (or swallowed in an outage)."""
-        sender = record.sender
-        estimator = sender.estimator
-        for sent in lost:
-            if outage or not record.usable or sent.sent_at < sender.back_at:  # the outage
-                estimator.on_abandoned(sent.size_bytes, sent.sent_at)
-            else:
-                estimator.on_lost(sent.size_bytes, sent.sent_at)
-            if sent.msg_id:
-                self.queue.mark_lost(sent.msg_id, sent.start, sent.end, sent.block, sent.symbol)
-
-    def on_ack(self, path: str, ack: Ack, now: float) -> None:
-        record = self._paths.get(path)
-        if record is None:
-            return
-        sender = record.sender
-        est = sender.estimator
-        acked, late_acked = sender.acknowledge(ack, now)
-        if acked:
-            # Only an ack of something still in flight times the path (RFC 9002 §5.1):
-            # one of datagrams given up long ago may have waited out an outage behind
-            # lost stream data, and a sample of seconds would hold the path back.
-            rtt_s = stamp_age_s(now, ack.echo_stamp)
-            if 0.0 < rtt_s < 60.0:
-                est.on_rtt_sample(rtt_s, now, ack_delay_s=ack.ack_delay_us / 1e6)
-            self.scheduler.selector.record_probe_ok(path, now)
-            acked_bytes = 0
-            newest_sent_at = -math.inf
-            for sent in acked:
-                acked_bytes += sent.size_bytes
-                if sent.sent_at > newest_sent_at:
-                    newest_sent_at = sent.sent_at
-            est.on_acked(acked_bytes, now, sent_at=newest_sent_at, datagrams=len(acked))
-            self._mark_acked(acked, now)
-        for sent in late_acked:
-            if sent.msg_id:
-                self.queue.mark_acked(
-                    sent.msg_id,
-                    sent.start,
-                    sent.end,
-                    sent.block,
-                    sent.symbol,
-                    now,
-                    declared_lost=True,
-                )
-        self.requeue(record, sender.detect_lost(now, alone=self.alone(path)))
-
-    def _mark_acked(self, acked: list[SentDatagram], now: float) -> None:
-        """Tell the queue what arrived: a run of plain pieces that follow each other in
-        one message (an in-order ack's usual shape) as one range, coded symbols one by
-        one. Marking a range is a union, so the run's result is the pieces'."""
-        queue = self.queue
-        run_msg_id = run_start = run_end = 0
-        for sent in acked:
-            msg_id = sent.msg_id
-            if not msg_id:
-                continue
-            if sent.block < 0:
-                if msg_id == run_msg_id and sent.start == run_end:
-                    run_end = sent.end
-                    continue
-                if run_msg_id:
-                    queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
-                run_msg_id, run_start, run_end = msg_id, sent.start, sent.end
-                continue
-            queue.mark_acked(msg_id, sent.start, sent.end, sent.block, sent.symbol, now)
-        if run_msg_id:
-            queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
-
-    def alone(self, path: str) -> bool:
-        """Whether no path but ``path`` may carry data now."""
-        return not any(r.open for n, r in self._paths.items() if n != path)
+            self.outcomes.requeue(record, record.sender.give_up(seqs), outage=True)
 
     def job_stats(self) -> dict[str, JobSendStats]:
         """Per job: what it sent on each path, and where its messages are (a read)."""
@@ -591,3 +585,16 @@ class Sender:
         self._events.append(
             MessageDelivered(done.msg_id, done.body_len, now - done.started_at, done.critical)
         )
+
+
+def _shard(seq: int, now: float, message: OutboundMessage, start: int, end: int) -> bytes:
+    """The datagram carrying ``message``'s bytes [start, end) as ``seq``."""
+    return encode_shard(
+        seq,
+        stamp(now),
+        message.msg_id,
+        message.body_len,
+        start,
+        message.read(start, end),
+        message.critical,
+    )

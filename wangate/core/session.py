@@ -43,7 +43,13 @@ from wangate.core.control import ControlStreams
 from wangate.core.control_outbox import ControlOutbox
 from wangate.core.events import Event, PeerStateChanged
 from wangate.core.fairqueue import JobSendStats
-from wangate.core.frames import ControlFrame, ProbeDatagram, RepairDatagram, decode_datagram
+from wangate.core.frames import (
+    ControlFrame,
+    ProbeDatagram,
+    RepairDatagram,
+    ShardSpan,
+    decode_datagram,
+)
 from wangate.core.governor import BulkGovernor
 from wangate.core.inbound import DEFAULT_IDLE_TIMEOUT_S, Allocate, Free, Reassembly
 from wangate.core.jobs import JobPolicy
@@ -161,7 +167,7 @@ class PeerSession:
         """``path`` carries nothing more (closed, or silent past its timeout): what it had
         in flight goes out elsewhere, and so do the frames about whole messages it may
         have taken with it."""
-        self._send.requeue(record, self._path_table.outage(record), outage=True)
+        self._send.outcomes.requeue(record, self._path_table.outage(record), outage=True)
         self._control_outbox.path_lost(path, now)
 
     def peer_restarted(self, now: float) -> None:
@@ -303,9 +309,14 @@ class PeerSession:
         when it has nothing to carry now."""
         return self._send.datagram_to_send(path, now)
 
-    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+    def send_batch(self, path: str, now: float, limit: int) -> list[bytes | ShardSpan]:
         """Up to ``limit`` datagrams for ``path``, as ``datagram_to_send`` one after
-        another would give them."""
+        another would give them; a run of one message's shards as one ``ShardSpan``
+        (which the engine frames: ``PathChannel.queue_many``)."""
+        return self._send.send_batch(path, now, limit)
+
+    def datagrams_to_send(self, path: str, now: float, limit: int) -> list[bytes]:
+        """``send_batch``, every datagram as bytes."""
         return self._send.datagrams_to_send(path, now, limit)
 
     def has_critical_for(self, path: str) -> bool:
@@ -474,7 +485,7 @@ class PeerSession:
         table = self._path_table
         for name, record in self._paths.items():
             sender = record.sender
-            send.requeue(record, sender.detect_lost(now, alone=send.alone(name)))
+            send.outcomes.requeue(record, sender.detect_lost(now, alone=send.outcomes.alone(name)))
             if not record.connected:
                 continue
             moved, went_down = table.judge(name, record, now)

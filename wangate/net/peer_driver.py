@@ -394,7 +394,7 @@ class PeerDriver:
             critical = session.has_critical_for(path)
             added = 0
             if len(channel) < low_water:
-                added = queue_many(session.datagrams_to_send(path, now, low_water - len(channel)))
+                added = queue_many(session.send_batch(path, now, low_water - len(channel)))
             channel.burst = critical or session.has_critical_for(path)
             link.flush()
             if added == 0 or len(channel):

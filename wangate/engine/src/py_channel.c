@@ -116,6 +116,30 @@ static PyObject *Channel_queue(ChannelObject *self, PyObject *arg) {
 
 /* queue() for each datagram of a list, in order: how many went in (fewer when the queue
  * filled up; the rest are the caller's). */
+/* a span's datagrams framed into the queue (the copies with the GIL released): how
+ * many went in, or -1 with an exception set */
+static Py_ssize_t queue_span(ChannelObject *self, PyObject *item) {
+    wg_span span;
+    Py_buffer view;
+    size_t count, longest, queued;
+    if (wg_py_span_parse(item, &span, &view, &count, &longest) < 0) return -1;
+    if (longest > self->ch.max_datagram_bytes) {
+        PyBuffer_Release(&view);
+        PyErr_Format(wg_LocalProtocolError,
+                     "a span's datagrams of %zu bytes do not fit (at most %zu)", longest,
+                     self->ch.max_datagram_bytes);
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    queued = wg_channel_queue_span(&self->ch, &span, count);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return (Py_ssize_t)queued;
+}
+
+/* queue() for each datagram of a list, in order, a ShardSpan for each of its datagrams:
+ * how many datagrams went in (fewer when the queue filled up; the rest are the
+ * caller's). */
 static PyObject *Channel_queue_many(ChannelObject *self, PyObject *arg) {
     READY(self);
     if (!PyList_Check(arg)) {
@@ -123,10 +147,17 @@ static PyObject *Channel_queue_many(ChannelObject *self, PyObject *arg) {
         return NULL;
     }
     Py_ssize_t queued = 0, count = PyList_GET_SIZE(arg);
-    for (; queued < count; queued++) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(arg, i);
+        if (PyTuple_Check(item)) {
+            Py_ssize_t n = queue_span(self, item);
+            if (n < 0) return NULL;
+            queued += n;
+            if (self->ch.queue_count == WG_QUEUE_SLOTS) break;
+            continue;
+        }
         Py_buffer data;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(arg, queued), &data, PyBUF_SIMPLE) < 0)
-            return NULL;
+        if (PyObject_GetBuffer(item, &data, PyBUF_SIMPLE) < 0) return NULL;
         int rc = wg_channel_queue(&self->ch, data.buf, (size_t)data.len);
         Py_ssize_t len = data.len;
         PyBuffer_Release(&data);
@@ -137,6 +168,7 @@ static PyObject *Channel_queue_many(ChannelObject *self, PyObject *arg) {
             return NULL;
         }
         if (rc == 0) break;
+        queued++;
     }
     return PyLong_FromSsize_t(queued);
 }
@@ -368,7 +400,8 @@ static PyMethodDef Channel_methods[] = {
     {"queue", (PyCFunction)Channel_queue, METH_O,
      "queue(datagram) -> bool: copied into the send queue; False when it is full"},
     {"queue_many", (PyCFunction)Channel_queue_many, METH_O,
-     "queue_many(datagrams) -> how many of the list were queued, in order (fewer when full)"},
+     "queue_many(datagrams) -> how many datagrams were queued, in order (fewer when full); "
+     "an item may be a ShardSpan, framed here"},
     {"fit", (PyCFunction)Channel_fit, METH_O,
      "fit(max_packet_bytes): smaller packets from now on (datagram_bytes follows)"},
     {"flush", (PyCFunction)Channel_flush, METH_O,

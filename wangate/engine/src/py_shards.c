@@ -268,7 +268,83 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ShardSpan fields, in order (wangate/core/datagrams.py) */
+static const char *const span_fields[] = {"payload_base", "seq_first", "stamp", "msg_id",
+                                          "msg_len", "start", "end", "stride"};
+#define SPAN_ITEMS 10
+
+int wg_py_span_parse(PyObject *item, wg_span *s, Py_buffer *view, size_t *count,
+                     size_t *longest) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != SPAN_ITEMS) {
+        PyErr_Format(PyExc_TypeError, "a ShardSpan of %d items is needed, not %.100s",
+                     SPAN_ITEMS, Py_TYPE(item)->tp_name);
+        return -1;
+    }
+    uint64_t v[8];
+    for (int i = 0; i < 8; i++) {
+        PyObject *obj = PyTuple_GET_ITEM(item, i + 1);
+        if (!PyLong_Check(obj)) {
+            PyErr_Format(PyExc_TypeError, "ShardSpan.%s must be an int, not %.100s",
+                         span_fields[i], Py_TYPE(obj)->tp_name);
+            return -1;
+        }
+        v[i] = PyLong_AsUnsignedLongLong(obj);
+        if (v[i] == (uint64_t)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(wg_LocalProtocolError, "ShardSpan.%s %R is not a 64-bit unsigned int",
+                         span_fields[i], obj);
+            return -1;
+        }
+    }
+    int critical = PyObject_IsTrue(PyTuple_GET_ITEM(item, 9));
+    if (critical < 0) return -1;
+    if (v[2] > 0xFFFFFF) {
+        PyErr_Format(wg_LocalProtocolError, "ShardSpan.stamp %llu takes more than 24 bits",
+                     (unsigned long long)v[2]);
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), view, PyBUF_SIMPLE) < 0) return -1;
+    *s = (wg_span){(const uint8_t *)view->buf, (size_t)view->len, v[0], v[1], (uint32_t)v[2],
+                   v[3], v[4], v[5], v[6], v[7], critical};
+    const char *why = NULL;
+    if (wg_span_check(s, count, longest, &why) < 0) {
+        PyBuffer_Release(view);
+        PyErr_SetString(wg_LocalProtocolError, why);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_encode_shard_span(PyObject *self, PyObject *arg) {
+    wg_span span;
+    Py_buffer view;
+    size_t count, longest;
+    if (wg_py_span_parse(arg, &span, &view, &count, &longest) < 0) return NULL;
+    PyObject *out = PyList_New((Py_ssize_t)count);
+    uint8_t *scratch = PyMem_Malloc(longest);
+    for (size_t i = 0; out != NULL && scratch != NULL && i < count; i++) {
+        size_t len = wg_span_write(&span, i, scratch);
+        PyObject *datagram = PyBytes_FromStringAndSize((const char *)scratch, (Py_ssize_t)len);
+        if (datagram == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, datagram);
+    }
+    PyBuffer_Release(&view);
+    if (scratch == NULL) {
+        Py_XDECREF(out);
+        PyMem_Free(scratch);
+        return PyErr_NoMemory();
+    }
+    PyMem_Free(scratch);
+    return out;
+}
+
 PyMethodDef wg_py_shards_methods[] = {
+    {"encode_shard_span", py_encode_shard_span, METH_O,
+     "encode_shard_span(span) -> list[bytes]: a ShardSpan's datagrams, each as encode_shard "
+     "frames it (see wg_span.h)"},
     {"place_shards", py_place_shards, METH_VARARGS,
      "place_shards(datagrams, bodies, newest_seq, largest_msg_id) -> list: the batch with "
      "its usual shards of the messages in `bodies` (msg_id -> writable body) copied in "

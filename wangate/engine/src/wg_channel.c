@@ -151,6 +151,17 @@ int wg_channel_queue(wg_channel *ch, const uint8_t *data, size_t len) {
     return 1;
 }
 
+size_t wg_channel_queue_span(wg_channel *ch, const wg_span *span, size_t count) {
+    size_t queued = 0;
+    for (; queued < count && ch->queue_count < WG_QUEUE_SLOTS; queued++) {
+        size_t slot = (ch->queue_head + ch->queue_count) % WG_QUEUE_SLOTS;
+        uint8_t *at = ch->queue_mem + slot * ch->queue_stride;
+        ch->queue_len[slot] = (uint16_t)wg_span_write(span, queued, at);
+        ch->queue_count++;
+    }
+    return queued;
+}
+
 typedef union {
     char buf[CMSG_SPACE(sizeof(uint16_t))];
     struct cmsghdr align;

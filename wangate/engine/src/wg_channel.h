@@ -28,6 +28,7 @@
 #include "wg_packet.h"
 #include "wg_received.h"
 #include "wg_recovery.h"
+#include "wg_span.h"
 
 #define WG_BATCH_PACKETS 64      /* packets per sendmmsg */
 /* UDP GSO (UDP_SEGMENT): equal packets of a batch go to the kernel as one buffer it
@@ -121,6 +122,9 @@ int wg_channel_fit(wg_channel *ch, size_t max_packet_bytes);
 /* copy one datagram into the queue: 1, or 0 when the queue is full, -1 when it is
  * larger than max_datagram_bytes */
 int wg_channel_queue(wg_channel *ch, const uint8_t *data, size_t len);
+/* frame a checked span's `count` datagrams straight into the queue (its longest at most
+ * max_datagram_bytes): how many went in, fewer when the queue filled up */
+size_t wg_channel_queue_span(wg_channel *ch, const wg_span *span, size_t count);
 /* send what the window and pacer allow, ACKs and probes included; returns packets sent */
 size_t wg_channel_flush(wg_channel *ch, double now);
 

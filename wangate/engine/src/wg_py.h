@@ -6,6 +6,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "wg_span.h"
+
 /* wangate.errors.WangateError, LocalProtocolError, RemoteProtocolError */
 extern PyObject *wg_WangateError;
 extern PyObject *wg_LocalProtocolError;
@@ -16,6 +18,11 @@ extern PyMethodDef wg_py_crypto_methods[];
 extern PyMethodDef wg_py_frames_methods[];
 extern PyMethodDef wg_py_cc_methods[];
 extern PyMethodDef wg_py_shards_methods[];
+
+/* a ShardSpan tuple: its fields into *s, its payload's buffer into *view (released by
+ * the caller), its datagram count and longest datagram; 0, or -1 with an exception set */
+int wg_py_span_parse(PyObject *item, wg_span *s, Py_buffer *view, size_t *count,
+                     size_t *longest);
 
 /* ready `type` and add it to `module` as `name`: 0, or -1 with an exception set */
 int wg_py_add_type(PyObject *module, PyTypeObject *type, const char *name);
