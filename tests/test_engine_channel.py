@@ -267,3 +267,26 @@ def test_a_channel_refuses_a_span_it_cannot_carry_and_queues_what_fits(pair: Pai
     many = span(stride=50, end=40 + 300 * 50)  # 300 datagrams; the queue holds 256
     assert pair.a.queue_many([many, b"\x40" + bytes(30)]) == 256
     assert len(pair.a) == 256
+
+
+@pytest.mark.parametrize(("rtt_s", "paced"), [(0.0, False), (0.0015, False), (0.0025, True), (0.02, True)])
+def test_a_path_at_the_round_trip_floor_is_not_paced(pair: Pair, rtt_s: float, paced: bool) -> None:
+    # a first exchange measures the round trip (under 1 ms counts as 1 ms): a path of
+    # under 2 ms is not paced, the window bounds its bursts
+    for datagram in datagrams(20, 1000):
+        pair.a.queue(datagram)
+    assert pair.a.flush(pair.now) == 20
+    assert len(pair.deliver(1)) == 20
+    pair.now += rtt_s
+    pair.b.flush(pair.now)
+    pair.deliver(0)
+    assert pair.a.stats()["acked_packets"] == 20
+    # then 60 at once: the window takes them all; only the pacer could hold some back
+    for datagram in datagrams(60, 1000, seed=2):
+        pair.a.queue(datagram)
+    sent = pair.a.flush(pair.now)
+    if paced:
+        assert 0 < sent < 60 and len(pair.a) == 60 - sent
+        assert pair.now < pair.a.timer(pair.now) < pair.now + 0.02  # when more may go
+    else:
+        assert sent == 60 and len(pair.a) == 0

@@ -306,6 +306,17 @@ static void maybe_update_keys(wg_channel *ch) {
     next_send_phase(ch);
 }
 
+/* When the pacer lets the next packet go (< 0: now). Always now on a path whose round
+ * trip is under WG_UNPACED_RTT_S (a machine room, loopback): the window (1.25 BDP, 64
+ * packets at least) keeps what is in flight to about one short round trip, and pacing
+ * finer than the event loop's timers would cost a wake-up per few packets at both
+ * ends, about 1.5x the CPU per byte on loopback (bench/RESULTS.md). */
+static double paced_until(wg_channel *ch, double now) {
+    const wg_recovery *r = &ch->recovery;
+    if (r->rtt_initialized && r->rtt_min < WG_UNPACED_RTT_S) return -1.0;
+    return wg_pacer_next_send_time(&ch->recovery.pacer, now);
+}
+
 size_t wg_channel_flush(wg_channel *ch, double now) {
     size_t sent = 0;
     for (;;) {
@@ -321,7 +332,7 @@ size_t wg_channel_flush(wg_channel *ch, double now) {
         }
         int may_send = ch->queue_count > 0 &&
                        wg_recovery_can_send(&ch->recovery, ch->max_packet_bytes) &&
-                       wg_pacer_next_send_time(&ch->recovery.pacer, now) < 0;
+                       paced_until(ch, now) < 0;
         if (may_send) {
             if (build_packet(ch, now, 1, 0, 1) < 0) break;
         } else if (owe_ack) {
@@ -410,7 +421,7 @@ double wg_channel_timer(wg_channel *ch, double now) {
     if (ch->queue_count > 0 &&
         wg_recovery_can_send(&ch->recovery, ch->max_packet_bytes)) {
         /* the pacer holds a packet back: wake up when it lets one go */
-        double paced = wg_pacer_next_send_time(&ch->recovery.pacer, now);
+        double paced = paced_until(ch, now);
         if (paced >= 0 && (at < 0 || paced < at)) at = paced;
     }
     return at;

@@ -37,6 +37,7 @@
 #define WG_GSO_MAX_SEGMENTS 64
 #define WG_GSO_MAX_BYTES 65507
 #define WG_QUEUE_SLOTS 256       /* datagrams queued before a flush */
+#define WG_UNPACED_RTT_S 0.002   /* paths shorter than this are not paced (wg_channel.c) */
 #define WG_MAX_PACKET_BYTES 65527 /* largest UDP payload over IPv4 */
 #define WG_MIN_PACKET_BYTES 1200 /* RFC 9000 §14: every path carries this much */
 #define WG_ACK_DELAY_EXPONENT 3  /* RFC 9000 §18.2's default */
