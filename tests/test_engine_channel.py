@@ -269,7 +269,9 @@ def test_a_channel_refuses_a_span_it_cannot_carry_and_queues_what_fits(pair: Pai
     assert len(pair.a) == 256
 
 
-@pytest.mark.parametrize(("rtt_s", "paced"), [(0.0, False), (0.0015, False), (0.0025, True), (0.02, True)])
+@pytest.mark.parametrize(
+    ("rtt_s", "paced"), [(0.0, False), (0.0015, False), (0.0025, True), (0.02, True)]
+)
 def test_a_path_at_the_round_trip_floor_is_not_paced(pair: Pair, rtt_s: float, paced: bool) -> None:
     # a first exchange measures the round trip (under 1 ms counts as 1 ms): a path of
     # under 2 ms is not paced, the window bounds its bursts
