@@ -112,7 +112,7 @@ fuzz: fuzz-build $(STAMP)
 # FUZZ_SECONDS each, with the engine built by clang with libFuzzer's coverage; the normal
 # engine is reinstalled afterwards, as by make asan.
 ATHERIS_COVERAGE := -fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp
-ATHERIS_TARGETS ?= engine_frames engine_packet engine_listener engine_shards
+ATHERIS_TARGETS ?= engine_frames engine_packet engine_listener engine_shards engine_spans
 fuzz-atheris: $(STAMP)
 	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
 	$(VENV)/bin/pip install -q 'atheris>=2.3'

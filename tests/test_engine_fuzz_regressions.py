@@ -25,7 +25,7 @@ from wangate.errors import RemoteProtocolError
 
 REGRESSIONS = Path(__file__).resolve().parents[1] / "wangate" / "engine" / "fuzz" / "regressions"
 FAST = settings(max_examples=200, deadline=None)
-ENGINE = ["engine_frames", "engine_packet", "engine_listener", "engine_shards"]
+ENGINE = ["engine_frames", "engine_packet", "engine_listener", "engine_shards", "engine_spans"]
 
 
 def regressions(target: str) -> list[Path]:

@@ -94,6 +94,10 @@ def test_any_span_matches_encode_shard(
         with pytest.raises(LocalProtocolError, match="too many"):
             encode_shard_span(s)
         return
+    if seq_first + s.datagrams > 1 << 64:
+        with pytest.raises(LocalProtocolError, match="sequence numbers pass"):
+            encode_shard_span(s)
+        return
     assert encode_shard_span(s) == expected(s)
 
 
@@ -110,6 +114,7 @@ def test_any_span_matches_encode_shard(
         ({"seq_first": -1}, LocalProtocolError, "seq_first -1 is not a 64-bit"),
         ({"msg_id": 1 << 64}, LocalProtocolError, "msg_id"),
         ({"stride": 1, "end": 40 + 5000}, LocalProtocolError, "too many"),
+        ({"seq_first": (1 << 64) - 4}, LocalProtocolError, "pass 2..64"),
         ({"stride": (1 << 20) + 1}, LocalProtocolError, "too large"),
         ({"start": 40.0}, TypeError, "ShardSpan.start must be an int"),
         ({"payload": 7}, TypeError, "bytes-like"),

@@ -104,6 +104,12 @@ def engine_seeds() -> dict[str, list[bytes]]:
         "engine_packet": packets,
         "engine_listener": listener,
         "engine_shards": engine_shards_seeds(),
+        "engine_spans": [
+            targets.engine_spans_input(0, 4, (0, 40, 7, 0x123456, 3, 0, 5000, 1200), bytes(6000)),
+            targets.engine_spans_input(2, 0, (0, 0, 2**32 - 2, 1, 2**40, 0, 0, 0), b"x"),
+            targets.engine_spans_input(1, 0xF0, (1 << 20, 8, 9, 1, 5, 8, 2000, 100), bytes(3000)),
+            targets.engine_spans_input(4, 5, (0, 1, 2, 3, 4, 5, 6, 7), bytes(100)),
+        ],
     }
 
 

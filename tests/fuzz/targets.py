@@ -35,7 +35,7 @@ from wangate.core.events import Event, MessageReceived
 from wangate.core.fec import BlockDecoder, BlockEncoder
 from wangate.core.inbound import Reassembly
 from wangate.core.message import HEAD_BYTES, decode_header, message_checksum, verify_body
-from wangate.errors import RemoteProtocolError, WangateError
+from wangate.errors import LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.localapi import protocol
 from wangate.localapi.framing import FrameAssembler
 from wangate.metrics_http import parse_request_head
@@ -709,6 +709,89 @@ def handle_both(one: Any, batched: Any, batch: list[bytes], now: float) -> None:
     assert batched.control_to_send("a", now) == one.control_to_send("a", now)
 
 
+SPAN_HEAD = struct.Struct("!BB8Q")  # knob, msg_len choice, then 8 u64 fields
+SPAN_MSG_LENS = (1, 63, 64, 16383, 16384, 1 << 20, (1 << 30) - 1, 1 << 30, (1 << 62) - 1)
+
+
+def engine_spans_input(knob: int, choice: int, fields: tuple[int, ...], payload: bytes) -> bytes:
+    """The engine_spans target's input: knob, msg_len choice, 8 u64s, then the payload."""
+    return SPAN_HEAD.pack(knob, choice, *fields) + payload
+
+
+def engine_spans(data: bytes) -> None:
+    """A ``ShardSpan`` framed by the engine: its datagrams are ``encode_shard``'s, one by
+    one, or it is refused (``LocalProtocolError``) exactly when its fields describe no
+    run of shards; queued into a channel, as many go in as fit. Knob bit 0: the fields
+    as they come (mostly refused); else folded into a valid span's ranges; bit 1:
+    critical; bit 2: a 10-item tuple that is not one (a list)."""
+    from wangate.core.datagrams import ShardSpan
+    from wangate.engine._engine import encode_shard_span
+
+    if len(data) < SPAN_HEAD.size:
+        return
+    knob, choice, *raw = SPAN_HEAD.unpack_from(data)
+    payload = data[SPAN_HEAD.size :]
+    msg_len = SPAN_MSG_LENS[choice % len(SPAN_MSG_LENS)] if choice < 0xF0 else raw[0]
+    base, seq, stamp, msg_id, start, end, stride = raw[1:]
+    if not knob & 1:  # folded into range: mostly valid
+        base = base % max(msg_len, 1)
+        start = base + start % max(min(len(payload), msg_len - base), 1)
+        end = start + 1 + end % max(min(len(payload), msg_len - base) - (start - base), 1)
+        stamp &= 0xFFFFFF
+        stride = 1 + stride % 3000
+    span = ShardSpan(payload, base, seq, stamp, msg_id, msg_len, start, end, stride, bool(knob & 2))
+    valid = (
+        0 < stride <= 1 << 20
+        and base <= start < end <= msg_len < 1 << 62
+        and end - base <= len(payload)
+        and stamp <= 0xFFFFFF
+        and -(-(end - start) // stride) <= 4096
+        and seq + -(-(end - start) // stride) <= 1 << 64
+    )
+    try:
+        datagrams = encode_shard_span(span)
+    except LocalProtocolError:
+        assert not valid, span[1:]
+        return
+    assert valid, span[1:]
+    view = memoryview(payload)
+    expected = []
+    for i, offset in enumerate(range(start, end, stride)):
+        piece = view[offset - base : min(offset + stride, end) - base]
+        expected.append(
+            frames.encode_shard(seq + i, stamp, msg_id, msg_len, offset, piece, span.critical)
+        )
+    assert datagrams == expected
+    channel = _span_channel()
+    fits = max(len(d) for d in datagrams) <= channel.datagram_bytes
+    try:
+        queued = channel.queue_many([span] if not knob & 4 else [list(span)])  # type: ignore[list-item]
+    except LocalProtocolError:
+        assert not fits
+        return
+    except TypeError:
+        assert knob & 4
+        return
+    assert fits and not knob & 4 and queued == min(len(datagrams), 256) == len(channel)
+
+
+def _span_channel() -> Any:
+    """A fresh channel (an empty queue) on a socket made once, to a peer that never reads."""
+    from wangate.engine import PathChannel
+
+    if not _span_sockets:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        atexit.register(sock.close)
+        _span_sockets.append(sock)
+    sock = _span_sockets[0]
+    secret = bytes(range(32))
+    return PathChannel(sock.fileno(), sock.getsockname(), 0x1301, secret, secret, 1452, 0.01)
+
+
+_span_sockets: list[socket.socket] = []
+
+
 TARGETS = {
     "datagram": datagram,
     "control_stream": control_stream,
@@ -726,6 +809,7 @@ TARGETS = {
     "engine_packet": engine_packet,
     "engine_listener": engine_listener,
     "engine_shards": engine_shards,
+    "engine_spans": engine_spans,
 }
 
 

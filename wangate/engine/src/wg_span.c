@@ -56,6 +56,10 @@ int wg_span_check(const wg_span *s, size_t *count, size_t *longest, const char *
         *why = "a span of too many or too large datagrams";
         return -1;
     }
+    if (s->seq_first + (n - 1) < s->seq_first) {
+        *why = "a span's sequence numbers pass 2**64";
+        return -1;
+    }
     *count = (size_t)n;
     uint64_t first = s->end - s->start < s->stride ? s->end - s->start : s->stride;
     *longest = header_bytes(s) + (size_t)first;
