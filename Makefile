@@ -84,7 +84,7 @@ FUZZ_CC ?= $(shell command -v clang-14 || command -v clang)
 FUZZ_PACKAGES := clang-14 libclang-rt-14-dev
 FUZZ_DIR := wangate/engine/fuzz
 FUZZ_OUT := build/fuzz
-FUZZ_TARGETS := fuzz_frames fuzz_packet
+FUZZ_TARGETS := fuzz_frames fuzz_packet fuzz_span
 FUZZ_CFLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
 	-fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter
 ENGINE_C := $(filter-out %/module.c,$(filter-out wangate/engine/src/py_%,$(wildcard wangate/engine/src/*.c)))
@@ -93,7 +93,7 @@ fuzz-setup:
 	@if [ "$$(id -u)" = 0 ]; then apt-get install -y $(FUZZ_PACKAGES); \
 	else echo "make fuzz-setup: as root, run: apt-get install -y $(FUZZ_PACKAGES)"; exit 1; fi
 
-$(FUZZ_OUT)/fuzz_%: $(FUZZ_DIR)/fuzz_%.c $(ENGINE_C) $(wildcard wangate/engine/src/*.h)
+$(FUZZ_OUT)/fuzz_%: $(FUZZ_DIR)/fuzz_%.c $(FUZZ_DIR)/fuzz_check.h $(ENGINE_C) $(wildcard wangate/engine/src/*.h)
 	@test -n "$(FUZZ_CC)" || { echo "no clang: make fuzz-setup"; exit 1; }
 	@mkdir -p $(FUZZ_OUT)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Iwangate/engine/src -o $@ $< $(ENGINE_C) -lcrypto

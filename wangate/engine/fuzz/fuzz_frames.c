@@ -11,15 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "wg_frames.h"
-
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: contract broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
 
 /* ACK_MAX: the largest ACK frame, 32 ranges of 8-byte varints (1 + 4 * 8 + 31 * 16) */
 #define ACK_MAX (1 + 4 * 8 + (WG_MAX_ACK_RANGES - 1) * 16)

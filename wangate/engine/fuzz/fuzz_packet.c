@@ -19,18 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "wg_frames.h"
 #include "wg_keys.h"
 #include "wg_packet.h"
 #include "wg_received.h"
-
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: contract broken: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
 
 #define MAX_PACKETS 64
 #define ACK_ROOM 600 /* more than the largest ACK frame (fuzz_frames.c) */

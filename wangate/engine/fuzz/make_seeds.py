@@ -1,7 +1,7 @@
 """Seed corpora for the engine's libFuzzer targets, from the golden vectors.
 
 Usage (from the repository root): ``.venv/bin/python wangate/engine/fuzz/make_seeds.py OUT``
-writes ``OUT/fuzz_frames/`` and ``OUT/fuzz_packet/``: the frames of every
+writes ``OUT/fuzz_frames/``, ``OUT/fuzz_packet/`` and ``OUT/fuzz_span/``: the frames of every
 ``proto/vectors/*engine*`` vector and the vector's packet itself, then a few more
 packets sealed by the engine with fuzz_packet.c's keys (ACK, DATAGRAM, PING, PADDING;
 each suite; in order, reordered, duplicated, a key phase change, a forget).
@@ -98,7 +98,19 @@ def main(out: Path) -> None:
         seeds.append(packet_input(bit, far))
         seeds.append(packet_input(bit, [(seal(2**31, b"\x01", True), False)]))
     write(out / "fuzz_packet", seeds)
-    print(f"{out}: {len(frames)} frames seeds, {len(seeds)} packet seeds")
+    spans = [  # (payload_base, seq_first, msg_id, msg_len, start, end, stride), stamp, flags
+        span_input((40, 9, 3, 40 + 6000, 40, 5040, 1200), 0x123456, 0, bytes(6000)),
+        span_input((0, 2**32 - 2, 2**40, 100, 0, 100, 7), 1, 1, bytes(100)),
+        span_input((8, 1, 5, 1 << 31, 8, 2008, 100), 0xFFFFFF, 0, bytes(2000)),
+        span_input((0, 0, 0, 0, 0, 0, 0), 0, 2, bytes(64)),
+    ]
+    write(out / "fuzz_span", spans)
+    print(f"{out}: {len(frames)} frames, {len(seeds)} packet, {len(spans)} span seeds")
+
+
+def span_input(fields: tuple[int, ...], stamp: int, flags: int, payload: bytes) -> bytes:
+    """fuzz_span's input: 8 u64s (the 7 fields, then unused), the stamp, flags, payload."""
+    return struct.pack(">8QIB", *fields, 0, stamp, flags) + payload
 
 
 if __name__ == "__main__":
