@@ -154,6 +154,33 @@ def test_loss_window_counts_only_its_last_outcomes() -> None:
     assert est.consecutive_losses == 0
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(1, 40),
+    steps=st.lists(st.tuples(st.booleans(), st.integers(1, 90)), max_size=30),
+)
+def test_an_ack_of_many_datagrams_counts_as_that_many_acks_of_one(
+    window: int, steps: list[tuple[bool, int]]
+) -> None:
+    # random and burst losses, then acks of many datagrams at once against one at a time
+    one, many = (PathEstimator(loss_window_packets=window) for _ in range(2))
+    for lost, count in steps:
+        for est in (one, many):
+            if lost:
+                for _ in range(count % 9):
+                    est.on_lost(1, 0.0)
+        if not lost:
+            for _ in range(count):
+                one.on_acked(1, 0.0)
+            many.on_acked(count, 0.0, datagrams=count)
+        assert list(many._outcomes) == list(one._outcomes)
+        assert (many.loss_rate, many.random_loss_rate, many.loss_samples) == (
+            one.loss_rate,
+            one.random_loss_rate,
+            one.loss_samples,
+        )
+
+
 # ---- delivery rate -------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ packets sent while app-limited.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -170,8 +171,7 @@ class PathEstimator:
         self._acked_bytes += size_bytes
         # Clamped: a duplicate report must not drive the count negative and wedge placement.
         self._bytes_in_flight = max(0, self._bytes_in_flight - size_bytes)
-        for _ in range(datagrams):
-            self._record_outcome(lost=False)
+        self._record_delivered(datagrams)
         self._consecutive_losses = 0
         if self._app_limited_until and self._acked_bytes > self._app_limited_until:
             self._app_limited_until = 0
@@ -454,6 +454,21 @@ class PathEstimator:
         self._min_filter.append((now, rtt_s))
         while self._min_filter[0][0] < now - self._window_s:
             self._min_filter.popleft()
+
+    def _record_delivered(self, count: int) -> None:
+        """``_record_outcome(lost=False)``, ``count`` times: the window's oldest outcomes
+        leave (only losses among them are uncounted), as many deliveries come in."""
+        outcomes = self._outcomes
+        maxlen = outcomes.maxlen
+        assert maxlen is not None
+        leaving = min(len(outcomes) + count - maxlen, len(outcomes))
+        if leaving > 0 and self._lost_in_window:
+            for outcome in itertools.islice(outcomes, leaving):
+                if outcome != _DELIVERED:
+                    self._lost_in_window -= 1
+                    if outcome == _BURST_LOST:
+                        self._burst_lost_in_window -= 1
+        outcomes.extend([_DELIVERED] * min(count, maxlen))
 
     def _record_outcome(self, *, lost: bool) -> None:
         outcomes = self._outcomes
