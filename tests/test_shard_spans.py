@@ -85,7 +85,8 @@ def test_any_span_matches_encode_shard(
     # a window of the message: the payload holds [base, base + len(payload))
     base = data.draw(st.integers(0, msg_len - 1))
     room = min(msg_len - base, 20000)
-    payload = data.draw(st.binary(min_size=room, max_size=room))
+    # seeded bytes: drawing up to 20 KB would exceed hypothesis's entropy per example
+    payload = random.Random(data.draw(st.integers(0, 2**32))).randbytes(room)
     start = data.draw(st.integers(base, base + room - 1))
     end = data.draw(st.integers(start + 1, base + room))
     stride = data.draw(st.integers(1, 3000))
