@@ -298,13 +298,8 @@ int wg_py_span_parse(PyObject *item, wg_span *s, Py_buffer *view, size_t *count,
     }
     int critical = PyObject_IsTrue(PyTuple_GET_ITEM(item, 9));
     if (critical < 0) return -1;
-    if (v[2] > 0xFFFFFF) {
-        PyErr_Format(wg_LocalProtocolError, "ShardSpan.stamp %llu takes more than 24 bits",
-                     (unsigned long long)v[2]);
-        return -1;
-    }
     if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 0), view, PyBUF_SIMPLE) < 0) return -1;
-    *s = (wg_span){(const uint8_t *)view->buf, (size_t)view->len, v[0], v[1], (uint32_t)v[2],
+    *s = (wg_span){(const uint8_t *)view->buf, (size_t)view->len, v[0], v[1], v[2],
                    v[3], v[4], v[5], v[6], v[7], critical};
     const char *why = NULL;
     if (wg_span_check(s, count, longest, &why) < 0) {
@@ -321,23 +316,21 @@ static PyObject *py_encode_shard_span(PyObject *self, PyObject *arg) {
     size_t count, longest;
     if (wg_py_span_parse(arg, &span, &view, &count, &longest) < 0) return NULL;
     PyObject *out = PyList_New((Py_ssize_t)count);
-    uint8_t *scratch = PyMem_Malloc(longest);
-    for (size_t i = 0; out != NULL && scratch != NULL && i < count; i++) {
-        size_t len = wg_span_write(&span, i, scratch);
-        PyObject *datagram = PyBytes_FromStringAndSize((const char *)scratch, (Py_ssize_t)len);
+    for (size_t i = 0; out != NULL && i < count; i++) {
+        /* each datagram written straight into its bytes object, then cut to its length */
+        PyObject *datagram = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)longest);
         if (datagram == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        size_t len = wg_span_write(&span, i, (uint8_t *)PyBytes_AS_STRING(datagram));
+        if (_PyBytes_Resize(&datagram, (Py_ssize_t)len) < 0) {
             Py_CLEAR(out);
             break;
         }
         PyList_SET_ITEM(out, (Py_ssize_t)i, datagram);
     }
     PyBuffer_Release(&view);
-    if (scratch == NULL) {
-        Py_XDECREF(out);
-        PyMem_Free(scratch);
-        return PyErr_NoMemory();
-    }
-    PyMem_Free(scratch);
     return out;
 }
 

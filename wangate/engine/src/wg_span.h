@@ -17,7 +17,7 @@ typedef struct wg_span {
     size_t payload_len;
     uint64_t payload_base;
     uint64_t seq_first;
-    uint32_t stamp; /* 24 bits */
+    uint64_t stamp; /* 24 bits (wg_span_check) */
     uint64_t msg_id, msg_len, start, end, stride;
     int critical;
 } wg_span;
