@@ -25,7 +25,7 @@ config_access config_jobs control_outbox error_codes estimator fairqueue fec fra
 fuzz_codec fuzz_config fuzz_localapi fuzz_wire import_graph inbound inbound_progress
 lab_model localapi_protocol localapi_replies message names outbound outbox outbox_jobs
 pacing path_table paths placement probe_rate ranges_missing rangeset replay scheduler
-shard_placing timers
+shard_placing timers daemon_process
 workers_receiving workers_stripes
 engine_crypto engine_frames engine_cc engine_recovery engine_received
 engine_fuzz_regressions"""

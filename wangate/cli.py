@@ -36,15 +36,6 @@ def _setup_logging(verbose: int) -> None:
     )
 
 
-def _install_event_loop_policy() -> None:
-    import asyncio
-
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
 # ------------------------------------------------------------------------ run
 
 
@@ -53,6 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from wangate.config import load_config
     from wangate.daemon import make_gateway
+    from wangate.daemon_process import install_event_loop_policy, tune_collector
     from wangate.reload import Reloader
     from wangate.systemd import Notifier
 
@@ -61,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda signum, frame: hangups.append(signum))
     config_path = Path(args.config)
     config = load_config(config_path)  # errors out before anything listens
-    _install_event_loop_policy()
+    install_event_loop_policy()
 
     async def main() -> None:
         gateway = make_gateway(config)
@@ -83,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         try:
             await gateway.start()
+            tune_collector()
             notifier.start()
             loop.add_signal_handler(signal.SIGHUP, reload)
             if hangups:

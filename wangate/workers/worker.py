@@ -29,6 +29,7 @@ from typing import Any
 
 from wangate.config import Config, load_config
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.daemon_process import install_event_loop_policy, tune_collector
 from wangate.delivery.delivered import Delivery
 from wangate.delivery.trainers import TrainerDelivery
 from wangate.errors import ErrorCode, WangateError
@@ -158,6 +159,7 @@ class Worker:
             log.error("worker %d: %s", self.index, exc)
             return 2
         self._channel.send("ready", {"pid": os.getpid()})
+        tune_collector()
         self._reports_failed = False
         reporter = loop.create_task(self._report())
         reporter.add_done_callback(self._reports_ended)
@@ -421,12 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sock = socket.socket(fileno=args.fd)
     config = worker_config(load_config(args.config), args.index)
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
+    install_event_loop_policy()
     return asyncio.run(Worker(config, args.index, sock, args.instance).run())
 
 
