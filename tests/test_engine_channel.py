@@ -7,6 +7,7 @@ import os
 import random
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -68,6 +69,13 @@ def pair() -> Iterator[Pair]:
     p = Pair()
     yield p
     p.close()
+
+
+def read_lists(channel: PathChannel, now: float) -> tuple[Any, ...]:
+    """``channel.read(now)`` with its datagrams (a ReadDatagrams, valid until the next
+    read) taken as a list of bytes."""
+    got, foreign, errors, buffers, packets = channel.read(now)
+    return list(got), foreign, errors, buffers, packets
 
 
 def datagrams(count: int, size: int, seed: int = 1) -> list[bytes]:

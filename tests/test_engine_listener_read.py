@@ -10,10 +10,11 @@ import os
 import socket
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.test_engine_channel import PACKET_BYTES, SUITE, datagrams
+from tests.test_engine_channel import PACKET_BYTES, SUITE, datagrams, read_lists
 from wangate.engine import ListenerReader, PathChannel, _engine
 from wangate.errors import LocalProtocolError
 
@@ -64,6 +65,13 @@ def shared() -> Iterator[Shared]:
     s.close()
 
 
+def read_groups(reader: ListenerReader) -> tuple[Any, ...]:
+    """``reader.read(NOW)`` with each group's datagrams (a ReadDatagrams, valid until the
+    next read) taken as a list of bytes."""
+    groups, foreign, buffers, packets = reader.read(NOW)
+    return [(o, list(d), e) for o, d, e in groups], foreign, buffers, packets
+
+
 def send(channel: PathChannel, sent: list[bytes]) -> None:
     assert channel.queue_many(sent) == len(sent)
     assert channel.flush(NOW) >= 1
@@ -76,12 +84,12 @@ def test_each_paths_packets_go_to_its_owner_in_order_and_are_acknowledged(
     for channel, owner in zip(shared.b, owners, strict=True):
         shared.reader.add(channel, owner)
     assert len(shared.reader) == 2
-    assert shared.reader.read(NOW) == ([], [], 0, 0)  # the first read turns GRO on
+    assert read_groups(shared.reader) == ([], [], 0, 0)  # the first read turns GRO on
     first = datagrams(40, shared.a[0].datagram_bytes, seed=1)
     second = [b"x" * 100, b"y" * 7]
     send(shared.a[0], first)
     send(shared.a[1], second)
-    groups, foreign, buffers, packets = shared.reader.read(NOW)
+    groups, foreign, buffers, packets = read_groups(shared.reader)
     assert foreign == [] and buffers >= 2 and packets == 42
     assert groups == [(owners[0], first, []), (owners[1], second, [])]
     assert shared.b[0].stats()["datagrams_received"] == 40
@@ -89,17 +97,32 @@ def test_each_paths_packets_go_to_its_owner_in_order_and_are_acknowledged(
     # each channel acknowledges what it opened, to its own dialer
     for a, b, n in zip(shared.a, shared.b, (40, 2), strict=True):
         assert b.flush(NOW + 0.002) == 1
-        assert a.read(NOW + 0.002) == ([], [], [], 1, 1)
+        assert read_lists(a, NOW + 0.002) == ([], [], [], 1, 1)
         assert a.stats()["acked_packets"] == n
+
+
+def test_a_groups_datagrams_are_gone_with_the_next_read(shared: Shared) -> None:
+    shared.reader.add(shared.b[0], "bj")
+    shared.reader.add(shared.b[1], "sg")
+    assert read_groups(shared.reader) == ([], [], 0, 0)
+    send(shared.a[0], [b"one", b"two"])
+    send(shared.a[1], [b"three"])
+    (_, first, _), (_, second, _) = shared.reader.read(NOW)[0]
+    assert isinstance(first, _engine.ReadDatagrams) and list(first) == [b"one", b"two"]
+    assert list(second) == [b"three"]
+    assert read_groups(shared.reader) == ([], [], 0, 0)
+    for gone in (first, second):
+        with pytest.raises(LocalProtocolError, match="before the reader's latest read"):
+            gone[0]
 
 
 def test_a_coalesced_run_is_cut_into_its_packets(shared: Shared) -> None:
     shared.reader.add(shared.b[0], "bj")
-    assert shared.reader.read(NOW) == ([], [], 0, 0)
+    assert read_groups(shared.reader) == ([], [], 0, 0)
     assert shared.reader.gro is True
     sent = datagrams(64, shared.a[0].datagram_bytes, seed=7)
     send(shared.a[0], sent)
-    assert shared.reader.read(NOW) == ([("bj", sent, [])], [], 2, 64)  # 45 and 19 packets
+    assert read_groups(shared.reader) == ([("bj", sent, [])], [], 2, 64)  # 45 and 19 packets
     assert shared.reader.stats() == {"coalesced_reads": 2, "read_overflow": 0, "foreign_packets": 0}
 
 
@@ -113,7 +136,7 @@ def test_what_no_route_claims_comes_back_untouched_with_its_sender(shared: Share
     for packet in (long_header, unrouted, short_garbage, b""):
         other.sendto(packet, here)
     send(shared.a[0], [b"mine"])
-    groups, foreign, buffers, packets = shared.reader.read(NOW)
+    groups, foreign, buffers, packets = read_groups(shared.reader)
     sender = other.getsockname()
     assert groups == [("bj", [b"mine"], [])] and buffers == packets == 5
     assert foreign == [(p, sender) for p in (long_header, unrouted, short_garbage, b"")]
@@ -128,10 +151,10 @@ def test_a_removed_route_hands_its_packets_back_and_can_be_added_again(shared: S
     assert len(shared.reader) == 0
     packet = shared.sealed_by(1, bytes([0x30]) + b"late", 0)
     shared.dialing[1].sendto(packet, shared.listening.getsockname())
-    assert shared.reader.read(NOW) == ([], [(packet, shared.dialing[1].getsockname())], 1, 1)
+    assert read_groups(shared.reader) == ([], [(packet, shared.dialing[1].getsockname())], 1, 1)
     shared.reader.add(shared.b[1], "sg again")
     shared.dialing[1].sendto(packet, shared.listening.getsockname())
-    assert shared.reader.read(NOW) == ([("sg again", [b"late"], [])], [], 1, 1)
+    assert read_groups(shared.reader) == ([("sg again", [b"late"], [])], [], 1, 1)
 
 
 def test_a_peers_bad_packets_are_its_errors_and_forgeries_are_dropped(shared: Shared) -> None:
@@ -144,7 +167,7 @@ def test_a_peers_bad_packets_are_its_errors_and_forgeries_are_dropped(shared: Sh
     unknown_frame = shared.sealed_by(1, bytes([0x1F]) + b"junk", 1)
     for sock, packet in ((0, good), (1, bytes(forged)), (0, good), (1, unknown_frame)):
         shared.dialing[sock].sendto(packet, here)
-    groups, foreign, buffers, packets = shared.reader.read(NOW)
+    groups, foreign, buffers, packets = read_groups(shared.reader)
     assert buffers == packets == 4 and foreign == []  # the dropped ones counted too
     assert groups == [
         ("bj", [b"abc"], []),  # its replay dropped

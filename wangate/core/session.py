@@ -63,7 +63,7 @@ from wangate.core.states import PathStateKind, PeerStateKind
 from wangate.core.timers import LATE_TIMER_RECHECK_S as LATE_TIMER_RECHECK_S
 from wangate.core.timers import LATE_TIMER_S as LATE_TIMER_S
 from wangate.core.timers import TimerTable
-from wangate.engine._engine import place_shards
+from wangate.engine._engine import ReadDatagrams, place_shards
 from wangate.errors import LocalProtocolError, PeerUnreachable, RemoteProtocolError
 
 # After a late timer (``wangate.core.timers``) the peer has this many of its best path's
@@ -340,10 +340,11 @@ class PeerSession:
         self._handle_datagram(record, data, now)
 
     def handle_datagrams(
-        self, path: str, datagrams: list[bytes], now: float
+        self, path: str, datagrams: list[bytes] | ReadDatagrams, now: float
     ) -> list[RemoteProtocolError]:
-        """DATAGRAM frames read together on ``path``, each as ``handle_datagram`` would:
-        the malformed ones' errors, in order (the rest are handled all the same)."""
+        """DATAGRAM frames read together on ``path`` (a list, or a read's frames where
+        they lie), each as ``handle_datagram`` would: the malformed ones' errors, in
+        order (the rest are handled all the same)."""
         record = self._paths.get(path)
         if record is None:
             raise LocalProtocolError(f"datagram on path {path} that is not up")

@@ -11,6 +11,7 @@ from wangate.engine._engine import (
     READ_BATCH_BUFFERS,
     ListenerReader,
     PathChannel,
+    ReadDatagrams,
 )
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "READ_BATCH_BUFFERS",
     "ListenerReader",
     "PathChannel",
+    "ReadDatagrams",
 ]

@@ -1,3 +1,4 @@
+from collections.abc import Iterator
 from typing import Any
 
 from wangate.core.datagrams import ShardSpan
@@ -5,6 +6,14 @@ from wangate.core.datagrams import ShardSpan
 CID_BYTES: int
 DATAGRAM_OVERHEAD_BYTES: int
 READ_BATCH_BUFFERS: int  # the most buffers one read() takes (one recvmmsg)
+
+class ReadDatagrams:
+    """The DATAGRAM frames of one read, in the reader's buffers until its next read
+    (then every use raises LocalProtocolError); ``place_shards`` reads them in place."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> bytes: ...
+    def __iter__(self) -> Iterator[bytes]: ...
 
 class PathChannel:
     burst: bool
@@ -37,7 +46,7 @@ class PathChannel:
     def receive(self, data: bytes, now: float) -> bool | bytes | list[bytes] | None: ...
     def read(
         self, now: float
-    ) -> tuple[list[bytes], list[tuple[bytes, tuple[Any, ...]]], list[str], int, int]: ...
+    ) -> tuple[ReadDatagrams, list[tuple[bytes, tuple[Any, ...]]], list[str], int, int]: ...
     def timer(self, now: float) -> float | None: ...
     def on_timer(self, now: float) -> None: ...
     def stats(self) -> dict[str, int | float]: ...
@@ -52,7 +61,7 @@ class ListenerReader:
     def read(
         self, now: float
     ) -> tuple[
-        list[tuple[Any, list[bytes], list[str]]], list[tuple[bytes, tuple[Any, ...]]], int, int
+        list[tuple[Any, ReadDatagrams, list[str]]], list[tuple[bytes, tuple[Any, ...]]], int, int
     ]: ...
     def stats(self) -> dict[str, int]: ...
 
@@ -63,8 +72,11 @@ class ListenerReader:
 ShardRun = tuple[int, int, int, int, int, int, int, int, bool, int, int, float]
 
 def place_shards(
-    datagrams: list[bytes], bodies: dict[int, Any], newest_seq: int, largest_msg_id: int
-) -> list[bytes | ShardRun]: ...  # non-bytes items come back as they are
+    datagrams: list[bytes] | ReadDatagrams,
+    bodies: dict[int, Any],
+    newest_seq: int,
+    largest_msg_id: int,
+) -> list[bytes | ShardRun]: ...  # a list's non-bytes items come back as they are
 def encode_shard_span(span: ShardSpan) -> list[bytes]: ...
 def encode_ack(ranges: list[tuple[int, int]], ack_delay: int, cap: int = ...) -> bytes: ...
 def parse_frames(data: bytes) -> dict[str, Any]: ...

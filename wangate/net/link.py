@@ -29,7 +29,7 @@ from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
 
 from wangate.core.frames import ControlStreamDecoder, Hello, encode_control
-from wangate.engine import DATAGRAM_OVERHEAD_BYTES, READ_BATCH_BUFFERS, PathChannel
+from wangate.engine import DATAGRAM_OVERHEAD_BYTES, READ_BATCH_BUFFERS, PathChannel, ReadDatagrams
 from wangate.errors import LinkError, LocalProtocolError, RemoteProtocolError, WangateError
 from wangate.net import aioquic_compat as compat
 from wangate.net.address import host_port
@@ -219,7 +219,7 @@ class PathLink(QuicConnectionProtocol):
         if self._after_receive is None:
             self._after_receive = self._loop.call_soon(self._answer_received)
 
-    def data_plane_read(self, datagrams: list[bytes], errors: list[str]) -> None:
+    def data_plane_read(self, datagrams: ReadDatagrams, errors: list[str]) -> None:
         """This link's part of a batch its channel opened (from its own socket, or from
         the listener's, ``ListenerReader``): acknowledged as soon as it is read, before
         the session handles it (one read may hold thousands of packets, UDP GRO, and the

@@ -55,6 +55,7 @@ from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
 from wangate.core.session import PeerSession
 from wangate.core.states import PeerStateKind
+from wangate.engine import ReadDatagrams
 from wangate.errors import (
     ErrorCode,
     GatewayError,
@@ -304,7 +305,7 @@ class PeerDriver:
     # ------------------------------------------------------------- inputs
 
     def datagrams_received(
-        self, link: PathLink, datagrams: list[bytes]
+        self, link: PathLink, datagrams: list[bytes] | ReadDatagrams
     ) -> list[RemoteProtocolError]:
         """A batch of DATAGRAM frames, read together: the malformed ones' errors (the
         rest are handled all the same)."""

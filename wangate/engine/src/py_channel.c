@@ -267,7 +267,10 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     self->ch.stats.coalesced_reads += b->coalesced_reads;
     self->ch.stats.read_overflow += b->read_overflow;
     if (n < 0) return NULL;
-    PyObject *datagrams = PyList_New(0), *foreign = PyList_New(0), *errors = PyList_New(0);
+    Py_ssize_t count = 0;
+    for (size_t k = 0; k < b->packets; k++) count += wg_py_packet_datagrams(&b->packet[k]);
+    PyObject *datagrams = wg_py_datagrams_new((PyObject *)self, &self->batch, count);
+    PyObject *foreign = PyList_New(0), *errors = PyList_New(0);
     if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;
     for (size_t k = 0; k < b->packets; k++)
         if (wg_py_append_packet(b, &b->packet[k], datagrams, foreign, errors) < 0) goto fail;
@@ -463,5 +466,6 @@ wg_channel *wg_py_channel_of(PyObject *object) {
 }
 
 int wg_py_add_channel_types(PyObject *module) {
+    if (wg_py_add_type(module, &wg_ReadDatagramsType, "ReadDatagrams") < 0) return -1;
     return wg_py_add_type(module, &wg_ChannelType, "PathChannel");
 }

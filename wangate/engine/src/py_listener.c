@@ -16,6 +16,7 @@ typedef struct {
     wg_channel *ch;
     PyObject *owner; /* what read() names the channel's packets by */
     PyObject *group; /* during read(): its (owner, datagrams, errors), borrowed */
+    Py_ssize_t datagrams; /* during read(): how many of the read's are its */
 } Route;
 
 typedef struct {
@@ -145,9 +146,11 @@ static wg_channel *route_of(void *ctx, const uint8_t *packet, size_t len, uint32
     return self->routes[at].ch;
 }
 
-static PyObject *group_of(Route *r, PyObject *groups) {
+static PyObject *group_of(ReaderObject *self, Route *r, PyObject *groups) {
     if (r->group != NULL) return r->group;
-    PyObject *group = Py_BuildValue("(ONN)", r->owner, PyList_New(0), PyList_New(0));
+    PyObject *group = Py_BuildValue(
+        "(ONN)", r->owner, wg_py_datagrams_new((PyObject *)self, &self->batch, r->datagrams),
+        PyList_New(0));
     if (group == NULL) return NULL;
     int rc = PyList_Append(groups, group);
     Py_DECREF(group); /* the list keeps it */
@@ -172,6 +175,10 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *arg) {
     self->coalesced_reads += b->coalesced_reads;
     self->read_overflow += b->read_overflow;
     if (n < 0) return NULL;
+    for (size_t i = 0; i < self->count; i++) self->routes[i].datagrams = 0;
+    for (size_t k = 0; k < b->packets; k++)
+        if (b->packet[k].result != WG_RECEIVE_NOT_MINE)
+            self->routes[b->packet[k].route].datagrams += wg_py_packet_datagrams(&b->packet[k]);
     PyObject *groups = PyList_New(0), *foreign = PyList_New(0);
     if (groups == NULL || foreign == NULL) goto fail;
     for (size_t k = 0; k < b->packets; k++) {
@@ -181,7 +188,7 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *arg) {
             if (wg_py_append_packet(b, p, NULL, foreign, NULL) < 0) goto fail;
             continue;
         }
-        PyObject *group = group_of(&self->routes[p->route], groups);
+        PyObject *group = group_of(self, &self->routes[p->route], groups);
         if (group == NULL || wg_py_append_packet(b, p, PyTuple_GET_ITEM(group, 1), foreign,
                                                  PyTuple_GET_ITEM(group, 2)) < 0)
             goto fail;

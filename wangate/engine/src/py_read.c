@@ -63,8 +63,13 @@ static void open_read(ReadBatch *b, int n, double now, wg_pick_channel pick, voi
     b->packets = k;
 }
 
+/* every read's number: a ReadDatagrams knows its read by it, even where a later batch
+ * lies at the same address (only touched with the GIL held) */
+static uint64_t read_generations = 0;
+
 int wg_py_batch_read(ReadBatch *b, int fd, double now, wg_pick_channel pick, void *ctx) {
     int n, read_errno = 0;
+    b->generation = ++read_generations;
     Py_BEGIN_ALLOW_THREADS
     n = wg_reader_read(&b->reader, fd);
     if (n < 0) read_errno = errno;
@@ -122,11 +127,102 @@ int wg_py_append_packet(const ReadBatch *b, const ReadPacket *p, PyObject *datag
     default:
         break;
     }
-    const uint8_t *frames = data + WG_SHORT_HEADER_LEN;
-    for (int j = 0; j < p->datagrams; j++) {
-        PyObject *d = PyBytes_FromStringAndSize((const char *)frames + p->datagram_off[j],
-                                                (Py_ssize_t)p->datagram_len[j]);
-        if (append_new(datagrams, d) < 0) return -1;
+    ReadDatagramsObject *d = (ReadDatagramsObject *)datagrams;
+    if (d->capacity - d->count < p->datagrams) {
+        PyErr_SetString(PyExc_SystemError, "ReadDatagrams sized too small for its read");
+        return -1;
+    }
+    for (int j = 0; j < p->datagrams; j++, d->count++) {
+        d->offset[d->count] = p->off + WG_SHORT_HEADER_LEN + p->datagram_off[j];
+        d->length[d->count] = p->datagram_len[j];
     }
     return 0;
 }
+
+int wg_py_packet_datagrams(const ReadPacket *p) {
+    return p->result == WG_RECEIVE_NOT_MINE || p->result == WG_RECEIVE_DROPPED ||
+                   p->result == WG_RECEIVE_MALFORMED || p->result == WG_RECEIVE_BAD_ACK
+               ? 0
+               : p->datagrams;
+}
+
+/* ---------------------------------------------------------------- ReadDatagrams */
+
+PyObject *wg_py_datagrams_new(PyObject *owner, ReadBatch *const *batch, Py_ssize_t capacity) {
+    if (*batch == NULL || capacity < 0) {
+        PyErr_SetString(PyExc_SystemError, "ReadDatagrams of no read");
+        return NULL;
+    }
+    ReadDatagramsObject *d = PyObject_New(ReadDatagramsObject, &wg_ReadDatagramsType);
+    if (d == NULL) return NULL;
+    d->owner = NULL;
+    /* each frame's offset, then each one's length: one block */
+    size_t room = (size_t)(capacity > 0 ? capacity : 1);
+    d->offset = PyMem_Malloc(sizeof(uint32_t) * 2 * room);
+    if (d->offset == NULL) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
+    d->length = d->offset + room;
+    d->capacity = capacity;
+    Py_INCREF(owner);
+    d->owner = owner;
+    d->batch = batch;
+    d->read = *batch;
+    d->generation = (*batch)->generation;
+    d->count = 0;
+    return (PyObject *)d;
+}
+
+/* the read's buffers, or NULL with LocalProtocolError set: the owner read again */
+static const uint8_t *current(ReadDatagramsObject *d) {
+    if (*d->batch != d->read || d->read->generation != d->generation) {
+        PyErr_SetString(wg_LocalProtocolError,
+                        "these datagrams were read before the reader's latest read, which "
+                        "reused their buffers: take what is needed before reading again");
+        return NULL;
+    }
+    return d->read->reader.mem;
+}
+
+Py_ssize_t wg_py_datagrams_view(PyObject *datagrams, const uint8_t **base,
+                                const uint32_t **offsets, const uint32_t **lengths) {
+    ReadDatagramsObject *d = (ReadDatagramsObject *)datagrams;
+    if ((*base = current(d)) == NULL) return -1;
+    *offsets = d->offset;
+    *lengths = d->length;
+    return d->count;
+}
+
+static void ReadDatagrams_dealloc(ReadDatagramsObject *d) {
+    Py_XDECREF(d->owner);
+    PyMem_Free(d->offset);
+    PyObject_Free(d);
+}
+
+static Py_ssize_t ReadDatagrams_len(ReadDatagramsObject *d) { return d->count; }
+
+static PyObject *ReadDatagrams_item(ReadDatagramsObject *d, Py_ssize_t i) {
+    if (i < 0 || i >= d->count) {
+        PyErr_SetString(PyExc_IndexError, "ReadDatagrams index out of range");
+        return NULL;
+    }
+    const uint8_t *base = current(d);
+    if (base == NULL) return NULL;
+    return PyBytes_FromStringAndSize((const char *)base + d->offset[i], d->length[i]);
+}
+
+static PySequenceMethods ReadDatagrams_as_sequence = {
+    .sq_length = (lenfunc)ReadDatagrams_len,
+    .sq_item = (ssizeargfunc)ReadDatagrams_item,
+};
+
+PyTypeObject wg_ReadDatagramsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "wangate.engine._engine.ReadDatagrams",
+    .tp_basicsize = sizeof(ReadDatagramsObject),
+    .tp_dealloc = (destructor)ReadDatagrams_dealloc,
+    .tp_as_sequence = &ReadDatagrams_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The DATAGRAM frames of one read, in the reader's buffers until its next read: "
+              "len(), [i] (bytes), iteration; place_shards reads them in place.",
+};

@@ -34,6 +34,7 @@ typedef struct {
 typedef struct {
     wg_reader reader;
     wg_parsed parsed; /* one packet's frames, copied out into its ReadPacket */
+    uint64_t generation; /* this read's number, unique in the process (ReadDatagrams) */
     size_t packets;
     size_t coalesced_reads, read_overflow; /* of the last read */
     ReadPacket packet[READ_PACKETS];
@@ -53,11 +54,40 @@ void wg_py_batch_free(ReadBatch *b);
  * OSError set. */
 int wg_py_batch_read(ReadBatch *b, int fd, double now, wg_pick_channel pick, void *ctx);
 
-/* Append what the session gets of packet `p` to `datagrams` (bytes each), `foreign`
- * ((bytes, address) of a packet no channel owns) or `errors` (the peer's faults, str):
- * 0, or -1 with an exception set. */
+/* Append what the session gets of packet `p` to `datagrams` (a ReadDatagrams with room
+ * for them), `foreign` ((bytes, address) of a packet no channel owns) or `errors` (the
+ * peer's faults, str): 0, or -1 with an exception set. */
 int wg_py_append_packet(const ReadBatch *b, const ReadPacket *p, PyObject *datagrams,
                         PyObject *foreign, PyObject *errors);
+
+/* ReadDatagrams: the DATAGRAM frames of one read (of one route), where they lie in the
+ * batch's buffers: no bytes object each.  It holds `owner` (the reader, which keeps
+ * *`batch`) and answers only until the owner's next read, after which every use raises
+ * LocalProtocolError: the buffers then hold other packets.  A sequence of bytes (each
+ * item a copy); place_shards reads it in place. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner;
+    ReadBatch *const *batch; /* where the owner keeps its batch */
+    const ReadBatch *read;   /* the batch, and the read, the frames are of */
+    uint64_t generation;
+    Py_ssize_t count, capacity;
+    uint32_t *offset, *length; /* from the batch's reader.mem */
+} ReadDatagramsObject;
+
+extern PyTypeObject wg_ReadDatagramsType;
+
+/* An empty ReadDatagrams with room for `capacity` frames of the batch's current read;
+ * NULL with an exception set. */
+PyObject *wg_py_datagrams_new(PyObject *owner, ReadBatch *const *batch, Py_ssize_t capacity);
+
+/* The frames of a ReadDatagrams still current: their count, and each one's start and
+ * length (base, offsets, lengths); -1 with LocalProtocolError set once stale. */
+Py_ssize_t wg_py_datagrams_view(PyObject *datagrams, const uint8_t **base,
+                                const uint32_t **offsets, const uint32_t **lengths);
+
+/* The datagram count of packet `p` that reaches the session (0 for the rest) */
+int wg_py_packet_datagrams(const ReadPacket *p);
 
 /* PathChannel: the channel inside, or NULL with TypeError/LocalProtocolError set */
 wg_channel *wg_py_channel_of(PyObject *object);

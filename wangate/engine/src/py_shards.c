@@ -20,6 +20,7 @@
  * differences are the send stamps'): the session folds it into the path's jitter.
  *
  * The payload copies are made with the GIL released, after every check. */
+#include "py_read.h"
 #include "wg_py.h"
 
 #include <math.h>
@@ -68,8 +69,9 @@ typedef struct {
 
 typedef struct {
     uint8_t *dst;
-    PyObject *src; /* a bytes object, referenced until the copy is made */
+    const uint8_t *src; /* in `item`, or in the read that `datagrams` names */
     size_t len;
+    PyObject *item; /* a list's bytes object, referenced until the copy is made */
 } copy_t;
 
 static int append_run(PyObject *out, const run_t *r) {
@@ -100,22 +102,52 @@ static int expandable_arg(PyObject *obj, const char *what, uint64_t *out) {
     return 0;
 }
 
+/* a ReadDatagrams' frames as a list of bytes (what place_shards gives back) */
+static PyObject *as_list(PyObject *datagrams) {
+    if (PyList_Check(datagrams)) {
+        Py_INCREF(datagrams);
+        return datagrams;
+    }
+    const uint8_t *base;
+    const uint32_t *offsets, *lengths;
+    Py_ssize_t n = wg_py_datagrams_view(datagrams, &base, &offsets, &lengths);
+    if (n < 0) return NULL;
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *d = PyBytes_FromStringAndSize((const char *)base + offsets[i], lengths[i]);
+        if (d == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, d);
+    }
+    return out;
+}
+
 static PyObject *py_place_shards(PyObject *self, PyObject *args) {
     PyObject *datagrams, *bodies, *newest_obj, *largest_obj;
-    if (!PyArg_ParseTuple(args, "O!O!OO:place_shards", &PyList_Type, &datagrams, &PyDict_Type,
-                          &bodies, &newest_obj, &largest_obj))
+    if (!PyArg_ParseTuple(args, "OO!OO:place_shards", &datagrams, &PyDict_Type, &bodies,
+                          &newest_obj, &largest_obj))
         return NULL;
+    /* a list of bytes, or the frames of a read where they lie (no bytes object each) */
+    const uint8_t *base = NULL;
+    const uint32_t *offsets = NULL, *lengths = NULL;
+    Py_ssize_t n;
+    if (PyList_Check(datagrams)) {
+        n = PyList_GET_SIZE(datagrams);
+    } else if (Py_IS_TYPE(datagrams, &wg_ReadDatagramsType)) {
+        if ((n = wg_py_datagrams_view(datagrams, &base, &offsets, &lengths)) < 0) return NULL;
+    } else {
+        PyErr_Format(PyExc_TypeError, "datagrams must be a list or ReadDatagrams, not %.100s",
+                     Py_TYPE(datagrams)->tp_name);
+        return NULL;
+    }
     uint64_t newest_seq, largest_msg_id;
     int a = expandable_arg(newest_obj, "newest_seq", &newest_seq);
     int b = a == -2 ? -2 : expandable_arg(largest_obj, "largest_msg_id", &largest_msg_id);
     if (a == -2 || b == -2) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(datagrams);
-    if (a < 0 || b < 0 || n == 0 || PyDict_GET_SIZE(bodies) == 0) {
-        Py_INCREF(datagrams); /* nothing can be taken: all of it per datagram */
-        return datagrams;
-    }
-    /* the sources stay referenced while the GIL is released (the list is the caller's
-     * and could change meanwhile), and the bodies' buffers stay exported */
+    if (a < 0 || b < 0 || n == 0 || PyDict_GET_SIZE(bodies) == 0)
+        return as_list(datagrams); /* nothing can be taken: all of it per datagram */
+    /* the sources stay referenced while the GIL is released (a list is the caller's and
+     * could change meanwhile; the caller's ReadDatagrams keeps its reader, and so the
+     * read, alive), and the bodies' buffers stay exported */
     copy_t *copies = PyMem_Malloc((size_t)n * sizeof(copy_t));
     PyObject *out = PyList_New(0);
     if (copies == NULL || out == NULL) {
@@ -147,10 +179,13 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
     uint32_t repaired[MAX_REPAIRED];
     int nrepaired = 0;
     for (Py_ssize_t i = 0; i < n && !failed; i++) {
-        PyObject *item = PyList_GET_ITEM(datagrams, i);
+        PyObject *item = NULL; /* a list's; a read's frames have none */
         const uint8_t *p = NULL;
         Py_ssize_t len = 0;
-        if (PyBytes_CheckExact(item)) {
+        if (base != NULL) {
+            p = base + offsets[i];
+            len = lengths[i];
+        } else if (PyBytes_CheckExact(item = PyList_GET_ITEM(datagrams, i))) {
             p = (const uint8_t *)PyBytes_AS_STRING(item);
             len = PyBytes_GET_SIZE(item);
         } else {
@@ -218,7 +253,12 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
             }
             if (in_run && append_run(out, &run) < 0) failed = 1;
             in_run = 0;
-            if (!failed && PyList_Append(out, item) < 0) failed = 1;
+            if (!failed) { /* as it came: a read's frame as bytes */
+                PyObject *left = item != NULL ? Py_NewRef(item)
+                                              : PyBytes_FromStringAndSize((const char *)p, len);
+                if (left == NULL || PyList_Append(out, left) < 0) failed = 1;
+                Py_XDECREF(left);
+            }
             continue;
         }
         stamp = (uint32_t)p[5] << 16 | (uint32_t)p[6] << 8 | p[7];
@@ -246,19 +286,17 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
         if (seq > seq_hi) seq_hi = seq;
         if (msg_id > id_lo) id_lo = msg_id;
         if (msg_id > id_hi) id_hi = msg_id;
-        Py_INCREF(item);
-        copies[ncopies++] = (copy_t){(uint8_t *)cur->buf + offset, item, (size_t)(end - offset)};
+        Py_XINCREF(item);
+        copies[ncopies++] = (copy_t){(uint8_t *)cur->buf + offset, p + USUAL_HEADER_BYTES,
+                                     (size_t)(end - offset), item};
     }
     if (!failed && in_run && append_run(out, &run) < 0) failed = 1;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < ncopies; i++) {
-            const char *src = PyBytes_AS_STRING(copies[i].src) + USUAL_HEADER_BYTES;
-            memcpy(copies[i].dst, src, copies[i].len);
-        }
+        for (Py_ssize_t i = 0; i < ncopies; i++) memcpy(copies[i].dst, copies[i].src, copies[i].len);
         Py_END_ALLOW_THREADS
     }
-    for (Py_ssize_t i = 0; i < ncopies; i++) Py_DECREF(copies[i].src);
+    for (Py_ssize_t i = 0; i < ncopies; i++) Py_XDECREF(copies[i].item);
     for (Py_ssize_t i = 0; i < nviews; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(copies);
     if (failed) {
