@@ -98,6 +98,15 @@ def engine_seeds() -> dict[str, list[bytes]]:
         targets.engine_listener_input(0, [(0x8000, b"\x30data"), (0xC000, b"\x31\x02ab")]),
         targets.engine_listener_input(1, [(0, b"\xc0" + bytes(40)), (0x8000, ack), (0, b"")]),
         targets.engine_listener_input(0, [(0xC000, b"\x1fjunk"), (0x4000, b"\x40" + bytes(20))]),
+        # usual shards of messages 1 and 2 (64 KiB), which the target places
+        targets.engine_listener_input(
+            0,
+            [
+                (0x8000, b"\x30" + encode_shard(1, 0, 1, 1 << 16, 100, b"a" * 100)),
+                (0x8000, b"\x30" + encode_shard(2, 0, 1, 1 << 16, 200, b"b" * 100)),
+                (0xC000, b"\x30" + encode_shard(1, 0, 2, 1 << 16, 300, b"c" * 100)),
+            ],
+        ),
     ]
     return {
         "engine_frames": frames,

@@ -578,7 +578,9 @@ def engine_listener(data: bytes) -> None:
     up to 32 packets sent to it from two dialers, read to empty. Byte 0 bit 0: UDP GRO
     off. Each packet: a u16 head (bit 15: the body is frames, sealed as dialer bit 14's
     path would seal them; bits 0-10: the body's length), then the body. What no route
-    claims must come back exactly as sent, in order, with its sender."""
+    claims must come back exactly as sent, in order, with its sender; each path's
+    datagrams are placed (messages 1 and 2, 64 KiB) where the read left them exactly as
+    from their bytes."""
     _engine = _engine_module()
     if not _listener_sockets:
         _listener_sockets.append(_ListenerSockets())
@@ -617,6 +619,12 @@ def engine_listener(data: bytes) -> None:
             assert owner in (0, 1) and all(isinstance(d, bytes) for d in datagrams)
             assert all(isinstance(e, str) for e in errors)
             owners.append(owner)
+            # shards placed from where the read left them, as from their bytes
+            in_place = {1: bytearray(1 << 16), 2: bytearray(1 << 16)}
+            from_bytes = {1: bytearray(1 << 16), 2: bytearray(1 << 16)}
+            expected_placed = _engine.place_shards(list(datagrams), from_bytes, 0, 0)
+            assert _engine.place_shards(datagrams, in_place, 0, 0) == expected_placed
+            assert in_place == from_bytes
         if count == 0:
             break
     expected = [
