@@ -233,6 +233,67 @@ def test_the_kept_count_equals_the_scan_over_any_acks_losses_and_splits(
     assert not queue.has_work()
 
 
+def ledger_state(message: OutboundMessage) -> object:
+    return (
+        list(message.acked.ranges()),
+        message.acked_at,
+        {
+            b: (ledger.acked_sources, ledger.acked_repairs, ledger.by_range, ledger.inflight)
+            for b, ledger in message.blocks.items()
+        },
+    )
+
+
+@given(
+    st.integers(1, 8),
+    st.integers(1, 40),
+    st.integers(0, 3),
+    st.randoms(use_true_random=False),
+)
+def test_a_run_of_symbols_marked_at_once_is_each_marked_alone(
+    k: int, symbols: int, repair_count: int, rng: random.Random
+) -> None:
+    """``mark_acked(..., symbols=n)`` for n consecutive symbols of one block (an ack's
+    run, ``SentOutcomes._mark_acked``) leaves the queue as n calls of one would."""
+    together, message = coded_queue(10, k, 10 * symbols, repair_count)
+    alone, twin = coded_queue(10, k, 10 * symbols, repair_count)
+    pieces: list[Piece] = []
+    for _ in range(10_000):
+        piece, copy = together.take(10, critical=False), alone.take(10, critical=False)
+        assert (piece is None) == (copy is None)
+        if piece is None:
+            break
+        pieces.append(piece)
+    # cut into runs the ack walk would join: one block, symbols and bytes that follow on
+    runs: list[list[Piece]] = []
+    for piece in pieces:
+        last = runs[-1][-1] if runs else None
+        follows = (
+            last is not None
+            and piece.block == last.block >= 0
+            and piece.symbol == last.symbol + 1
+            and piece.start == last.end
+            and rng.random() < 0.8
+        )
+        if follows:
+            runs[-1].append(piece)
+        else:
+            runs.append([piece])
+    rng.shuffle(runs)
+    for run in runs[: rng.randint(0, len(runs))]:
+        first, last = run[0], run[-1]
+        if first.block >= 0:
+            together.mark_acked(
+                MSG, first.start, last.end, first.block, first.symbol, 1.0, symbols=len(run)
+            )
+        else:
+            together.mark_acked(MSG, first.start, last.end, -1, -1, 1.0)
+        for piece in run:
+            alone.mark_acked(MSG, piece.start, piece.end, piece.block, piece.symbol, 1.0)
+        assert ledger_state(message) == ledger_state(twin)
+        assert_counts_exact(message)
+
+
 # ---------------------------------------------------------------- receiver
 
 

@@ -421,8 +421,11 @@ class OutboundQueue:
         now: float,
         *,
         declared_lost: bool = False,
+        symbols: int = 1,
     ) -> None:
-        """A piece arrived; ``declared_lost``: after ``mark_lost`` took it out of flight."""
+        """A piece arrived; ``declared_lost``: after ``mark_lost`` took it out of flight.
+        ``symbols``: that many pieces, coded symbols ``symbol`` on of one block whose
+        bytes are [start, end) together (an ack's run): the same as one call each."""
         message = self.messages.get(msg_id)
         if message is None:
             return
@@ -434,12 +437,13 @@ class OutboundQueue:
             message.range_acked(start, end)
         elif shape is not None and ledger is not None:
             if not declared_lost:
-                ledger.inflight -= 1
+                ledger.inflight -= symbols
             block_k = shape.block_k(block)
-            if symbol >= block_k:
-                ledger.acked_repairs.add(symbol)
-            else:
-                ledger.source_acked(symbol)
+            for index in range(symbol, symbol + symbols):
+                if index >= block_k:
+                    ledger.acked_repairs.add(index)
+                else:
+                    ledger.source_acked(index)
             if ledger.coded and ledger.have(shape, block, message.acked) >= block_k:
                 # any k symbols rebuild the block at the receiver
                 message.acked.add(*shape.block_range(block))

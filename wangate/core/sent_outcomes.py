@@ -76,25 +76,42 @@ class SentOutcomes:
 
     def _mark_acked(self, acked: list[SentDatagram], now: float) -> None:
         """Tell the queue what arrived: a run of plain pieces that follow each other in
-        one message (an in-order ack's usual shape) as one range, coded symbols one by
-        one. Marking a range is a union, so the run's result is the pieces'."""
-        queue = self.queue
-        run_msg_id = run_start = run_end = 0
+        one message (an in-order ack's usual shape) as one range, and a run of coded
+        symbols that follow each other in one block as one call. Marking is a union, so
+        the run's result is the pieces'."""
+        msg_id = start = end = count = 0  # the run: count pieces, [start, end) of msg_id
+        block = symbol = -1
         for sent in acked:
-            msg_id = sent.msg_id
-            if not msg_id:
+            if not sent.msg_id:
                 continue
-            if sent.block < 0:
-                if msg_id == run_msg_id and sent.start == run_end:
-                    run_end = sent.end
-                    continue
-                if run_msg_id:
-                    queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
-                run_msg_id, run_start, run_end = msg_id, sent.start, sent.end
+            if (
+                count
+                and sent.msg_id == msg_id
+                and sent.start == end
+                and sent.block == block
+                and (block < 0 or sent.symbol == symbol + count)
+            ):
+                end = sent.end
+                count += 1
                 continue
-            queue.mark_acked(msg_id, sent.start, sent.end, sent.block, sent.symbol, now)
-        if run_msg_id:
-            queue.mark_acked(run_msg_id, run_start, run_end, -1, -1, now)
+            if count:
+                self._mark_run(msg_id, start, end, block, symbol, count, now)
+            msg_id, start, end, block, symbol = (
+                sent.msg_id,
+                sent.start,
+                sent.end,
+                sent.block,
+                sent.symbol,
+            )
+            count = 1
+        if count:
+            self._mark_run(msg_id, start, end, block, symbol, count, now)
+
+    def _mark_run(
+        self, msg_id: int, start: int, end: int, block: int, symbol: int, count: int, now: float
+    ) -> None:
+        symbols = count if block >= 0 else 1  # a plain run names no symbols
+        self.queue.mark_acked(msg_id, start, end, block, symbol, now, symbols=symbols)
 
     def alone(self, path: str) -> bool:
         """Whether no path but ``path`` may carry data now."""
