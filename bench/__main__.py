@@ -43,6 +43,7 @@ SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
     "localapi": {
         "idle": ("bench.localapi.idle", "what an idle trainer connection costs the daemon"),
         "shm": ("bench.localapi.shm", "shared-memory payloads: hand-over, streaming, memory"),
+        "handover": ("bench.localapi.handover", "a small message's send, warm and after a gap"),
     },
     "robustness": {
         "flood": ("bench.robustness.flood", "forged QUIC packets against a daemon pair"),
