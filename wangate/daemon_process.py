@@ -1,13 +1,13 @@
 """Settings of a process that runs a gateway's event loop (the daemon, each worker).
 
 The collector: every datagram in flight is a small tracked object that lives about
-one round trip, so with CPython's default first threshold (700 allocations) a
-gateway moving 2 Gbit/s runs a collection every ~0.3 ms, each walking the whole window
-in flight, and a full collection walks everything loaded at start-up. The objects
-made at start-up (modules, config, TLS material) never become garbage, so they are
-moved out of the collector's sight (``gc.freeze``); and the first threshold is raised
-so that a collection comes once per tens of thousands of allocations, not hundreds.
-Cycles are still collected, only in larger batches (bench/RESULTS.md, "CPU per byte").
+one round trip, so with CPython's default first threshold (700 allocations) a busy
+gateway ran a collection every few hundred datagrams, each walking the window in
+flight, and full ones walked everything loaded at start-up: about 3 % of a sending
+daemon's CPU. What start-up made (modules, config, TLS material) never becomes garbage,
+so it is moved out of the collector's sight (``gc.freeze``), and the first threshold is
+raised so that a collection comes once per tens of thousands of allocations. Cycles are
+still collected, in larger batches (bench/RESULTS.md, "CPU per byte now").
 """
 
 from __future__ import annotations

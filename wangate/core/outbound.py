@@ -424,8 +424,8 @@ class OutboundQueue:
         symbols: int = 1,
     ) -> None:
         """A piece arrived; ``declared_lost``: after ``mark_lost`` took it out of flight.
-        ``symbols``: that many pieces, coded symbols ``symbol`` on of one block whose
-        bytes are [start, end) together (an ack's run): the same as one call each."""
+        ``symbols``: a run of that many coded symbols of ``block`` from ``symbol`` on,
+        their bytes [start, end) together (an ack's run), as one call each would."""
         message = self.messages.get(msg_id)
         if message is None:
             return

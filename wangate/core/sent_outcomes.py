@@ -96,14 +96,8 @@ class SentOutcomes:
                 continue
             if count:
                 self._mark_run(msg_id, start, end, block, symbol, count, now)
-            msg_id, start, end, block, symbol = (
-                sent.msg_id,
-                sent.start,
-                sent.end,
-                sent.block,
-                sent.symbol,
-            )
-            count = 1
+            msg_id, start, end = sent.msg_id, sent.start, sent.end
+            block, symbol, count = sent.block, sent.symbol, 1
         if count:
             self._mark_run(msg_id, start, end, block, symbol, count, now)
 

@@ -102,7 +102,8 @@ static int expandable_arg(PyObject *obj, const char *what, uint64_t *out) {
     return 0;
 }
 
-/* a ReadDatagrams' frames as a list of bytes (what place_shards gives back) */
+/* what place_shards gives back when it takes nothing: a list as it came, a
+ * ReadDatagrams' frames as bytes */
 static PyObject *as_list(PyObject *datagrams) {
     if (PyList_Check(datagrams)) {
         Py_INCREF(datagrams);
@@ -147,7 +148,8 @@ static PyObject *py_place_shards(PyObject *self, PyObject *args) {
         return as_list(datagrams); /* nothing can be taken: all of it per datagram */
     /* the sources stay referenced while the GIL is released (a list is the caller's and
      * could change meanwhile; the caller's ReadDatagrams keeps its reader, and so the
-     * read, alive), and the bodies' buffers stay exported */
+     * read, alive: a reader is read from one thread, its event loop's), and the bodies'
+     * buffers stay exported */
     copy_t *copies = PyMem_Malloc((size_t)n * sizeof(copy_t));
     PyObject *out = PyList_New(0);
     if (copies == NULL || out == NULL) {
