@@ -204,10 +204,13 @@ def _spread(values: list[float]) -> str:
 
 def report(results: Path) -> str:
     """The tables of the records under ``results/<tree>/run<i>/``: this tree's ("after")
-    against the other trees' together ("before")."""
+    against the other trees' together ("before"); a single run of this tree alone
+    writes ``results/<scenario>/`` instead (``run_rounds``)."""
     by_scenario: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for run_json in sorted(results.glob("*/run*/*/run.json")):
-        side = "after" if run_json.parents[2].name == trees.THIS.slug else "before"
+    on_disk = [(p, p.parents[2].name == trees.THIS.slug) for p in results.glob("*/run*/*/run.json")]
+    on_disk += [(p, True) for p in results.glob("*/run.json")]
+    for run_json, this in sorted(on_disk):
+        side = "after" if this else "before"
         record = json.loads(run_json.read_text())
         by_scenario.setdefault(record["scenario"], {}).setdefault(side, []).append(record)
     lines = [
