@@ -149,7 +149,7 @@ static wg_channel *route_of(void *ctx, const uint8_t *packet, size_t len, uint32
 static PyObject *group_of(ReaderObject *self, Route *r, PyObject *groups) {
     if (r->group != NULL) return r->group;
     PyObject *group = Py_BuildValue(
-        "(ONN)", r->owner, wg_py_datagrams_new((PyObject *)self, &self->batch, r->datagrams),
+        "(ONN)", r->owner, wg_py_datagrams_new((PyObject *)self, self->batch, r->datagrams),
         PyList_New(0));
     if (group == NULL) return NULL;
     int rc = PyList_Append(groups, group);

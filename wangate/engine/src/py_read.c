@@ -63,13 +63,9 @@ static void open_read(ReadBatch *b, int n, double now, wg_pick_channel pick, voi
     b->packets = k;
 }
 
-/* every read's number: a ReadDatagrams knows its read by it, even where a later batch
- * lies at the same address (only touched with the GIL held) */
-static uint64_t read_generations = 0;
-
 int wg_py_batch_read(ReadBatch *b, int fd, double now, wg_pick_channel pick, void *ctx) {
     int n, read_errno = 0;
-    b->generation = ++read_generations;
+    b->generation++; /* with the GIL held: what a ReadDatagrams checks */
     Py_BEGIN_ALLOW_THREADS
     n = wg_reader_read(&b->reader, fd);
     if (n < 0) read_errno = errno;
@@ -148,8 +144,8 @@ int wg_py_packet_datagrams(const ReadPacket *p) {
 
 /* ---------------------------------------------------------------- ReadDatagrams */
 
-PyObject *wg_py_datagrams_new(PyObject *owner, ReadBatch *const *batch, Py_ssize_t capacity) {
-    if (*batch == NULL || capacity < 0) {
+PyObject *wg_py_datagrams_new(PyObject *owner, const ReadBatch *batch, Py_ssize_t capacity) {
+    if (batch == NULL || capacity < 0) {
         PyErr_SetString(PyExc_SystemError, "ReadDatagrams of no read");
         return NULL;
     }
@@ -168,21 +164,20 @@ PyObject *wg_py_datagrams_new(PyObject *owner, ReadBatch *const *batch, Py_ssize
     Py_INCREF(owner);
     d->owner = owner;
     d->batch = batch;
-    d->read = *batch;
-    d->generation = (*batch)->generation;
+    d->generation = batch->generation;
     d->count = 0;
     return (PyObject *)d;
 }
 
-/* the read's buffers, or NULL with LocalProtocolError set: the owner read again */
+/* the read's buffers, or NULL with LocalProtocolError set: the batch was read again */
 static const uint8_t *current(ReadDatagramsObject *d) {
-    if (*d->batch != d->read || d->read->generation != d->generation) {
+    if (d->batch->generation != d->generation) {
         PyErr_SetString(wg_LocalProtocolError,
                         "these datagrams were read before the reader's latest read, which "
                         "reused their buffers: take what is needed before reading again");
         return NULL;
     }
-    return d->read->reader.mem;
+    return d->batch->reader.mem;
 }
 
 Py_ssize_t wg_py_datagrams_view(PyObject *datagrams, const uint8_t **base,

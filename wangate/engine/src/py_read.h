@@ -34,7 +34,7 @@ typedef struct {
 typedef struct {
     wg_reader reader;
     wg_parsed parsed; /* one packet's frames, copied out into its ReadPacket */
-    uint64_t generation; /* this read's number, unique in the process (ReadDatagrams) */
+    uint64_t generation; /* this read's number (ReadDatagrams) */
     size_t packets;
     size_t coalesced_reads, read_overflow; /* of the last read */
     ReadPacket packet[READ_PACKETS];
@@ -61,25 +61,24 @@ int wg_py_append_packet(const ReadBatch *b, const ReadPacket *p, PyObject *datag
                         PyObject *foreign, PyObject *errors);
 
 /* ReadDatagrams: the DATAGRAM frames of one read (of one route), where they lie in the
- * batch's buffers: no bytes object each.  It holds `owner` (the reader, which keeps
- * *`batch`) and answers only until the owner's next read, after which every use raises
- * LocalProtocolError: the buffers then hold other packets.  A sequence of bytes (each
- * item a copy); place_shards reads it in place. */
+ * batch's buffers: no bytes object each.  It holds `owner` (the reader, which frees its
+ * batch only when it goes) and answers only until the batch's next read, after which
+ * every use raises LocalProtocolError: the buffers then hold other packets.  A sequence
+ * of bytes (each item a copy); place_shards reads it in place. */
 typedef struct {
     PyObject_HEAD
     PyObject *owner;
-    ReadBatch *const *batch; /* where the owner keeps its batch */
-    const ReadBatch *read;   /* the batch, and the read, the frames are of */
-    uint64_t generation;
+    const ReadBatch *batch;
+    uint64_t generation; /* the batch's read the frames are of */
     Py_ssize_t count, capacity;
     uint32_t *offset, *length; /* from the batch's reader.mem */
 } ReadDatagramsObject;
 
 extern PyTypeObject wg_ReadDatagramsType;
 
-/* An empty ReadDatagrams with room for `capacity` frames of the batch's current read;
- * NULL with an exception set. */
-PyObject *wg_py_datagrams_new(PyObject *owner, ReadBatch *const *batch, Py_ssize_t capacity);
+/* An empty ReadDatagrams with room for `capacity` frames of `batch`'s current read,
+ * which `owner` keeps; NULL with an exception set. */
+PyObject *wg_py_datagrams_new(PyObject *owner, const ReadBatch *batch, Py_ssize_t capacity);
 
 /* The frames of a ReadDatagrams still current: their count, and each one's start and
  * length (base, offsets, lengths); -1 with LocalProtocolError set once stale. */
