@@ -268,7 +268,7 @@ static PyObject *Channel_read(ChannelObject *self, PyObject *arg) {
     self->ch.stats.read_overflow += b->read_overflow;
     if (n < 0) return NULL;
     Py_ssize_t count = 0;
-    for (size_t k = 0; k < b->packets; k++) count += wg_py_packet_datagrams(&b->packet[k]);
+    for (size_t k = 0; k < b->packets; k++) count += b->packet[k].datagrams;
     PyObject *datagrams = wg_py_datagrams_new((PyObject *)self, self->batch, count);
     PyObject *foreign = PyList_New(0), *errors = PyList_New(0);
     if (datagrams == NULL || foreign == NULL || errors == NULL) goto fail;

@@ -176,9 +176,10 @@ static PyObject *Reader_read(ReaderObject *self, PyObject *arg) {
     self->read_overflow += b->read_overflow;
     if (n < 0) return NULL;
     for (size_t i = 0; i < self->count; i++) self->routes[i].datagrams = 0;
-    for (size_t k = 0; k < b->packets; k++)
-        if (b->packet[k].result != WG_RECEIVE_NOT_MINE)
-            self->routes[b->packet[k].route].datagrams += wg_py_packet_datagrams(&b->packet[k]);
+    for (size_t k = 0; k < b->packets; k++) { /* a packet with datagrams has a route */
+        const ReadPacket *p = &b->packet[k];
+        if (p->datagrams) self->routes[p->route].datagrams += p->datagrams;
+    }
     PyObject *groups = PyList_New(0), *foreign = PyList_New(0);
     if (groups == NULL || foreign == NULL) goto fail;
     for (size_t k = 0; k < b->packets; k++) {

@@ -135,13 +135,6 @@ int wg_py_append_packet(const ReadBatch *b, const ReadPacket *p, PyObject *datag
     return 0;
 }
 
-int wg_py_packet_datagrams(const ReadPacket *p) {
-    return p->result == WG_RECEIVE_NOT_MINE || p->result == WG_RECEIVE_DROPPED ||
-                   p->result == WG_RECEIVE_MALFORMED || p->result == WG_RECEIVE_BAD_ACK
-               ? 0
-               : p->datagrams;
-}
-
 /* ---------------------------------------------------------------- ReadDatagrams */
 
 PyObject *wg_py_datagrams_new(PyObject *owner, const ReadBatch *batch, Py_ssize_t capacity) {

@@ -21,7 +21,7 @@ typedef struct {
     uint32_t off, len;
     uint32_t route;
     uint16_t buffer;
-    uint16_t datagrams;
+    uint16_t datagrams; /* DATAGRAM frames for the session (0 unless it opened well) */
     int result;
     uint16_t datagram_off[16], datagram_len[16]; /* wg_parsed's, from the frames' start */
 } ReadPacket;
@@ -84,9 +84,6 @@ PyObject *wg_py_datagrams_new(PyObject *owner, const ReadBatch *batch, Py_ssize_
  * length (base, offsets, lengths); -1 with LocalProtocolError set once stale. */
 Py_ssize_t wg_py_datagrams_view(PyObject *datagrams, const uint8_t **base,
                                 const uint32_t **offsets, const uint32_t **lengths);
-
-/* The datagram count of packet `p` that reaches the session (0 for the rest) */
-int wg_py_packet_datagrams(const ReadPacket *p);
 
 /* PathChannel: the channel inside, or NULL with TypeError/LocalProtocolError set */
 wg_channel *wg_py_channel_of(PyObject *object);
