@@ -25,7 +25,7 @@ config_access config_jobs control_outbox error_codes estimator fairqueue fec fra
 fuzz_codec fuzz_config fuzz_localapi fuzz_wire import_graph inbound inbound_progress
 lab_model localapi_protocol localapi_replies message names outbound outbox outbox_jobs
 pacing path_table paths placement probe_rate ranges_missing rangeset replay scheduler
-shard_placing timers daemon_process
+shard_placing timers daemon_process inbound_segments
 workers_receiving workers_stripes
 engine_crypto engine_frames engine_cc engine_recovery engine_received
 engine_fuzz_regressions"""
@@ -36,7 +36,7 @@ daemon datagram_size dial_replaced e2e faults flood link_close listener localapi
 localapi_framing localapi_mailbox localapi_segments localapi_server localapi_stream loopback
 jobs metrics peer_driver probe reload startup_errors systemd torch_ddp torch_diloco
 torch_tensors workers workers_channel
-engine_channel engine_gso engine_read engine_listener_read engine_hostile"""
+engine_channel engine_gso engine_read engine_listener_read engine_hostile segment_reuse"""
 NETNS = "lab_netns lab_probe lab_siteroutes"
 
 TIERS = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -70,6 +70,7 @@ class SelfSiteService:
         self._started_at_s = time.monotonic() if started_at_s is None else started_at_s
         self.submitted = 0
         self.received = 0
+        self.returned_ids: list[tuple[int, int]] = []  # (connection, segment id) returned
 
     @property
     def site_name(self) -> str:
@@ -100,6 +101,9 @@ class SelfSiteService:
     def left(self, connection: int) -> None:
         self.claims.release(connection)
 
+    def returned(self, connection: int, segment_ids: Sequence[int]) -> None:
+        self.returned_ids.extend((connection, segment_id) for segment_id in segment_ids)
+
     def submit_now(self, submission: Submission) -> int | None:
         self._check_peer(submission)
         if not self.inbox.try_deliver(local_delivery(self._site_name, submission)):
@@ -121,6 +125,7 @@ class SelfSiteService:
         step: int | None,
         timeout_s: float | None,
         job: str = DEFAULT_JOB,
+        returns_to: int | None = None,  # delivers no segments: none to lend
     ) -> Delivery:
         delivery = await self.inbox.receive(tag, source, step, timeout_s, job=job)
         self.received += 1

@@ -30,7 +30,9 @@ def shard(body: bytes, start: int, end: int, msg_id: int = 1) -> ShardDatagram:
 def reassembly(progress_min_bytes: float = MiB) -> tuple[Reassembly, deque[Event]]:
     events: deque[Event] = deque()
     inbound = Reassembly(16 * MiB, 64 * MiB, events)
-    inbound.use_buffers(lambda size, start: bytearray(size), lambda body: None, progress_min_bytes)
+    inbound.use_buffers(
+        lambda size, start, job: bytearray(size), lambda body: None, progress_min_bytes
+    )
     return inbound, events
 
 
@@ -95,3 +97,20 @@ def test_a_message_that_fails_its_checksum_is_dropped_with_the_code() -> None:
     assert isinstance(dropped, MessageDropped)
     assert (dropped.msg_id, dropped.code) == (1, REJECT_CHECKSUM)
     assert "checksum" in dropped.reason
+
+
+def test_a_body_is_allocated_knowing_its_payload_offset_and_job_when_its_head_is_first() -> None:
+    asked: list[tuple[int, int | None, str | None]] = []
+
+    def allocate(size: int, start: int | None, job: str | None) -> bytearray:
+        asked.append((size, start, job))
+        return bytearray(size)
+
+    events: deque[Event] = deque()
+    inbound = Reassembly(16 * MiB, 64 * MiB, events)
+    inbound.use_buffers(allocate, lambda body: None)
+    header = MessageHeader("t", 1, False, 0, b"m", "llama-run3").encode()
+    body = header + bytes(MiB - len(header))
+    inbound.accept_shard(shard(body, 0, 1400, msg_id=1), 0.0)
+    inbound.accept_shard(shard(body, 1400, 2800, msg_id=2), 0.0)  # its head not yet in
+    assert asked == [(MiB, len(header), "llama-run3"), (MiB, None, None)]

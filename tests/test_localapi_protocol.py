@@ -158,6 +158,9 @@ def test_recv_request_nil_fields_and_integer_timeout() -> None:
         SendRequest(1, "sh", "t", 0, False, b"", 0, 0.125),
         RecvRequest(3, "x", "bj", 0, None),
         RecvRequest(4, "x", None, 7, 0.25),
+        RecvRequest(5, "x", None, None, None, True, False, True, ()),
+        RecvRequest(6, "x", None, None, None, False, False, False, tuple(range(1, 1025))),
+        RecvRequest(7, "x", None, None, None, True, True, False, (2**32 - 1,)),
     ],
 )
 def test_requests_round_trip(request_: Any) -> None:
@@ -203,6 +206,13 @@ def bad(header: Any, payload_bytes: int = 0) -> FrameError:
         ({**RECV, "timeout_s": float("inf")}, "bad_request", 6),
         ({**RECV, "timeout_s": "1"}, "bad_request", 6),
         ({**RECV, "source": 3}, "bad_request", 6),
+        ({**RECV, "returns": True}, "bad_request", 6),  # only with segments
+        ({**RECV, "segments": True, "returns": 1}, "bad_request", 6),
+        ({**RECV, "returned": [0]}, "bad_request", 6),
+        ({**RECV, "returned": [2**32]}, "bad_request", 6),
+        ({**RECV, "returned": [True]}, "bad_request", 6),
+        ({**RECV, "returned": 5}, "bad_request", 6),
+        ({**RECV, "returned": list(range(1, 1026))}, "bad_request", 6),  # at most 1024
         ({"op": "fly", "id": 9}, "unknown_op", 9),
         ({"op": 1, "id": 9}, "bad_request", 9),
         ({"id": 9}, "bad_request", 9),
@@ -320,6 +330,10 @@ REQUEST_VECTORS = {
     ),
     "recv_segments_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True), b""),
     "recv_stream_request": (RecvRequest(3, "layer3.grad", "bj", None, 30.0, True, True), b""),
+    "recv_returns_request": (
+        RecvRequest(3, "layer3.grad", "bj", None, 30.0, True, False, True, (5, 6)),
+        b"",
+    ),
 }
 HELLO_SETTINGS = {
     "compression": {"default": "none", "tags": [["layer0.*", "fp16"]], "min_lossy_bytes": 65536},
@@ -416,6 +430,21 @@ REPLY_VECTORS = {
             "meta": META,
             "checksum": CHECKSUM,
             "segment": [64, 8],
+        },
+        b"",
+    ),
+    "recv_lent_segment_reply": (
+        {
+            "ok": True,
+            "id": 3,
+            "source": "bj",
+            "tag": "layer3.grad",
+            "step": 12,
+            "critical": True,
+            "meta": META,
+            "checksum": CHECKSUM,
+            "segment": [64, 8],
+            "segment_id": 7,
         },
         b"",
     ),

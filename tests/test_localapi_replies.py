@@ -49,6 +49,7 @@ ANSWERS: dict[str, Request] = {
     "send_released_reply": SEND,
     "recv_reply": RECV,
     "recv_segment_reply": RECV,
+    "recv_lent_segment_reply": RECV,
     "recv_stream_reply": RECV,
     "wait_reply": WaitRequest(9, "sh", 41, None),
     "reset_path_reply": ResetPathRequest(11, "sh", "fiber-a"),
@@ -80,6 +81,10 @@ def test_typed_fields() -> None:
     reply = decode_answer(RECV, header)
     assert isinstance(reply, RecvReply)
     assert reply.segment == (64, 1 << 20) and reply.progress == StreamProgress(4096, False)
+    assert reply.segment_id == 0  # a streamed segment is never lent
+    header = decode_reply(split_frame(load_vector("recv_lent_segment_reply"), LIMIT).header)  # type: ignore[union-attr]
+    lent = decode_answer(RECV, header)
+    assert isinstance(lent, RecvReply) and (lent.segment, lent.segment_id) == ((64, 8), 7)
     sent = decode_answer(SEND, {"ok": True, "id": 6, "message_id": 42, "released": [5]})
     assert sent == SendReply(6, 42)
     assert reply_header(DoneReply(4), [1, 2]) == {"ok": True, "id": 4, "released": [1, 2]}
@@ -98,6 +103,20 @@ def test_the_hello_reply_names_the_job_and_a_reply_without_one_is_default() -> N
     )
 
 
+LENT = {
+    "ok": True,
+    "id": 3,
+    "source": "bj",
+    "tag": "g",
+    "step": 1,
+    "critical": False,
+    "meta": b"",
+    "checksum": 0,
+    "segment": [64, 8],
+    "segment_id": 7,
+}
+
+
 @pytest.mark.parametrize(
     "request_, header",
     [
@@ -108,6 +127,10 @@ def test_the_hello_reply_names_the_job_and_a_reply_without_one_is_default() -> N
         (PingRequest(1), {"ok": True, "id": None}),
         (PingRequest(1), {"ok": True, "id": 1, "paths": []}),
         (RECV, {"ok": True, "id": 3, "source": "bj"}),
+        (RECV, {**LENT, "segment_id": 0}),
+        (RECV, {**LENT, "segment_id": 2**32}),
+        (RECV, {**LENT, "segment_id": "7"}),
+        (RECV, {k: v for k, v in LENT.items() if k != "segment"}),  # an id of no segment
         (
             HELLO,
             {

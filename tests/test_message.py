@@ -14,6 +14,7 @@ from wangate.core.message import (
     MAX_TAG_BYTES,
     MessageHeader,
     decode_header,
+    head_job,
     message_checksum,
     verify_body,
 )
@@ -76,6 +77,20 @@ def test_decode_returns_header_and_payload_offset() -> None:
     assert body[offset:] == b"PAYLOAD"
     assert decode_header(memoryview(body)) == (header, offset)
     assert decode_header(bytearray(body)) == (header, offset)
+
+
+def test_the_job_a_body_names_is_read_from_its_first_bytes_when_they_hold_it() -> None:
+    body = MessageHeader("t", 1, False, 5, b"mm", "llama-run3").encode() + b"PAYLOAD"
+    assert head_job(body) == "llama-run3"
+    assert head_job(memoryview(body)[: HEAD_BYTES + 10]) == "llama-run3"
+    assert head_job(body[: HEAD_BYTES + 9]) is None  # the name is cut
+    assert head_job(body[: HEAD_BYTES - 1]) is None
+    assert head_job(b"\x01" + body[1:]) is None  # another version
+    named = bytearray(body)
+    named[HEAD_BYTES] = ord("-")  # not a job name
+    assert head_job(named) is None
+    named[HEAD_BYTES - 1] = 0  # no name at all
+    assert head_job(named) is None
 
 
 def test_checksum_is_crc32_of_meta_then_payload() -> None:

@@ -92,6 +92,8 @@ def test_a_row_missing_a_contract_key_is_refused() -> None:
 STATUS: dict[str, Any] = {
     "site": "bj", "version": "0.1.0", "uptime_s": 12.5, "local_messages": 3,
     "inbox": {"queued": 2, "waiting_recvs": 1},
+    "segments": {"made": 9, "reused": 40, "live": 3, "lent": 1, "pooled": 2,
+                 "pooled_bytes": 1 << 25},
     "peers": {"sh": {
         "state": "up", "state_reason": "ok", "silent_s": 0.01, "messages_held": 0,
         "paths_up": ["fiber-a"], "messages_sent": 5, "bytes_sent": 5 << 20,
@@ -178,6 +180,7 @@ def test_status_text_names_peers_paths_and_failures() -> None:
         "site bj  version 0.1.0  up 12 s",
         "  peer sh: up (ok); paths up: fiber-a; sent 5 messages (5.0 MiB), received 4 (2.0 KiB)",
         "    failed: message 9 (tag 'g', step 3): deadline",
+        "  inbound segments: made 9, reused 40; lent 1, pooled 2 (32.0 MiB)",
     ]
 
 

@@ -159,6 +159,8 @@ class GatewayStatus:
     local_messages: int  # delivered within the site
     inbox_queued: int  # messages waiting for a trainer's recv
     inbox_waiting_recvs: int  # recvs waiting for a message
+    # the gateway's segments of inbound bodies: made, reused, live, lent, pooled, pooled_bytes
+    segments: Mapping[str, int] = field(default_factory=dict)
     # with [workers] count >= 2, one map per worker process (proto/localapi.md)
     workers: tuple[Mapping[str, Any], ...] = ()
     # per job: its policy, and per peer its bytes and messages (proto/localapi.md)
@@ -172,6 +174,7 @@ class GatewayStatus:
             "peers": {name: peer.to_dict() for name, peer in self.peers.items()},
             "local_messages": self.local_messages,
             "inbox": {"queued": self.inbox_queued, "waiting_recvs": self.inbox_waiting_recvs},
+            "segments": dict(self.segments),
         }
         if self.workers:
             status["workers"] = [dict(worker) for worker in self.workers]

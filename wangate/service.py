@@ -7,6 +7,7 @@ copied: a submitted ``bytearray`` belongs to the gateway from then on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,12 +83,18 @@ class GatewayService(Protocol):
         step: int | None,
         timeout_s: float | None,
         job: str = DEFAULT_JOB,
+        returns_to: int | None = None,
     ) -> Delivery:
         """Wait for a message of ``job`` matching tag (and source/step when given);
-        oldest first.
+        oldest first. With ``returns_to`` (a connection), a delivery in a segment says
+        the ``segment_id`` by which that connection returns it.
 
         Raises ``RecvTimeout`` when ``timeout_s`` passes first.
         """
+        ...
+
+    def returned(self, connection: int, segment_ids: Sequence[int]) -> None:
+        """``connection``'s client let go of these segments (``receive``'s ids)."""
         ...
 
     async def receive_stream(

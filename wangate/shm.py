@@ -26,7 +26,7 @@ import os
 import socket
 import stat
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from wangate.errors import ErrorCode, GatewayError
 
@@ -127,6 +127,23 @@ def map_delivered(fd: int, offset: int, length: int) -> memoryview:
         return memoryview(bytearray())
     mapping = mmap.mmap(fd, offset + length, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
     return memoryview(mapping)[offset:]
+
+
+_FORKS = [0]  # forks of this process so far: a child inherits every mapping
+os.register_at_fork(after_in_parent=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
+def when_unmapped(payload: memoryview, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once ``payload``'s mapping (``map_delivered``) is gone from
+    this process: from any thread, at the collection of its last view. Not if the
+    process forked meanwhile: a child may still map it."""
+    forks = _FORKS[0]
+
+    def gone() -> None:
+        if _FORKS[0] == forks:
+            callback()
+
+    weakref.finalize(payload.obj, gone)
 
 
 def fds_from_ancillary(ancdata: Iterable[tuple[int, int, bytes]]) -> list[int]:

@@ -80,6 +80,13 @@ def format_status(status: GatewayStatus) -> str:
                 f"    failed: message {failure['msg_id']} (tag {failure['tag']!r}, "
                 f"step {failure['step']}): {failure['reason']}"
             )
+    segments = status.segments
+    if segments:
+        lines.append(
+            f"  inbound segments: made {segments['made']}, reused {segments['reused']}; "
+            f"lent {segments['lent']}, pooled {segments['pooled']} "
+            f"({fmt_bytes(segments['pooled_bytes'])})"
+        )
     for worker in status.workers:
         lines.append(
             f"  worker {worker['index']} ({worker['role']}, pid {worker['pid']}): "

@@ -23,6 +23,7 @@ import os
 from collections import deque
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -33,6 +34,7 @@ from wangate.collective.steps import Script
 from wangate.core.buffer import Buffer
 from wangate.errors import ErrorCode, GatewayError
 from wangate.localapi.protocol import (
+    MAX_ID,
     VERSION,
     ClaimRequest,
     FrameError,
@@ -63,7 +65,7 @@ from wangate.localapi.replies import (
     released_of,
     reply_header,
 )
-from wangate.shm import map_delivered
+from wangate.shm import map_delivered, when_unmapped
 from wangate.tensorlike import as_reducible_array, as_wire_array
 
 from .failures import failure, malformed
@@ -145,11 +147,15 @@ class ClientProtocol(Session):
         fd = fds.popleft()
         try:
             offset, length = segment_field(segment, reply.get("id"))
-            return map_delivered(fd, offset, length)
+            mapped = map_delivered(fd, offset, length)
         except (FrameError, OSError, ValueError) as exc:
             raise malformed(f"segment: {exc}") from None
         finally:
             os.close(fd)
+        segment_id = reply.get("segment_id")
+        if type(segment_id) is int and 1 <= segment_id <= MAX_ID and length > 0:
+            when_unmapped(mapped, partial(self.returnable.append, segment_id))
+        return mapped
 
     def answer(self, exchange: Exchange, reply: dict[str, Any], payload: memoryview) -> Answer:
         """``reply`` typed as the answer to ``exchange``; raises the error it says."""
@@ -246,7 +252,11 @@ class ClientProtocol(Session):
         segments = self.segment_min_bytes is not None
         streaming = stream and segments
         rid = self.next_id()
-        answer = yield Exchange(RecvRequest(rid, tag, source, step, timeout, segments, streaming))
+        returns = self.segments_return and not streaming
+        returned = self.to_return() if self.segments_return else ()
+        answer = yield Exchange(
+            RecvRequest(rid, tag, source, step, timeout, segments, streaming, returns, returned)
+        )
         reply = _expect(answer, RecvReply)
         if not stream:
             return self.decode(reply.meta, reply.checksum, answer.payload)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import deque
 from itertools import count
 from typing import Any
 
@@ -21,7 +22,7 @@ from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
 from wangate.core.jobs import DEFAULT_JOB, job_name_error
 from wangate.errors import ErrorCode, GatewayError, LocalProtocolError
-from wangate.localapi.protocol import MAX_ID
+from wangate.localapi.protocol import MAX_ID, MAX_RETURNED
 from wangate.localapi.replies import HelloReply
 from wangate.localapi.segments import SegmentPool
 from wangate.tensorlike import as_wire_array, mark_bfloat16
@@ -42,7 +43,11 @@ class Session:
         self._feedback = ErrorFeedback()  # residuals of lossy encodes, keyed (peer, tag)
         self.collective = CollectiveState()  # per-hop residuals of collectives
         self.segment_min_bytes: int | None = None
+        self.segments_return = False  # the gateway takes received segments back for reuse
         self.pool = SegmentPool(0)
+        # received segments' ids whose mapping is gone, for the next recv to return
+        # (appended from any thread, when the collector takes the last view)
+        self.returnable: deque[int] = deque()
 
     def next_id(self) -> int:
         return next(self._ids) % (MAX_ID + 1)
@@ -62,10 +67,19 @@ class Session:
         segments = settings.get("segments")
         # payloads from this size on go in shared memory, if the gateway takes them
         self.segment_min_bytes = None
+        self.segments_return = False
         if isinstance(segments, dict):
+            self.segments_return = segments.get("returns") is True
             self.segment_min_bytes = int(segments["min_bytes"])
             pool_bytes = int(segments.get("pool_bytes", 2 * self.max_message_bytes))
             self.pool = SegmentPool(pool_bytes)
+
+    def to_return(self) -> tuple[int, ...]:
+        """The ids a recv returns now (taken from ``returnable``)."""
+        ids: list[int] = []
+        while self.returnable and len(ids) < MAX_RETURNED:
+            ids.append(self.returnable.popleft())
+        return tuple(ids)
 
     def segment_wanted(self, payload: memoryview) -> bool:
         threshold = self.segment_min_bytes

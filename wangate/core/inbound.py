@@ -39,7 +39,7 @@ from wangate.core.frames import (
     RepairRequested,
     ShardDatagram,
 )
-from wangate.core.message import HEAD_BYTES, MessageHeader, payload_offset, verify_body
+from wangate.core.message import HEAD_BYTES, MessageHeader, head_job, payload_offset, verify_body
 from wangate.core.rangeset import RangeSet
 from wangate.errors import ChecksumError, LocalProtocolError, RemoteProtocolError
 
@@ -49,8 +49,9 @@ PROGRESS_MIN_STEP_BYTES: Final = 4 << 20  # progress reports: at most 64 per mes
 PROGRESS_STEPS: Final = 64
 
 Body = bytearray | memoryview  # writable, exactly the message's size
-# (size, where the payload starts if known): placing the payload is the allocator's
-Allocate = Callable[[int, int | None], Body]
+# (size, where the payload starts if known, the job it names if known): placing the
+# payload is the allocator's, and so is what memory a job's bodies may reuse
+Allocate = Callable[[int, int | None, str | None], Body]
 Free = Callable[[Body], None]
 
 
@@ -58,7 +59,7 @@ def _no_free(body: Body) -> None:
     pass
 
 
-def _new_bytearray(size_bytes: int, payload_offset: int | None) -> Body:
+def _new_bytearray(size_bytes: int, payload_offset: int | None, job: str | None) -> Body:
     return bytearray(size_bytes)
 
 
@@ -175,8 +176,10 @@ class Reassembly:
                 return True
             if self.held_bytes + msg_len > self.window_bytes + self.max_message_bytes:
                 return None  # beyond what we granted: the sender will repair it later
-            start = None if first_bytes is None else payload_offset(first_bytes)
-            message = InboundMessage(self.allocate(msg_len, start), now)
+            start = job = None
+            if first_bytes is not None:
+                start, job = payload_offset(first_bytes), head_job(first_bytes)
+            message = InboundMessage(self.allocate(msg_len, start, job), now)
             self.inbound[msg_id] = message
             self.placeable[msg_id] = message.body
             self._newest_progressed = msg_id

@@ -99,6 +99,19 @@ def payload_offset(first_bytes: Buffer) -> int | None:
     return int(HEAD_BYTES + job_len + tag_len + meta_len)
 
 
+def head_job(first_bytes: Buffer) -> str | None:
+    """The job a body beginning with ``first_bytes`` names; None if they do not hold
+    it (or it is not a job name): a hint, checked again on delivery."""
+    if len(first_bytes) < HEAD_BYTES:
+        return None
+    version, _flags, _tag_len, _step, _checksum, _meta_len, job_len = _HEAD.unpack_from(first_bytes)
+    end = HEAD_BYTES + job_len
+    if version != MESSAGE_VERSION or not 0 < job_len <= MAX_JOB_BYTES or end > len(first_bytes):
+        return None
+    job = bytes(memoryview(first_bytes)[HEAD_BYTES:end]).decode("latin-1")
+    return job if JOB_NAME.fullmatch(job) is not None else None
+
+
 def message_checksum(meta: Buffer, payload: Buffer) -> int:
     return crc32(payload, zlib.crc32(meta))
 

@@ -25,6 +25,7 @@ class Delivery:
     # the sealed shared-memory segment that holds the body (the payload ends it), now
     # the delivery's: handed to a trainer that takes segments, else closed
     segment_fd: int | None = None
+    segment_id: int = 0  # ≥ 1: the trainer's client returns the segment by it
     job: str = DEFAULT_JOB  # the sender's job: only a recv of the same job matches
 
     @classmethod

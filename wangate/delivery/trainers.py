@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 
 from wangate.core.buffer import Buffer
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
+from wangate.core.inbound import Allocate, Free
 from wangate.core.jobs import DEFAULT_JOB
 from wangate.core.states import PeerStateKind
 from wangate.delivery.delivered import Delivery
@@ -28,12 +28,8 @@ from wangate.delivery.segments import InboundSegments
 from wangate.delivery.streams import InboundStreams, IncomingStream
 from wangate.errors import ErrorCode, RecvTimeout
 
-# where message bodies are assembled: allocate(size, payload offset), free, min size
-BodyBuffers = tuple[
-    Callable[[int, int | None], bytearray | memoryview],
-    Callable[[bytearray | memoryview], None],
-    int,
-]
+# where message bodies are assembled: allocate(size, payload offset, job), free, min size
+BodyBuffers = tuple[Allocate, Free, int]
 
 
 class TrainerDelivery:

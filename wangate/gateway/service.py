@@ -15,7 +15,7 @@ import dataclasses
 import mmap
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from wangate import __version__
@@ -75,6 +75,10 @@ class Service:
 
     def left(self, connection: int) -> None:
         self.claims.release(connection)
+        self.delivery.segments.forget(connection)
+
+    def returned(self, connection: int, segment_ids: Sequence[int]) -> None:
+        self.delivery.segments.returned(connection, segment_ids)
 
     def _declared(self, job: str) -> JobConfig:
         """``job`` as the config declares it; a job removed by a reload takes no new
@@ -219,8 +223,10 @@ class Service:
         step: int | None,
         timeout_s: float | None,
         job: str = DEFAULT_JOB,
+        returns_to: int | None = None,
     ) -> Delivery:
-        return self._taken(await self.delivery.receive(tag, source, step, timeout_s, job))
+        got = await self.delivery.receive(tag, source, step, timeout_s, job)
+        return self._taken(got, returns_to)
 
     async def receive_stream(
         self,
@@ -233,12 +239,20 @@ class Service:
         got = await self.delivery.receive_stream(tag, source, step, timeout_s, job)
         return self._taken(got) if isinstance(got, Delivery) else got
 
-    def _taken(self, delivery: Delivery) -> Delivery:
+    def _taken(self, delivery: Delivery, returns_to: int | None = None) -> Delivery:
         """A trainer has ``delivery``: its sender gets the credit back, and one that was
-        assembled in a segment carries its sealed descriptor from here."""
+        assembled in a segment carries its sealed descriptor from here (lent to the
+        ``returns_to`` connection, which returns it for reuse)."""
         self.backend.taken(delivery)
-        fd = self.delivery.segments.claim(memoryview(delivery.payload))
-        return delivery if fd is None else dataclasses.replace(delivery, segment_fd=fd)
+        payload = memoryview(delivery.payload)
+        segments = self.delivery.segments
+        if returns_to is None:
+            fd, segment_id = segments.claim(payload), 0
+        else:
+            fd, segment_id = segments.lend(payload, returns_to, delivery.job)
+        if fd is None:
+            return delivery
+        return dataclasses.replace(delivery, segment_fd=fd, segment_id=segment_id)
 
     def _hopeless_recv(self, tag: str, source: str | None, job: str) -> PeerUnreachable | None:
         """Why a recv can never be satisfied, or None (proto/delivery.md, "Receives").
@@ -280,6 +294,7 @@ class Service:
             local_messages=self.local_messages,
             inbox_queued=mailbox.queued_count(),
             inbox_waiting_recvs=mailbox.waiter_count(),
+            segments=self.delivery.segments.counts(),
             workers=self.backend.worker_maps(),
             jobs=self._jobs_status(),
         )
@@ -358,6 +373,7 @@ class Service:
             "segments": {
                 "min_bytes": self.delivery.segments.min_bytes,
                 "pool_bytes": self.config.limits.client_budget_bytes,
+                "returns": True,  # a recv may ask to return its segment (``returns``)
             },
         }
 
@@ -365,8 +381,8 @@ class Service:
 def local_delivery(
     site: str,
     submission: Submission,
-    allocate: Callable[[int, int | None], bytearray | memoryview] = (
-        lambda size, start: bytearray(size)
+    allocate: Callable[[int, int | None, str | None], bytearray | memoryview] = (
+        lambda size, start, job: bytearray(size)
     ),
     free: Callable[[bytearray | memoryview], None] = lambda body: None,
 ) -> Delivery:
@@ -374,7 +390,7 @@ def local_delivery(
 
     A payload in the sender's shared memory is copied first (no other client may read
     the sender's segment, and the sender could still change it) into ``allocate(size,
-    0)`` (the daemon gives a segment of its own: shared memory, no private copy), then
+    0, job)`` (the daemon gives a segment of its own: shared memory, no private copy), then
     its checksum is checked, as a receiving gateway does for a peer's message: the
     receiving client relies on that (proto/localapi.md). Raises ``GatewayError``
     (``checksum``) if it fails. An in-band payload is the gateway's own copy already.
@@ -382,7 +398,7 @@ def local_delivery(
     payload = submission.payload
     view = memoryview(payload)
     if isinstance(view.obj, mmap.mmap):
-        copy = allocate(view.nbytes, 0)
+        copy = allocate(view.nbytes, 0, submission.job)
         memoryview(copy)[:] = view
         payload = copy
         actual = message_checksum(submission.meta, payload)

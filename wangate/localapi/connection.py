@@ -354,6 +354,7 @@ class Connection:
         with its header in; then, for one still arriving, a reply each time its prefix
         grows by a step, and a last one when it is verified (``done``) or failed."""
         rid = request.request_id
+        self.service.returned(self.claimant.connection, request.returned)
         try:
             got = await self.service.receive_stream(
                 request.tag, request.source, request.step, request.timeout_s, self._job()

@@ -101,7 +101,8 @@ def recv_reply(rid: int, delivery: Delivery, segments: bool) -> tuple[RecvReply,
         return reply, delivery.payload
     view = memoryview(delivery.payload)
     offset = memoryview(view.obj).nbytes - view.nbytes  # the payload ends the body
-    return replace(reply, segment=(offset, view.nbytes)), Handed(fd)
+    placed = replace(reply, segment=(offset, view.nbytes), segment_id=delivery.segment_id)
+    return placed, Handed(fd)
 
 
 async def dispatch(
@@ -117,8 +118,15 @@ async def dispatch(
     if isinstance(request, SendRequest):
         return SendReply(rid, await service.submit(submission(request, payload, job))), b""
     if isinstance(request, RecvRequest):
+        connection = claimant.connection
+        service.returned(connection, request.returned)
         delivery = await service.receive(
-            request.tag, request.source, request.step, request.timeout_s, job
+            request.tag,
+            request.source,
+            request.step,
+            request.timeout_s,
+            job,
+            connection if request.returns else None,
         )
         return recv_reply(rid, delivery, request.segments)
     if isinstance(request, HelloRequest):

@@ -49,8 +49,9 @@ REQUEST_KEYS: dict[str, frozenset[str]] = {
 OPTIONAL_KEYS: dict[str, frozenset[str]] = {
     "hello": frozenset({"job"}),
     "send": frozenset({"deadline_s", "segment", "segment_id"}),
-    "recv": frozenset({"segments", "stream"}),
+    "recv": frozenset({"segments", "stream", "returns", "returned"}),
 }
+MAX_RETURNED = 1024  # segment ids one recv may return
 ERROR_KEYS = frozenset({"ok", "id", "code", "error"})
 
 # Error codes that leave the stream unusable: the reader cannot find the next frame.
@@ -116,6 +117,9 @@ class RecvRequest:
     segments: bool = False  # the client takes a large payload as a shared-memory segment
     # the reply may come while the message still arrives, followed by progress replies
     stream: bool = False
+    # the client returns the segment it takes (``segment_id``) once its mapping is gone
+    returns: bool = False
+    returned: tuple[int, ...] = ()  # earlier segments' ids, whose mappings are gone
 
 
 @dataclass(frozen=True)
@@ -374,6 +378,22 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             raise FrameError(
                 ErrorCode.BAD_REQUEST, "'stream' must be a boolean, true only with 'segments'", rid
             )
+        returns = header.get("returns", False)
+        if type(returns) is not bool or (returns and not segments):
+            raise FrameError(
+                ErrorCode.BAD_REQUEST, "'returns' must be a boolean, true only with 'segments'", rid
+            )
+        returned = header.get("returned", [])
+        if (
+            type(returned) is not list
+            or len(returned) > MAX_RETURNED
+            or not all(type(i) is int and 1 <= i <= MAX_ID for i in returned)
+        ):
+            raise FrameError(
+                ErrorCode.BAD_REQUEST,
+                f"'returned' must be a list of at most {MAX_RETURNED} integers in 1..{MAX_ID}",
+                rid,
+            )
         return RecvRequest(
             rid,
             _name(header, "tag", rid),
@@ -382,6 +402,8 @@ def decode_request(data: bytes | bytearray | memoryview, payload_bytes: int) -> 
             None if timeout_s is None else float(timeout_s),
             segments,
             stream,
+            returns,
+            tuple(returned),
         )
     if op == "hello":
         job = header.get("job")
@@ -431,6 +453,8 @@ def request_header(request: Request) -> dict[str, Any]:
             }
             | ({"segments": True} if request.segments else {})
             | ({"stream": True} if request.stream else {})
+            | ({"returns": True} if request.returns else {})
+            | ({"returned": list(request.returned)} if request.returned else {})
         )
     if isinstance(request, WaitRequest):
         return {

@@ -75,6 +75,7 @@ class RecvReply:
     meta: bytes
     checksum: int
     segment: tuple[int, int] | None = None  # (offset, length) in the descriptor sent with it
+    segment_id: int = 0  # ≥ 1: the client returns the segment by it (``recv``'s ``returned``)
     # a streaming recv's first reply: how much of the payload is in, and whether all
     progress: StreamProgress | None = None
 
@@ -155,6 +156,8 @@ def _fields(reply: Reply) -> dict[str, Any]:
         fields = _message_fields(reply)
         if reply.segment is not None:
             fields["segment"] = list(reply.segment)
+            if reply.segment_id:
+                fields["segment_id"] = reply.segment_id
         if reply.progress is not None:
             fields |= {"ready": reply.progress.ready_bytes, "done": reply.progress.done}
         return fields
@@ -243,8 +246,13 @@ def _send(header: dict[str, Any], rid: int) -> SendReply:
 
 
 def _recv(header: dict[str, Any], rid: int) -> RecvReply:
-    _keys(header, _MESSAGE_KEYS, frozenset({"segment", "ready", "done"}))
+    _keys(header, _MESSAGE_KEYS, frozenset({"segment", "segment_id", "ready", "done"}))
     segment = header.get("segment")
+    segment_id = header.get("segment_id", 0)
+    if "segment_id" in header and (
+        segment is None or type(segment_id) is not int or not 1 <= segment_id <= MAX_ID
+    ):
+        raise _malformed(header, f"'segment_id' must be an integer in 1..{MAX_ID}, with 'segment'")
     progress = None
     if "ready" in header or "done" in header:
         progress = StreamProgress(_count(header, "ready", 2**63 - 1), _value(header, "done", bool))
@@ -261,6 +269,7 @@ def _recv(header: dict[str, Any], rid: int) -> RecvReply:
         _value(header, "meta", bytes),
         _count(header, "checksum", MAX_CHECKSUM),
         place,
+        segment_id,
         progress,
     )
 

@@ -50,6 +50,7 @@ from wangate.core.events import (
 from wangate.core.fairqueue import JobSendStats
 from wangate.core.frames import ControlFrame, Hello
 from wangate.core.governor import BulkGovernor
+from wangate.core.inbound import Allocate, Free
 from wangate.core.jobs import JobPolicy
 from wangate.core.message import MessageHeader
 from wangate.core.outbound import CodingPolicy
@@ -81,11 +82,7 @@ FILL_ROUNDS = 16  # pull rounds per transmit before yielding to the event loop
 Clock = Callable[[], float]
 # why a session refuses a message it is handed (None: it takes it)
 Screen = Callable[[MessageHeader], str | None]
-BodyBuffers = tuple[
-    Callable[[int, int | None], bytearray | memoryview],
-    Callable[[bytearray | memoryview], None],
-    int,
-]
+BodyBuffers = tuple[Allocate, Free, int]
 
 
 class DeliverySink(Protocol):

@@ -157,7 +157,9 @@ class StripeReceiver:
         )
 
     def _new_assembly(self, total: int, fields: dict[str, Any], meta: bytes) -> _In:
-        buffer = self._segments.allocate(total, 0)
+        # no reuse (job None): a worker maps the segment writable, which a seal once
+        # handed would refuse
+        buffer = self._segments.allocate(total, 0, None)
         fd = self._segments.descriptor(buffer)
         own = fd is None  # small, or too many segments alive: one only for assembly
         if fd is None:

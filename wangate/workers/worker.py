@@ -89,7 +89,7 @@ class ForwardingSink:
         self._forward = forward
 
     def body_buffers(self) -> BodyBuffers:
-        return (lambda size, start: bytearray(size)), (lambda body: None), PRIVATE_BODIES
+        return (lambda size, start, job: bytearray(size)), (lambda body: None), PRIVATE_BODIES
 
     def received(self, source: str, event: MessageReceived) -> bool:
         self._forward(Delivery.received(source, event))
