@@ -54,7 +54,7 @@ def test_a_returned_segment_holds_the_next_body_of_its_job_and_size() -> None:
         "pooled": 0,
         "pooled_bytes": 0,
     }
-    segments.returned(7, [segment_id])
+    segments.returned(7, [segment_id], 0.0)
     assert segments.counts()["pooled"] == 1 and segments.counts()["pooled_bytes"] == SIZE
     again = segments.allocate(SIZE, 0, "a")
     assert isinstance(again, memoryview) and again.obj is mapping
@@ -80,7 +80,7 @@ def test_no_other_job_or_size_and_no_unknown_job_gets_it(job: str | None, size: 
     segments = InboundSegments(min_bytes=4096)
     body, fd, segment_id = delivered(segments, connection=1, job="a")
     os.close(fd)
-    segments.returned(1, [segment_id])
+    segments.returned(1, [segment_id], 0.0)
     other = segments.allocate(size, 0, job)
     assert isinstance(other, memoryview) and other.obj is not body.obj
     assert (segments.made, segments.reused, segments.counts()["pooled"]) == (2, 0, 1)
@@ -90,10 +90,10 @@ def test_only_the_connection_it_was_lent_to_returns_it() -> None:
     segments = InboundSegments(min_bytes=4096)
     _, fd, segment_id = delivered(segments, connection=1)
     os.close(fd)
-    segments.returned(2, [segment_id])  # another trainer's connection: ignored
-    segments.returned(1, [segment_id + 1, 99])  # never lent: ignored
+    segments.returned(2, [segment_id], 0.0)  # another trainer's connection: ignored
+    segments.returned(1, [segment_id + 1, 99], 0.0)  # never lent: ignored
     assert segments.counts()["lent"] == 1 and segments.counts()["pooled"] == 0
-    segments.returned(1, [segment_id, segment_id])  # once is what counts
+    segments.returned(1, [segment_id, segment_id], 0.0)  # once is what counts
     assert segments.counts()["lent"] == 0 and segments.counts()["pooled"] == 1
 
 
@@ -105,7 +105,7 @@ def test_a_closed_connection_s_segments_are_never_reused() -> None:
     segments.forget(1)
     assert not is_open(kept_fd)
     assert segments.counts()["lent"] == 1  # connection 2's
-    segments.returned(1, [segment_id])
+    segments.returned(1, [segment_id], 0.0)
     assert segments.counts()["pooled"] == 0
     for handed in (fd, fd_two):
         os.close(handed)
@@ -118,7 +118,7 @@ def test_a_body_whose_first_bytes_named_another_job_is_not_lent() -> None:
     segments = InboundSegments(min_bytes=4096)
     _, fd, segment_id = delivered(segments, connection=1, job="a")
     os.close(fd)
-    segments.returned(1, [segment_id])
+    segments.returned(1, [segment_id], 0.0)
     body = segments.allocate(SIZE, 0, "a")  # job a's segment ...
     fd, segment_id = segments.lend(body, 1, "b")  # ... for a body that says job b
     assert fd is not None and segment_id == 0
@@ -143,12 +143,12 @@ def test_the_pool_keeps_the_newest_within_its_bounds(monkeypatch: pytest.MonkeyP
     kept_fds = [segments._lent[(1, segment_id)].fd for _, _, segment_id in lent]
     for _, fd, _ in lent:
         os.close(fd)
-    segments.returned(1, [segment_id for _, _, segment_id in lent])
+    segments.returned(1, [segment_id for _, _, segment_id in lent], 0.0)
     assert segments.counts()["pooled"] == 2
     assert [is_open(fd) for fd in kept_fds] == [False, True, True]  # the oldest went
     assert segments.allocate(SIZE, 0, "a").obj is lent[2][0].obj  # the newest first
     monkeypatch.setattr(segments_module, "MAX_POOLED_BYTES", SIZE - 1)
-    segments.returned(1, [])
+    segments.returned(1, [], 0.0)
     assert segments.counts()["pooled"] == 0
 
 
@@ -159,7 +159,7 @@ def test_lent_segments_are_capped_the_oldest_forgotten(monkeypatch: pytest.Monke
     for _, fd, _ in lent:
         os.close(fd)
     assert sorted(segment_id for (_, segment_id) in segments._lent) == [2, 3]
-    segments.returned(1, [1, 2, 3])
+    segments.returned(1, [1, 2, 3], 0.0)
     assert segments.counts()["pooled"] == 2
 
 
@@ -167,9 +167,29 @@ def test_at_the_live_cap_a_pooled_segment_makes_room_for_a_fresh_one() -> None:
     segments = InboundSegments(min_bytes=4096, max_live=1)
     body, fd, segment_id = delivered(segments, connection=1, job="a")
     os.close(fd)
-    segments.returned(1, [segment_id])
+    segments.returned(1, [segment_id], 0.0)
     del body
     other = segments.allocate(SIZE, 0, "b")  # not job a's: the pooled one goes first
     assert isinstance(other, memoryview)
     assert segments.counts()["pooled"] == 0 and segments.live == 1
     assert isinstance(segments.allocate(SIZE, 0, "b"), bytearray)  # nothing left to drop
+
+
+def test_a_returned_segment_not_reused_within_the_idle_time_is_let_go() -> None:
+    segments = InboundSegments(min_bytes=4096)
+    first, fd, first_id = delivered(segments, connection=1, fill=1)
+    os.close(fd)
+    second, fd, second_id = delivered(segments, connection=1, fill=2)
+    os.close(fd)
+    kept = [segments._lent[(1, i)].fd for i in (first_id, second_id)]
+    del first, second
+    segments.returned(1, [first_id], 10.0)
+    segments.returned(1, [second_id], 11.0)
+    idle_s = segments_module.POOL_IDLE_S
+    assert segments.expire(10.0 + idle_s - 0.001) == 10.0 + idle_s  # nothing due yet
+    assert segments.expire(10.0 + idle_s) == 11.0 + idle_s
+    assert [is_open(fd) for fd in kept] == [False, True]
+    assert segments.expire(11.0 + idle_s) is None
+    assert segments.counts()["pooled"] == 0 and not is_open(kept[1])
+    gc.collect()
+    assert segments.live == 0

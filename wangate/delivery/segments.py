@@ -25,6 +25,9 @@ MAX_LIVE_SEGMENTS = 256
 MAX_LENT_SEGMENTS = 256
 MAX_POOLED_SEGMENTS = 64
 MAX_POOLED_BYTES = 1 << 30
+# A returned segment not reused within this long is let go: a training loop reuses its
+# sizes every step, and traffic of ever-new sizes (or none) should not hold memory.
+POOL_IDLE_S = 2.0
 MAX_SEGMENT_ID = 2**32 - 1  # a u32 on the local API
 
 
@@ -61,7 +64,7 @@ class InboundSegments:
         # id(mapping) -> the job its body was written for, while the mapping lives
         self._job_of: dict[int, str | None] = {}
         self._lent: dict[tuple[int, int], _Kept] = {}  # (connection, segment id) -> kept
-        self._pool: deque[_Kept] = deque()  # returned, oldest first
+        self._pool: deque[tuple[_Kept, float]] = deque()  # returned (and when), oldest first
         self._last_id = 0
         self.made = 0
         self.reused = 0
@@ -73,7 +76,7 @@ class InboundSegments:
 
     @property
     def pooled_bytes(self) -> int:
-        return sum(len(kept.mapping) for kept in self._pool)
+        return sum(len(kept.mapping) for kept, _ in self._pool)
 
     def counts(self) -> dict[str, int]:
         """What ``wangate status`` shows of them (proto/localapi.md, ``segments``)."""
@@ -106,7 +109,7 @@ class InboundSegments:
             self.reused += 1
             return memoryview(kept.mapping)[pad:]
         if self.live >= self.max_live and self._pool:
-            self._drop(self._pool.popleft())  # room for a fresh one: the oldest goes
+            self._drop(self._pool.popleft()[0])  # room for a fresh one: the oldest goes
         if self.live >= self.max_live:
             return bytearray(size_bytes)
         try:
@@ -124,7 +127,7 @@ class InboundSegments:
     def _pooled(self, job: str, size_bytes: int) -> _Kept | None:
         """The newest returned segment of ``job`` and ``size_bytes``, now taken."""
         for index in range(len(self._pool) - 1, -1, -1):
-            kept = self._pool[index]
+            kept = self._pool[index][0]
             if kept.job == job and len(kept.mapping) == size_bytes:
                 del self._pool[index]
                 self._job_of[id(kept.mapping)] = job
@@ -164,30 +167,30 @@ class InboundSegments:
             self._drop(self._lent.pop(next(iter(self._lent))))
         return fd, self._last_id
 
-    def returned(self, connection: int, segment_ids: Iterable[int]) -> None:
-        """``connection``'s client let go of these: into the pool. Ids it was not lent
-        (or that were forgotten since) are ignored."""
+    def returned(self, connection: int, segment_ids: Iterable[int], now: float) -> None:
+        """``connection``'s client let go of these at ``now``: into the pool. Ids it was
+        not lent (or that were forgotten since) are ignored."""
         for segment_id in segment_ids:
             kept = self._lent.pop((connection, segment_id), None)
             if kept is not None:
-                self._pool.append(kept)
+                self._pool.append((kept, now))
         pooled_bytes = self.pooled_bytes
         while len(self._pool) > MAX_POOLED_SEGMENTS or pooled_bytes > MAX_POOLED_BYTES:
-            oldest = self._pool.popleft()
+            oldest = self._pool.popleft()[0]
             pooled_bytes -= len(oldest.mapping)
             self._drop(oldest)
+
+    def expire(self, now: float) -> float | None:
+        """Let go of the segments returned ``POOL_IDLE_S`` or longer before ``now``;
+        when the next one will be due, if any is left."""
+        while self._pool and self._pool[0][1] + POOL_IDLE_S <= now:
+            self._drop(self._pool.popleft()[0])
+        return self._pool[0][1] + POOL_IDLE_S if self._pool else None
 
     def forget(self, connection: int) -> None:
         """``connection`` closed: what it did not return is never reused."""
         for key in [key for key in self._lent if key[0] == connection]:
             self._drop(self._lent.pop(key))
-
-    def clear(self) -> None:
-        """Let go of every kept segment (the gateway stops)."""
-        for kept in [*self._lent.values(), *self._pool]:
-            self._drop(kept)
-        self._lent.clear()
-        self._pool.clear()
 
     @staticmethod
     def _drop(kept: _Kept) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 
 from wangate.core.buffer import Buffer
 from wangate.core.events import MessageDropped, MessageProgress, MessageReceived, PeerStateChanged
@@ -41,6 +42,7 @@ class TrainerDelivery:
         self._refused: dict[Box, deque[Delivery]] = {}  # by (source, job), in arrival order
         self._redelivery: dict[Box, asyncio.Task[None]] = {}
         self.bytes_received: dict[Box, int] = {}  # payload bytes arrived, per (source, job)
+        self._expiry: asyncio.TimerHandle | None = None  # the segment pool's next let-go
 
     # ------------------------------------------------------ the drivers' side
 
@@ -97,6 +99,21 @@ class TrainerDelivery:
             del self._redelivery[box]
 
     # ------------------------------------------------------ the service's side
+
+    def returned(self, connection: int, segment_ids: Sequence[int]) -> None:
+        """A trainer's client let go of these segments: pooled for reuse, each let go
+        after ``POOL_IDLE_S`` unless a message was written into it first."""
+        if not segment_ids:
+            return
+        loop = asyncio.get_running_loop()
+        self.segments.returned(connection, segment_ids, loop.time())
+        if self._expiry is None:
+            self._expire()
+
+    def _expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = self.segments.expire(loop.time())
+        self._expiry = None if due is None else loop.call_at(due, self._expire)
 
     async def receive(
         self,

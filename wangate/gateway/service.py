@@ -78,7 +78,7 @@ class Service:
         self.delivery.segments.forget(connection)
 
     def returned(self, connection: int, segment_ids: Sequence[int]) -> None:
-        self.delivery.segments.returned(connection, segment_ids)
+        self.delivery.returned(connection, segment_ids)
 
     def _declared(self, job: str) -> JobConfig:
         """``job`` as the config declares it; a job removed by a reload takes no new
