@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from wangate.core.outbound import CodingPolicy, OutboundQueue
 from wangate.core.outbound_message import OutboundMessage, Piece
 
@@ -73,3 +76,88 @@ def test_repair_symbols_meant_to_go_with_their_block_are_dropped_when_none_fit()
     assert queue.take(8, critical=False) is None
     assert not message.has_work and not queue.has_work()
     assert message.blocks[0].coded and message.blocks[0].queued == 0
+
+
+def test_a_message_begun_uncut_keeps_its_backlog_exact_once_cut() -> None:
+    queue = OutboundQueue(CodingPolicy(k=2, min_repair=0, max_repair=16))
+    queue.symbol_bytes = 0  # no path's datagram size known yet: the message starts uncut
+    queue.add(OutboundMessage(1, b"h", bytes(39), False))  # 40 bytes
+    assert queue.bulk_backlog_bytes == 40
+    assert fields(queue.take(7, critical=False)) == (1, 0, 7, -1, -1, False)
+    assert queue.bulk_backlog_bytes == 33
+    queue.symbol_bytes = queue.largest_datagram_bytes = 10
+    pieces, backlog = [], []
+    while (piece := queue.take(10, critical=False)) is not None:
+        pieces.append(fields(piece))
+        backlog.append(queue.bulk_backlog_bytes)
+    # the first symbol repeats bytes [0, 7); only its 3 new bytes leave the backlog
+    assert pieces == [
+        (1, 0, 10, 0, 0, False),
+        (1, 10, 20, 0, 1, False),
+        (1, 20, 30, 1, 0, False),
+        (1, 30, 40, 1, 1, False),
+    ]
+    assert backlog == [30, 20, 10, 0]
+    queue.drop(1)
+    assert queue.bulk_backlog_bytes == 0
+
+
+def backlog_of(queue: OutboundQueue) -> int:
+    """Bulk bytes still to send, counted afresh: new bytes and ranges queued again."""
+    return sum(
+        message.body_len - message.next_offset + sum(end - start for start, end in message.repairs)
+        for message in queue.messages.values()
+        if not message.critical
+    )
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "size", "lose", "ack", "poke", "resend", "drop", "add"]),
+        st.integers(0, 63),
+        st.integers(0, 63),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_the_bulk_backlog_is_what_is_left_to_send_whatever_happens(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """Takes at changing sizes (a message begun uncut, then cut), losses, acks, pokes,
+    resent ranges and drops in any order: ``bulk_backlog_bytes`` stays exact."""
+    queue = OutboundQueue(CodingPolicy(k=2, min_repair=0, max_repair=16))
+    queue.symbol_bytes = 0
+    queue.largest_datagram_bytes = 24
+    sent: list[Piece] = []
+    next_id = 1
+    queue.add(OutboundMessage(next_id, b"h", bytes(50), False))
+    for op, a, b in ops:
+        if op == "add":
+            next_id += 1
+            queue.add(OutboundMessage(next_id, b"h", bytes(a + 1), b % 5 == 0))
+        elif op == "size":
+            queue.symbol_bytes = 0 if a % 3 == 0 else 8 + a % 16
+            queue.largest_datagram_bytes = max(24, queue.symbol_bytes)
+        elif op == "take":
+            piece = queue.take(8 + a % 24, critical=bool(b % 2))
+            if piece is not None:
+                sent.append(piece)
+        elif sent and op in ("lose", "ack"):
+            piece = sent.pop(a % len(sent))
+            msg_id = piece.message.msg_id
+            if op == "lose":
+                queue.mark_lost(msg_id, piece.start, piece.end, piece.block, piece.symbol)
+            else:
+                queue.mark_acked(msg_id, piece.start, piece.end, piece.block, piece.symbol, now=1.0)
+        elif queue.messages:
+            message = list(queue.messages.values())[a % len(queue.messages)]
+            if op == "poke":
+                queue.poke(message.msg_id)
+            elif op == "resend":
+                queue.resend_ranges(message.msg_id, ((b % message.body_len, message.body_len),))
+            elif op == "drop":
+                queue.drop(message.msg_id)
+        assert queue.bulk_backlog_bytes == backlog_of(queue), (op, a, b)

@@ -268,7 +268,9 @@ class OutboundQueue:
         index = start // shape.symbol_bytes - block * shape.k
         symbol_start, symbol_end = shape.symbol_range(block, index)
         message.next_offset = symbol_end
-        self._add_backlog(message, symbol_start - symbol_end)
+        # only [start, symbol_end) leaves the backlog: a message begun before any path's
+        # size was known went uncut, and its first symbol repeats the bytes before start
+        self._add_backlog(message, start - symbol_end)
         self.source_bytes += symbol_end - symbol_start
         if symbol_end - symbol_start > max_bytes:
             # this path cannot carry a whole symbol: send part, queue the rest as a range
