@@ -109,7 +109,44 @@ requests = st.one_of(
         st.just(True),
         st.booleans(),
     ),
+    st.builds(  # returning its segment, and earlier ones
+        protocol.RecvRequest,
+        u32,
+        names,
+        st.none() | names,
+        st.none() | steps,
+        st.none() | st.floats(0, 1e9),
+        st.just(True),
+        st.just(False),
+        st.booleans(),
+        st.lists(st.integers(1, protocol.MAX_ID), max_size=protocol.MAX_RETURNED).map(tuple),
+    ),
 )
+
+
+@FAST
+@given(
+    st.booleans(),
+    msgpack_values | st.integers(-1, 1 << 33),
+    msgpack_values
+    | st.lists(st.integers(-1, (1 << 32) + 1), max_size=3)
+    | st.lists(st.just(1), min_size=1024, max_size=1026),
+)
+def test_a_recv_returns_only_what_it_may_or_is_refused(
+    segments: bool, returns: object, returned: object
+) -> None:
+    header = {"op": "recv", "id": 4, "tag": "t", "source": None, "step": None, "timeout_s": None}
+    header |= {"segments": segments, "returns": returns, "returned": returned}
+    try:
+        request = protocol.decode_request(msgpack.packb(header, use_bin_type=True), 0)
+    except protocol.FrameError as exc:
+        assert (exc.code, exc.request_id, exc.fatal) == ("bad_request", 4, False)
+        return
+    assert isinstance(request, protocol.RecvRequest)
+    assert type(returns) is bool and (segments or not returns) and request.returns is returns
+    assert type(returned) is list and len(returned) <= protocol.MAX_RETURNED
+    assert request.returned == tuple(returned)
+    assert all(type(i) is int and 1 <= i <= protocol.MAX_ID for i in returned)
 
 
 @FAST
