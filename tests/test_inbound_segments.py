@@ -14,15 +14,9 @@ from wangate.delivery import segments as segments_module
 from wangate.delivery.segments import InboundSegments
 from wangate.shm import F_SEAL_FUTURE_WRITE
 
+from .test_localapi_segments import is_open
+
 SIZE = 8192
-
-
-def is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def delivered(
