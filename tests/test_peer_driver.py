@@ -216,6 +216,38 @@ def test_a_payload_at_the_limit_passes_and_a_bad_tag_fails_only_its_request(
     run(_at_the_limit(tmp_path))
 
 
+async def _send_fails_once(directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bj, sh = await pair(directory)
+    try:
+        real = PathLink.send_now
+        failures: list[str] = []
+
+        def send_now_failing_once(self: PathLink) -> None:
+            if not failures:
+                failures.append("sent nothing")
+                raise RuntimeError("a fault while sending")
+            real(self)
+
+        monkeypatch.setattr(PathLink, "send_now", send_now_failing_once)
+        payload = b"\x5a" * 3000
+        critical = Submission("bj", "urgent", 1, True, b"", payload, zlib.crc32(payload))
+        message_id = await sh.service.submit(critical)  # accepted, not failed
+        assert message_id >= 1 and failures == ["sent nothing"]
+        delivery = await bj.service.receive("urgent", "sh", 1, 10.0)
+        assert bytes(delivery.payload) == payload and delivery.critical
+    finally:
+        await sh.close()
+        await bj.close()
+
+
+def test_a_fault_sending_a_critical_message_at_once_leaves_it_queued_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run(_send_fails_once(tmp_path, monkeypatch))
+    assert "sending to bj right away failed; the message stays queued" in caplog.text
+    assert "RuntimeError: a fault while sending" in caplog.text
+
+
 # ----------------------------------------------------------- delivery
 
 

@@ -336,7 +336,15 @@ class PeerDriver:
             raise GatewayError(str(exc), code=ErrorCode.BAD_REQUEST) from exc
         if header.critical:
             self._service(pump=False)
-            self.pump()  # leaves now: on a busy loop, the next turn can be milliseconds away
+            try:
+                self.pump()  # leaves now: on a busy loop, the next turn can be milliseconds away
+            except Exception:
+                # the message is queued and goes on from the loop's pump: failing this
+                # request would tell the trainer it failed while it is delivered
+                log.exception(
+                    "sending to %s right away failed; the message stays queued", self.peer
+                )
+                self._service()
         else:
             self._service()
         return msg_id
