@@ -305,9 +305,12 @@ class Connection:
                 self._release(payload_bytes)
                 self._spawn(self._reply(SendReply(rid, message_id)))
                 return
-        if isinstance(request, RecvRequest) and request.stream:
-            self._spawn(self._stream(request))
-            return
+        if isinstance(request, RecvRequest):
+            # segments it let go of are back before it waits (streamed or not)
+            self.service.returned(self.claimant.connection, request.returned)
+            if request.stream:
+                self._spawn(self._stream(request))
+                return
         self._spawn(self._handle(request, payload, payload_bytes))
 
     def _release(self, payload_bytes: int) -> None:
@@ -354,7 +357,6 @@ class Connection:
         with its header in; then, for one still arriving, a reply each time its prefix
         grows by a step, and a last one when it is verified (``done``) or failed."""
         rid = request.request_id
-        self.service.returned(self.claimant.connection, request.returned)
         try:
             got = await self.service.receive_stream(
                 request.tag, request.source, request.step, request.timeout_s, self._job()

@@ -118,15 +118,13 @@ async def dispatch(
     if isinstance(request, SendRequest):
         return SendReply(rid, await service.submit(submission(request, payload, job))), b""
     if isinstance(request, RecvRequest):
-        connection = claimant.connection
-        service.returned(connection, request.returned)
         delivery = await service.receive(
             request.tag,
             request.source,
             request.step,
             request.timeout_s,
             job,
-            connection if request.returns else None,
+            claimant.connection if request.returns else None,
         )
         return recv_reply(rid, delivery, request.segments)
     if isinstance(request, HelloRequest):
