@@ -1,4 +1,4 @@
-"""AsyncFrameReader on a real socket pair: what is there is read at once, but not forever."""
+"""Frames from a stream socket: what is there is read at once, but not forever."""
 
 from __future__ import annotations
 
@@ -15,60 +15,76 @@ from wangate.localapi import framing
 from wangate.localapi.framing import (
     EAGER_READ_BYTES,
     STAGING_BYTES,
-    AsyncFrameReader,
+    ConnectionClosed,
     FrameAssembler,
+    ReadyFrameReader,
 )
 from wangate.localapi.protocol import FrameError, SendRequest, decode_request, encode_request
 
 
-class CountingLoop:
-    """Counts the reads that waited for the loop (a spy over the real loop's method)."""
+def test_a_frame_already_received_is_read_in_one_readiness_callback() -> None:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    request = SendRequest(7, "sh", "w", 3, True, b"", 0, None)
+    second = SendRequest(8, "sh", "w", 4, False, b"", 0, None)
+    theirs.sendall(encode_request(request, 5) + b"hello" + encode_request(second, 0))
+    reader = ReadyFrameReader(ours, 1 << 20)
+    frames, ended = reader.frames_ready()
+    assert ended is None
+    assert [
+        (decode_request(raw, prefix.payload_bytes), bytes(payload))
+        for prefix, raw, payload in frames
+    ] == [(request, b"hello"), (second, b"")]
+    assert reader.frames_ready() == ([], None)  # nothing more: no frame, not ended
+    theirs.close()
+    frames, ended = reader.frames_ready()
+    ours.close()
+    assert frames == []
+    assert isinstance(ended, ConnectionClosed)
+    assert str(ended) == "the gateway closed the connection"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.waits = 0
-        self._real = loop.sock_recv_into
 
-        async def sock_recv_into(sock: socket.socket, buf: memoryview) -> int:
-            self.waits += 1
-            return await self._real(sock, buf)
-
-        loop.sock_recv_into = sock_recv_into  # type: ignore[method-assign,assignment]
-
-
-def test_a_frame_already_received_is_read_without_waiting_for_the_loop() -> None:
-    async def main() -> tuple[int, object, bytes]:
-        ours, theirs = socket.socketpair()
-        ours.setblocking(False)
-        request = SendRequest(7, "sh", "w", 3, True, b"", 0, None)
-        theirs.sendall(encode_request(request, 5) + b"hello")
-        spy = CountingLoop(asyncio.get_running_loop())
-        reader = AsyncFrameReader(ours, 1 << 20)
-        head = await reader.read_head()
-        assert head is not None
-        prefix, raw = head
-        payload = bytes(await reader.read_payload(prefix.payload_bytes))
-        ours.close()
-        theirs.close()
-        return spy.waits, decode_request(raw, prefix.payload_bytes), payload
-
-    waits, request, payload = asyncio.run(main())
-    assert waits == 0
-    assert request == SendRequest(7, "sh", "w", 3, True, b"", 0, None)
-    assert payload == b"hello"
+@pytest.mark.parametrize("cut", [0, 3, 40])
+def test_the_end_of_the_stream_says_whether_it_cut_a_frame(cut: int) -> None:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    frame = encode_request(SendRequest(7, "sh", "w", 3, True, b"", 0, None), 5) + b"hello"
+    theirs.sendall(frame + frame[:cut])
+    theirs.close()
+    reader = ReadyFrameReader(ours, 1 << 20)
+    frames, ended = reader.frames_ready()
+    if ended is None:  # a short read ends a callback; the end shows at the next
+        assert len(frames) == 1
+        more, ended = reader.frames_ready()
+        frames += more
+    ours.close()
+    assert [bytes(payload) for _, _, payload in frames] == [b"hello"]
+    assert isinstance(ended, ConnectionClosed)
+    expected = "the gateway closed the connection" if cut == 0 else "in the middle of a frame"
+    assert expected in str(ended)
 
 
 class EndlessSocket:
-    """Always has CHUNK bytes ready: a client that never stops sending."""
+    """A peer that never stops: frame after frame (request id ``i``, ``PAYLOAD`` bytes of
+    ``i % 256``), and every receive finds more queued than it asks for."""
 
-    CHUNK = 64 * 1024
+    PAYLOAD = 100_000
 
     def __init__(self) -> None:
-        self.sent = 0
+        self.frames_made = 0
+        self.pending = b""
+        self.read = 0
 
     def recv_into(self, buf: memoryview) -> int:
-        n = min(len(buf), self.CHUNK)
-        buf[:n] = bytes([self.sent // self.CHUNK % 256]) * n
-        self.sent += n
+        while len(self.pending) < len(buf):
+            self.frames_made += 1
+            i = self.frames_made
+            request = SendRequest(i, "sh", "bulk", i, False, b"", 0, None)
+            self.pending += encode_request(request, self.PAYLOAD) + bytes([i % 256]) * self.PAYLOAD
+        n = len(buf)
+        buf[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        self.read += n
         return n
 
     def recvmsg_into(
@@ -80,30 +96,23 @@ class EndlessSocket:
         return -1
 
 
-def test_a_client_that_never_stops_sending_still_lets_the_loop_turn(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    size = 3 * EAGER_READ_BYTES
-
-    async def main() -> tuple[int, bytes]:
-        sock = EndlessSocket()
-        waits = 0
-
-        async def wait(_loop: object, _fileno: int, *, write: bool) -> None:
-            nonlocal waits
-            waits += 1
-            await asyncio.sleep(0)  # the turn of the loop a real wait would give
-
-        monkeypatch.setattr(framing, "_wait", wait)
-        reader = AsyncFrameReader(sock, size)  # type: ignore[arg-type]
-        payload = bytes(await reader.read_payload(size))
-        return waits, payload
-
-    waits, payload = asyncio.run(main())
-    chunks = size // EndlessSocket.CHUNK
-    assert payload == b"".join(bytes([i % 256]) * EndlessSocket.CHUNK for i in range(chunks))
-    # 16 chunks make one allowance: after each, one read waits for the loop (48 = 16+1+16+1+14)
-    assert waits == 2
+def test_a_peer_that_never_stops_sending_still_lets_the_loop_turn() -> None:
+    sock = EndlessSocket()
+    reader = ReadyFrameReader(sock, 1 << 20)  # type: ignore[arg-type]
+    ids: list[int] = []
+    for _ in range(3):
+        before = sock.read
+        frames, ended = reader.frames_ready()
+        assert ended is None
+        # one allowance per callback, overshot by one read at most
+        assert EAGER_READ_BYTES <= sock.read - before < EAGER_READ_BYTES + EndlessSocket.PAYLOAD
+        for prefix, raw, payload in frames:
+            request = decode_request(raw, prefix.payload_bytes)
+            assert bytes(payload) == bytes([request.request_id % 256]) * EndlessSocket.PAYLOAD
+            ids.append(request.request_id)
+    # in order, none lost or repeated across the callbacks: about 10 frames per allowance
+    assert ids == list(range(1, len(ids) + 1))
+    assert len(ids) >= 3 * EAGER_READ_BYTES // (EndlessSocket.PAYLOAD + 100) - 1
 
 
 def _feed(assembler: FrameAssembler, data: bytes, sizes: list[int]) -> None:

@@ -10,7 +10,6 @@ come before it exists.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 from collections.abc import Iterable
@@ -21,7 +20,7 @@ import numpy as np
 from wangate.collective.steps import run_async
 from wangate.errors import ErrorCode, GatewayError, GatewayUnavailable
 from wangate.incoming import AsyncIncomingMessage
-from wangate.localapi.framing import AsyncFrameReader, ConnectionClosed, sock_send_frame
+from wangate.localapi.framing import ConnectionClosed, ReadyFrameReader, sock_send_frame
 from wangate.localapi.protocol import FrameError, encode_request
 from wangate.stepper import run_steps_async
 
@@ -61,8 +60,8 @@ class AsyncClient:
         self._session = ClientProtocol(socket_path(path), job)
         self._timeout_s = checked_timeout(timeout)
         self._sock: socket.socket | None = None
-        self._reader: AsyncFrameReader | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._reader: ReadyFrameReader | None = None
+        self._reading = False  # the loop calls _on_readable when replies arrive
         self._write_lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._failure: GatewayError | None = None
@@ -96,8 +95,9 @@ class AsyncClient:
                     sock.close()
                     raise unavailable(self._session.path, exc) from None
                 self._sock = sock
-                self._reader = AsyncFrameReader(sock, 0)
-                self._reader_task = asyncio.create_task(self._read_loop())
+                self._reader = ReadyFrameReader(sock, 0)
+                asyncio.get_running_loop().add_reader(sock.fileno(), self._on_readable)
+                self._reading = True
                 stage = "hello"
                 await self._run(self._session.hello())
         except TimeoutError:
@@ -262,11 +262,7 @@ class AsyncClient:
         await self._run(self._session.claim(call, step))
 
     async def close(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader_task
-            self._reader_task = None
+        self._stop_reading()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -330,29 +326,40 @@ class AsyncClient:
             except OSError as exc:  # every pending call learns it through its future
                 self._fail(lost(self._session.path, exc))
 
-    async def _read_loop(self) -> None:
+    def _on_readable(self) -> None:
+        """Replies, read as they arrive, each handed to the call waiting for it."""
         assert self._reader is not None
         try:
-            while True:
-                head = await self._reader.read_head()
-                if head is None:
-                    raise ConnectionClosed("the gateway closed the connection")
-                prefix, header = head
-                payload = await self._reader.read_payload(prefix.payload_bytes)
-                reply, payload = self._session.reply_in(header, payload, self._reader.fds)
-                if reply["id"] is None and not reply["ok"]:  # a refusal, or a frame it
-                    raise failure_of(reply)  # could not attribute: the gateway closes
-                if self._stream_reply(reply, payload):
-                    continue
-                future = self._pending.pop(reply["id"], None)
-                if future is not None and not future.done():
-                    future.set_result((reply, payload))
+            frames, ended = self._reader.frames_ready()
+            for _prefix, header, payload in frames:
+                self._on_frame(header, payload)
+            if ended is not None:
+                raise ended
         except GatewayError as exc:
+            self._stop_reading()
             self._fail(exc)
         except FrameError as exc:
+            self._stop_reading()
             self._fail(lost(self._session.path, f"protocol error: {exc}"))
         except (OSError, ConnectionClosed) as exc:
+            self._stop_reading()
             self._fail(lost(self._session.path, exc))
+
+    def _on_frame(self, header: bytes, payload: memoryview) -> None:
+        assert self._reader is not None
+        reply, payload = self._session.reply_in(header, payload, self._reader.fds)
+        if reply["id"] is None and not reply["ok"]:  # a refusal, or a frame it
+            raise failure_of(reply)  # could not attribute: the gateway closes
+        if self._stream_reply(reply, payload):
+            return
+        future = self._pending.pop(reply["id"], None)
+        if future is not None and not future.done():
+            future.set_result((reply, payload))
+
+    def _stop_reading(self) -> None:
+        if self._reading and self._sock is not None:
+            self._reading = False
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
 
     def _stream_reply(self, reply: dict[str, Any], payload: memoryview) -> bool:
         """Feed a streaming recv's reply to its message; True if it was only that."""

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from wangate.checksum import checksum_with_prefix
-from wangate.codec import CodecPolicy, ErrorFeedback, decode_tensor, encode_tensor, read_meta
+from wangate.codec import CodecPolicy, ErrorFeedback, encode_tensor
+from wangate.codec.tensor import decode_frame
 from wangate.collective.api import CollectiveState
 from wangate.collective.tags import check_user_tag
 from wangate.core.jobs import DEFAULT_JOB, job_name_error
@@ -133,8 +134,8 @@ class Session:
     def decode(self, meta: bytes, checksum: int, payload: memoryview) -> np.ndarray:
         # The gateway checked the transport checksum against the bytes before delivery;
         # the frame's own CRC is checked against it without another pass over them.
-        array = decode_tensor(meta, payload, transport_checksum=checksum)
-        return mark_bfloat16(array) if read_meta(meta).bfloat16 else array
+        array, info = decode_frame(meta, payload, transport_checksum=checksum)
+        return mark_bfloat16(array) if info.bfloat16 else array
 
     def decode_header(self, header: dict[str, Any], payload: memoryview) -> np.ndarray:
         """``decode`` for a recv reply still as its map (``wangate.incoming``)."""

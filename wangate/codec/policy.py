@@ -13,6 +13,8 @@ from wangate.errors import CodecError
 from .dtypes import FLOAT_CODES, dtype_code, is_bfloat16
 from .spec import parse_spec
 
+_MAX_REMEMBERED_TAGS = 1024
+
 
 class CodecPolicy:
     def __init__(
@@ -35,6 +37,7 @@ class CodecPolicy:
         self.default = default
         self.tags = tuple(rules)
         self.min_lossy_bytes = min_lossy_bytes
+        self._rules: dict[str, str] = {}  # tag -> its rule's spec: a loop sends the same tags
 
     def choose(
         self,
@@ -59,7 +62,13 @@ class CodecPolicy:
         return spec
 
     def _rule_for(self, tag: str) -> str:
-        for pattern, spec in self.tags:
-            if fnmatch.fnmatchcase(tag, pattern):
-                return spec
-        return self.default
+        spec = self._rules.get(tag)
+        if spec is None:
+            spec = next(
+                (spec for pattern, spec in self.tags if fnmatch.fnmatchcase(tag, pattern)),
+                self.default,
+            )
+            if len(self._rules) >= _MAX_REMEMBERED_TAGS:
+                self._rules.clear()
+            self._rules[tag] = spec
+        return spec

@@ -128,10 +128,24 @@ def _parse_zstd(spec: str, token: str) -> int:
     return level
 
 
+_PARSED: dict[str, CodecSpec] = {}  # every send parses its spec; a process uses a few
+_MAX_PARSED = 256
+
+
 def parse_spec(spec: str) -> CodecSpec:
     """Parse a spec string; raise CodecError naming what is wrong."""
     if not isinstance(spec, str):
         raise CodecError(f"codec spec must be a string, got {type(spec).__name__}")
+    parsed = _PARSED.get(spec)
+    if parsed is None:
+        parsed = _parse(spec)
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.clear()
+        _PARSED[spec] = parsed
+    return parsed
+
+
+def _parse(spec: str) -> CodecSpec:
     if len(spec) > 64 or not spec:
         raise _bad(spec, "empty or longer than 64 characters")
     body, plus, tail = spec.partition("+")

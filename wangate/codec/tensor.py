@@ -40,6 +40,7 @@ _TOPK = struct.Struct("<QBBI")  # k, index width, value carrier, value block
 _SPLIT = struct.Struct("<QBBBI")  # k, index width, key carrier, rest carrier, rest block
 _DENSE_CODEC = {"fp16": CODEC_FP16, "bf16": CODEC_BF16, "int8": CODEC_INT8, "int4": CODEC_INT4}
 _CODEC_DENSE = {ident: name for name, ident in _DENSE_CODEC.items()}
+_NO_CARRIER = DenseKind("fp32")  # codec none's layout names no carrier; this stands in
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,12 @@ def encode_tensor(
             raise CodecError(f"bfloat16=True needs the bits as a uint16 array, got {wired.dtype}")
         is_bf16 = True
     bfloat16 = is_bf16
-    shape = tuple(int(dim) for dim in wired.shape)
+    shape = wired.shape
     if not parsed.lossy:
-        body = wired.reshape(-1).view(np.uint8).data
+        # C-contiguous (wire_array): its bytes in order (an empty one cannot be cast)
+        body = wired.data.cast("B") if wired.nbytes else memoryview(b"")
         return _seal(
-            FrameInfo(CODEC_NONE, code, shape, b"", body.nbytes, 0, bfloat16=bfloat16),
+            FrameInfo(CODEC_NONE, code, shape, b"", body.nbytes, body.nbytes, bfloat16=bfloat16),
             body,
             parsed.zstd_level,
         )
@@ -104,25 +106,25 @@ def encode_tensor(
         codec, params, body_array = _encode_lossy(parsed, work, keep_residual=True)
         feedback.commit(key, shape, work)
     body = body_array.data
-    info = FrameInfo(codec, code, shape, params, body.nbytes, 0)
+    info = FrameInfo(codec, code, shape, params, body.nbytes, body.nbytes)
     return _seal(info, body, parsed.zstd_level)
 
 
 def _seal(info: FrameInfo, body: memoryview, zstd_level: int | None) -> EncodedTensor:
+    """The frame of ``body``; ``info`` says its payload is ``body`` (zstd replaces it)."""
     payload: bytes | memoryview = body
     if zstd_level is not None:
         payload = zstd.compress(body, zstd_level)
-    size = memoryview(payload).nbytes
-    info = FrameInfo(
-        info.codec,
-        info.dtype_code,
-        info.shape,
-        info.params,
-        info.body_size,
-        size,
-        zstd=zstd_level is not None,
-        bfloat16=info.bfloat16,
-    )
+        info = FrameInfo(
+            info.codec,
+            info.dtype_code,
+            info.shape,
+            info.params,
+            info.body_size,
+            len(payload),
+            zstd=True,
+            bfloat16=info.bfloat16,
+        )
     payload_crc = crc32(payload)  # the one pass over the encoded bytes
     return EncodedTensor(pack_meta(info, payload_crc), payload, payload_crc)
 
@@ -191,6 +193,19 @@ def decode_tensor(
 
     ``transport_checksum``, a CRC-32 of meta then payload that was already verified
     against the bytes, replaces the pass over the payload for the frame's own CRC."""
+    return decode_frame(
+        meta, payload, max_decoded_bytes=max_decoded_bytes, transport_checksum=transport_checksum
+    )[0]
+
+
+def decode_frame(
+    meta: bytes | bytearray | memoryview,
+    payload: bytes | bytearray | memoryview,
+    *,
+    max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+    transport_checksum: int | None = None,
+) -> tuple[np.ndarray, FrameInfo]:
+    """``decode_tensor``, and what the meta declared (read once)."""
     try:
         return _decode(meta, payload, max_decoded_bytes, transport_checksum)
     except CodecError:
@@ -217,7 +232,7 @@ def _decode(
     payload: bytes | bytearray | memoryview,
     max_decoded_bytes: int,
     transport_checksum: int | None = None,
-) -> np.ndarray:
+) -> tuple[np.ndarray, FrameInfo]:
     info = parse_meta(meta)
     view = memoryview(payload)
     if not view.c_contiguous:
@@ -245,9 +260,11 @@ def _decode(
         body = np.frombuffer(view, dtype=np.uint8)
     dtype = DTYPE_BY_CODE[info.dtype_code]
     if info.codec == CODEC_NONE:
-        if body.flags.writeable and body.ctypes.data % dtype.itemsize == 0:
-            return body.view(dtype).reshape(info.shape)
-        return body.view(np.uint8).copy().view(dtype).reshape(info.shape)
+        out = body.view(dtype)
+        flags = out.flags
+        if not (flags.writeable and flags.aligned):
+            out = body.copy().view(dtype)
+        return out.reshape(info.shape), info
     if info.dtype_code not in FLOAT_CODES:
         raise CodecError(f"lossy codec {info.codec_name} on a non-float dtype {dtype}")
     values, key, k, width = layout
@@ -263,7 +280,7 @@ def _decode(
         target = np.empty(k, dtype=dtype)
         store_as(target, picked)
         out[chosen] = target
-        return out.reshape(info.shape)
+        return out.reshape(info.shape), info
     else:
         assert key is not None
         chosen = decode_indices(body[: k * width], width, n)
@@ -275,16 +292,15 @@ def _decode(
         target[chosen] = picked
     if target is not out:
         store_as(out, target)
-    return out.reshape(info.shape)
+    return out.reshape(info.shape), info
 
 
 def _layout(info: FrameInfo, n: int) -> tuple[int, tuple[DenseKind, DenseKind | None, int, int]]:
     """(expected body size, (values carrier, key carrier, k, index width)) from the meta."""
-    none = DenseKind("fp32")
     if info.codec == CODEC_NONE:
         if info.params:
             raise CodecError("codec none takes no parameters")
-        return n * DTYPE_BY_CODE[info.dtype_code].itemsize, (none, None, 0, 0)
+        return n * DTYPE_BY_CODE[info.dtype_code].itemsize, (_NO_CARRIER, None, 0, 0)
     if info.codec in _CODEC_DENSE:
         name = _CODEC_DENSE[info.codec]
         if name in dense.BLOCKWISE:

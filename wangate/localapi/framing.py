@@ -7,7 +7,7 @@ only the few bytes that arrived together with the header are copied across. The
 staging area exists only while it holds bytes: an idle connection keeps no buffer
 (a gateway may hold a thousand idle trainer connections).
 ``FrameAssembler`` holds that logic without any I/O; ``SyncFrameReader`` (blocking
-socket) and ``AsyncFrameReader`` (non-blocking socket, ``loop.sock_recv_into``) are thin
+socket) and ``ReadyFrameReader`` (non-blocking socket, a readiness callback) are thin
 drivers of it, and the gateway's local API server drives it from readiness callbacks.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import socket
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from wangate.shm import close_all
 # PREFIX_BYTES + MAX_HEADER_BYTES.
 STAGING_BYTES = 16 * 1024
 SKIP_CHUNK_BYTES = 1024 * 1024
+Frame = tuple[FramePrefix, bytes, memoryview]  # prefix, header, payload
 EAGER_READ_BYTES = 1024 * 1024
 
 
@@ -350,46 +350,56 @@ class SyncFrameReader(_FrameReader):
         return payload
 
 
-class AsyncFrameReader(_FrameReader):
-    """``FrameAssembler`` over a non-blocking socket and the event loop."""
+class ReadyFrameReader(_FrameReader):
+    """``FrameAssembler`` over a non-blocking socket, driven by the loop's readiness
+    callback: each ``frames_ready`` reads what is there and returns the frames it
+    completed. No task waits between the bytes and their frame: on a busy or cold loop
+    each turn costs (a task woken, a reader added and removed per read)."""
 
     def __init__(self, sock: socket.socket, max_payload_bytes: int) -> None:
         super().__init__(sock, max_payload_bytes)
-        self._loop = asyncio.get_running_loop()
-        self._eager_bytes = 0  # read without waiting for the loop since the last wait
+        self._head: tuple[FramePrefix, bytes] | None = None  # its payload is arriving
 
-    async def _receive(self) -> int:
-        # What is already there is read at once: the loop's sock_recv_into always waits
-        # for a readiness callback first, a whole turn of a busy loop per read. Every
-        # EAGER_READ_BYTES the reader waits anyway, so one client cannot hold the loop.
-        target = self._frames.writable()
-        received: int | None = None
-        if self._eager_bytes < EAGER_READ_BYTES:
+    def frames_ready(self) -> tuple[list[Frame], ConnectionClosed | None]:
+        """The frames completed by what the socket holds now (at most EAGER_READ_BYTES
+        read: what is left makes the socket readable again after the loop turns), and
+        why the stream ended if it did. A bad prefix raises ``FrameError``."""
+        frames: list[Frame] = []
+        budget = EAGER_READ_BYTES
+        while True:
+            self._complete(frames)
+            if budget <= 0:
+                return frames, None
+            target = self._frames.writable()
             try:
                 received = self._recv(target)
-                self._eager_bytes += received
             except (BlockingIOError, InterruptedError):
-                pass
-        while received is None:
-            self._eager_bytes = 0
-            await _wait(self._loop, self._sock.fileno(), write=False)
-            with contextlib.suppress(BlockingIOError, InterruptedError):
-                received = self._recv(target)
-        self._frames.wrote(received)
-        return received
+                self._frames.release_idle()
+                return frames, None
+            if received == 0:
+                if self._head is None and self._frames.between_frames:
+                    return frames, ConnectionClosed("the gateway closed the connection")
+                return frames, ConnectionClosed("connection closed in the middle of a frame")
+            drained = received < len(target)  # nothing more queued: skip the EAGAIN read
+            del target
+            self._frames.wrote(received)
+            budget -= received
+            if drained:
+                self._complete(frames)
+                return frames, None
 
-    async def read_head(self) -> tuple[FramePrefix, bytes] | None:
-        """Prefix and header of the next frame; None on a clean close between frames."""
-        while (head := self._frames.next_head()) is None:
-            if await self._receive() == 0:
-                if self._frames.between_frames:
-                    return None
-                raise ConnectionClosed("connection closed in the middle of a frame")
-        return head
-
-    async def read_payload(self, size_bytes: int) -> memoryview:
-        self._frames.expect_payload(size_bytes)
-        while (payload := self._frames.take_payload()) is None:
-            if await self._receive() == 0:
-                raise ConnectionClosed("connection closed in the middle of a payload")
-        return payload
+    def _complete(self, frames: list[Frame]) -> None:
+        assembler = self._frames
+        while True:
+            if self._head is None:
+                head = assembler.next_head()
+                if head is None:
+                    return
+                self._head = head
+                assembler.expect_payload(head[0].payload_bytes)
+            payload = assembler.take_payload()
+            if payload is None:
+                return
+            prefix, header = self._head
+            self._head = None
+            frames.append((prefix, header, payload))
