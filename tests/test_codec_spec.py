@@ -135,3 +135,22 @@ def test_policy_rejects_bad_configuration(kwargs: dict[str, object], message: st
 def test_policy_rejects_bad_override() -> None:
     with pytest.raises(CodecError):
         CodecPolicy().choose("t", 10, override="gzip")
+
+
+def test_a_spec_parses_once_and_a_bad_one_fails_every_time() -> None:
+    assert parse_spec("int8:64+zstd") is parse_spec("int8:64+zstd")
+    for _ in range(2):
+        with pytest.raises(CodecError, match="unknown codec"):
+            parse_spec("int9")
+
+
+def test_policy_rules_hold_for_many_tags_however_often_asked() -> None:
+    policy = CodecPolicy(default="none", tags=[("layer1*", "int8"), ("layer*", "fp16")])
+    tags = [f"layer{i}" for i in range(3000)]  # over what the policy remembers
+    for _ in range(2):
+        chosen = [policy.choose(tag, 1 << 20, dtype=np.dtype("f4")) for tag in tags]
+        assert chosen == ["int8" if tag.startswith("layer1") else "fp16" for tag in tags]
+    assert policy.choose("other", 1 << 20) == "none"
+    assert policy.tags == (("layer1*", "int8"), ("layer*", "fp16"))
+    with pytest.raises(AttributeError):
+        policy.tags = ()  # type: ignore[misc]

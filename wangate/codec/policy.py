@@ -34,10 +34,19 @@ class CodecPolicy:
             raise CodecError("min_lossy_bytes must be an integer")
         if min_lossy_bytes < 0:
             raise CodecError("min_lossy_bytes must not be negative")
-        self.default = default
-        self.tags = tuple(rules)
+        self._default = default
+        self._tags = tuple(rules)
         self.min_lossy_bytes = min_lossy_bytes
         self._rules: dict[str, str] = {}  # tag -> its rule's spec: a loop sends the same tags
+
+    @property
+    def default(self) -> str:
+        return self._default
+
+    @property
+    def tags(self) -> tuple[tuple[str, str], ...]:
+        """(tag glob, spec) rules, first match wins; fixed (a new policy for new rules)."""
+        return self._tags
 
     def choose(
         self,
@@ -65,8 +74,8 @@ class CodecPolicy:
         spec = self._rules.get(tag)
         if spec is None:
             spec = next(
-                (spec for pattern, spec in self.tags if fnmatch.fnmatchcase(tag, pattern)),
-                self.default,
+                (spec for pattern, spec in self._tags if fnmatch.fnmatchcase(tag, pattern)),
+                self._default,
             )
             if len(self._rules) >= _MAX_REMEMBERED_TAGS:
                 self._rules.clear()
