@@ -8,7 +8,7 @@ prefix reaches (coarsely: a step of max(4 MiB, size/64), never per datagram) and
 last, that the whole message passed its checksum or why it failed.
 
 The state and the array live here; the clients pump the replies (``Client`` reads
-them on the caller's thread, ``AsyncClient``'s read loop feeds them).
+them on the caller's thread, ``AsyncClient``'s reader feeds them).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """``AsyncClient``: the asyncio shell over the client protocol (``protocol.py``).
 
 What is its own: connecting within a timeout on the loop, one write at a time (a
-cancelled caller never leaves half a frame), and a read loop that hands each reply to
-the call waiting for it, so that calls run concurrently on one connection; a streamed
-message is made by the read loop at its first reply, so that no progress reply can
-come before it exists.
+cancelled caller never leaves half a frame), and a reader, the socket's readiness
+callback, that hands each reply to the call waiting for it as it arrives (no task in
+between), so that calls run concurrently on one connection; a streamed message is made
+by the reader at its first reply, so that no progress reply can come before it exists.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class AsyncClient:
         self._write_lock = asyncio.Lock()
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._failure: GatewayError | None = None
-        # streaming recvs: the read loop makes the message at its first reply
+        # streaming recvs: the reader makes the message at its first reply
         self._stream_requests: set[int] = set()
         self._incoming: dict[int, AsyncIncomingMessage] = {}  # made, not yet returned
         self._streams: dict[int, AsyncIncomingMessage] = {}  # unfinished, by request id
@@ -321,7 +321,7 @@ class AsyncClient:
             try:
                 await sock_send_frame(loop, sock, head, body, exchange.fd)
             except (BrokenPipeError, ConnectionResetError) as exc:
-                if not exchange.first:  # else the read loop reads the gateway's reason
+                if not exchange.first:  # else the reader reads the gateway's reason
                     self._fail(lost(self._session.path, exc))
             except OSError as exc:  # every pending call learns it through its future
                 self._fail(lost(self._session.path, exc))
