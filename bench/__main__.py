@@ -44,6 +44,7 @@ SUBJECTS: dict[str, dict[str, tuple[str, str]]] = {
         "idle": ("bench.localapi.idle", "what an idle trainer connection costs the daemon"),
         "shm": ("bench.localapi.shm", "shared-memory payloads: hand-over, streaming, memory"),
         "handover": ("bench.localapi.handover", "a small message's send, warm and after a gap"),
+        "cold": ("bench.localapi.cold", "what touching memory costs after the core slept"),
     },
     "robustness": {
         "flood": ("bench.robustness.flood", "forged QUIC packets against a daemon pair"),

@@ -9,6 +9,8 @@ before the next goes. For each gap between messages (0: back to back), the media
 
 - ``encode``: the client's own work before it writes (``Session.encode``: policy,
   codec, checksum), timed alone on the same array at the same gap;
+- ``decode``: the receiving client's own work on the message (``Session.decode``: the
+  frame's meta and checksum, the array over the payload), timed alone likewise;
 - ``accepted``: ``send`` called to its reply (the daemon read the message, handed it
   to the session, which sent it, and answered);
 - ``delivered``: ``send`` called to the receiving trainer holding the array.
@@ -57,11 +59,14 @@ def main(argv: list[str]) -> int:
     lab = LoopbackSites(2, 1, verbose=False)
     with lab, lab["bj"].client() as tx, lab["sh"].client() as rx:
         step = 0
+        meta, payload, checksum = tx._session.encode("sh", "handover", array, None)
+        received = memoryview(bytearray(payload))  # as a reply's payload: writable
         for gap_ms in args.gap_ms:
             gap_s = gap_ms / 1e3
             encode = _timed(
                 lambda: tx._session.encode("sh", "handover", array, None), args.count, gap_s
             )
+            decode = _timed(lambda: rx._session.decode(meta, checksum, received), args.count, gap_s)
             accepted, delivered = [], []
             for _ in range(args.count):
                 started = time.perf_counter()
@@ -73,11 +78,14 @@ def main(argv: list[str]) -> int:
                     raise AssertionError(f"message {step} arrived damaged")
                 step += 1
                 time.sleep(gap_s)
-            rows.append((gap_ms, encode, accepted, delivered))
+            rows.append((gap_ms, encode, decode, accepted, delivered))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}")
     print(f"{args.size_kib} KiB critical messages, {args.count} per gap, microseconds\n")
-    print("| gap between messages | encode p50 / p90 | accepted p50 / p90 | delivered p50 / p90 |")
-    print("|---|---|---|---|")
+    print(
+        "| gap between messages | encode p50 / p90 | decode p50 / p90 | accepted p50 / p90 "
+        "| delivered p50 / p90 |"
+    )
+    print("|---|---|---|---|---|")
     for gap_ms, *columns in rows:
         cells = " | ".join("{:.0f} / {:.0f}".format(*_quantiles(c)) for c in columns)
         print(f"| {gap_ms:g} ms | {cells} |")

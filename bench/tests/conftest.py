@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import assign_tiers
 
 TIERS = {
+    "test_cold_pages.py": "daemons",
     "test_collective_bound.py": "pure",
     "test_core_cost.py": "pure",
     "test_floor.py": "daemons",
