@@ -126,6 +126,6 @@ fuzz-atheris: $(STAMP)
 	done
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check wangate tests bench examples
-	$(VENV)/bin/ruff format --check wangate tests bench examples
+	$(VENV)/bin/ruff check wangate tests bench examples setup.py
+	$(VENV)/bin/ruff format --check wangate tests bench examples setup.py
 	$(VENV)/bin/mypy wangate

@@ -33,10 +33,27 @@ from setuptools.command.build_ext import build_ext
 COMPILED_CORE = [
     f"wangate/core/{name}.py"
     for name in (
-        "capacity", "coding", "control_outbox", "datagrams", "estimator", "fairqueue",
-        "frames", "governor", "inbound", "liveness", "outbound", "outbound_message",
-        "path_table", "paths",
-        "rangeset", "scheduler", "selector", "sending", "sent_outcomes", "session", "timers",
+        "capacity",
+        "coding",
+        "control_outbox",
+        "datagrams",
+        "estimator",
+        "fairqueue",
+        "frames",
+        "governor",
+        "inbound",
+        "liveness",
+        "outbound",
+        "outbound_message",
+        "path_table",
+        "paths",
+        "rangeset",
+        "scheduler",
+        "selector",
+        "sending",
+        "sent_outcomes",
+        "session",
+        "timers",
     )
 ]
 # The build's own environment has none of the run-time dependencies (numpy, aioquic):
@@ -58,7 +75,9 @@ MISSING_OPENSSL = (
 def _has_openssl(compiler: str) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp, "probe.c")
-        source.write_text("#include <openssl/evp.h>\nint main(void){return EVP_MAX_MD_SIZE>0?0:1;}\n")
+        source.write_text(
+            "#include <openssl/evp.h>\nint main(void){return EVP_MAX_MD_SIZE>0?0:1;}\n"
+        )
         done = subprocess.run(
             [compiler, str(source), "-o", str(Path(tmp, "probe")), "-lcrypto"],
             capture_output=True,
@@ -112,8 +131,15 @@ class BuildEngine(build_ext):
 CFLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-D_GNU_SOURCE"]
 LDFLAGS: list[str] = []
 if os.environ.get("WANGATE_ENGINE_SANITIZE") == "1":
-    CFLAGS = [*CFLAGS[:2], "-O1", "-g", "-fno-omit-frame-pointer",
-              "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", *CFLAGS[2:]]
+    CFLAGS = [
+        *CFLAGS[:2],
+        "-O1",
+        "-g",
+        "-fno-omit-frame-pointer",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=undefined",
+        *CFLAGS[2:],
+    ]
     LDFLAGS = ["-fsanitize=address,undefined"]
 
 setup(
