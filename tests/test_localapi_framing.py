@@ -64,6 +64,21 @@ def test_the_end_of_the_stream_says_whether_it_cut_a_frame(cut: int) -> None:
     assert expected in str(ended)
 
 
+def test_frames_before_a_bad_prefix_are_returned_with_the_error() -> None:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    good = SendRequest(3, "sh", "w", 1, False, b"", 0, None)
+    theirs.sendall(encode_request(good, 2) + b"ok" + b"GET / HTTP/1.1\r\n\r\n")
+    frames, ended = ReadyFrameReader(ours, 1 << 20).frames_ready()
+    ours.close()
+    theirs.close()
+    assert [(decode_request(raw, p.payload_bytes), bytes(pl)) for p, raw, pl in frames] == [
+        (good, b"ok")
+    ]
+    assert isinstance(ended, FrameError)
+    assert ended.code == "bad_magic"
+
+
 class EndlessSocket:
     """A peer that never stops: frame after frame (request id ``i``, ``PAYLOAD`` bytes of
     ``i % 256``), and every receive finds more queued than it asks for."""

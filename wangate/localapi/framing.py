@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from wangate.localapi.protocol import PREFIX_BYTES, FramePrefix, decode_prefix
+from wangate.localapi.protocol import PREFIX_BYTES, FrameError, FramePrefix, decode_prefix
 from wangate.localapi.segments import recv_with_fds
 from wangate.shm import close_all
 
@@ -360,16 +360,17 @@ class ReadyFrameReader(_FrameReader):
         super().__init__(sock, max_payload_bytes)
         self._head: tuple[FramePrefix, bytes] | None = None  # its payload is arriving
 
-    def frames_ready(self) -> tuple[list[Frame], ConnectionClosed | None]:
+    def frames_ready(self) -> tuple[list[Frame], ConnectionClosed | FrameError | None]:
         """The frames completed by what the socket holds now (at most EAGER_READ_BYTES
         read: what is left makes the socket readable again after the loop turns), and
-        why the stream ended if it did. A bad prefix raises ``FrameError``."""
+        why the stream ended if it did: closed, or a bad prefix (``FrameError``) after
+        the frames before it."""
         frames: list[Frame] = []
         budget = EAGER_READ_BYTES
         while True:
-            self._complete(frames)
-            if budget <= 0:
-                return frames, None
+            error = self._complete(frames)
+            if error is not None or budget <= 0:
+                return frames, error
             target = self._frames.writable()
             try:
                 received = self._recv(target)
@@ -380,26 +381,28 @@ class ReadyFrameReader(_FrameReader):
                 if self._head is None and self._frames.between_frames:
                     return frames, ConnectionClosed("the gateway closed the connection")
                 return frames, ConnectionClosed("connection closed in the middle of a frame")
-            drained = received < len(target)  # nothing more queued: skip the EAGAIN read
+            # a short read found the socket empty: complete what came, skip the EAGAIN read
+            drained = received < len(target)
             del target
             self._frames.wrote(received)
-            budget -= received
-            if drained:
-                self._complete(frames)
-                return frames, None
+            budget = 0 if drained else budget - received
 
-    def _complete(self, frames: list[Frame]) -> None:
+    def _complete(self, frames: list[Frame]) -> FrameError | None:
+        """Append every frame the assembler holds whole; a bad prefix stops it."""
         assembler = self._frames
         while True:
             if self._head is None:
-                head = assembler.next_head()
+                try:
+                    head = assembler.next_head()
+                except FrameError as exc:
+                    return exc
                 if head is None:
-                    return
+                    return None
                 self._head = head
                 assembler.expect_payload(head[0].payload_bytes)
             payload = assembler.take_payload()
             if payload is None:
-                return
+                return None
             prefix, header = self._head
             self._head = None
             frames.append((prefix, header, payload))
