@@ -8,6 +8,7 @@ import socket
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 import wangate
 from tests.selfsite import default_client_settings
 from tests.test_localapi_server import GatewayThread, raw_connect, read_reply
+from wangate.client import aio
 from wangate.codec import encode_tensor
 from wangate.localapi.protocol import SendRequest, encode_request
 
@@ -286,5 +288,36 @@ def test_async_gateway_going_away_fails_pending_calls(sock_path: Path) -> None:
                 await asyncio.wait_for(waiting, 5)
             with pytest.raises(wangate.GatewayUnavailable):
                 await gw.ping()
+
+    asyncio.run(scenario())
+
+
+def test_async_requests_go_out_at_once_and_a_partial_write_ends_whole(
+    gateway: GatewayThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame the socket takes whole goes out in the call itself; what a full socket
+    leaves goes by a task, and no other frame comes between (three at once)."""
+    waited: list[int] = []
+    real = aio.sock_send_rest
+
+    async def spy(loop: asyncio.AbstractEventLoop, sock: socket.socket, rest: list[Any]) -> None:
+        waited.append(sum(memoryview(part).nbytes for part in rest))
+        await real(loop, sock, rest)
+
+    monkeypatch.setattr(aio, "sock_send_rest", spy)
+    small = np.arange(100, dtype=np.int32)
+    large = [rng.integers(0, 256, 200_000, dtype=np.uint8) for _ in range(3)]  # in-band
+
+    async def scenario() -> None:
+        async with wangate.AsyncClient(gateway.path) as gw:
+            await gw.send("bj", "small", small)
+            assert waited == []
+            assert gw._sock is not None
+            gw._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            await asyncio.gather(*(gw.send("bj", f"large{i}", a) for i, a in enumerate(large)))
+            assert waited and all(0 < size < 200_000 + 1024 for size in waited)
+            for i, array in enumerate(large):
+                assert same(await gw.recv(f"large{i}", timeout=5), array)
+            assert same(await gw.recv("small", timeout=5), small)
 
     asyncio.run(scenario())

@@ -13,7 +13,9 @@ before the next goes. For each gap between messages (0: back to back), the media
   frame's meta and checksum, the array over the payload), timed alone likewise;
 - ``accepted``: ``send`` called to its reply (the daemon read the message, handed it
   to the session, which sent it, and answered);
-- ``delivered``: ``send`` called to the receiving trainer holding the array.
+- ``delivered``: ``send`` called to the receiving trainer holding the array;
+- ``async ping``: an ``AsyncClient``'s ``ping`` round trip (plain asyncio), the local
+  API's own cost to a coroutine.
 
 Nothing but the gap changes between the rows: the gap's effect is that of running the
 same code cold (after the core slept, its caches went to other work).
@@ -22,6 +24,7 @@ same code cold (after the core slept, its caches went to other work).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
 import statistics
@@ -30,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+import wangate
 from wangate.loopback import LoopbackSites
 
 
@@ -45,6 +49,17 @@ def _timed(call: Callable[[], object], count: int, gap_s: float) -> list[float]:
         call()
         samples.append((time.perf_counter() - started) * 1e6)
         time.sleep(gap_s)
+    return samples
+
+
+async def _async_pings(path: str, count: int, gap_s: float) -> list[float]:
+    samples = []
+    async with wangate.AsyncClient(path) as gateway:
+        for _ in range(count):
+            started = time.perf_counter()
+            await gateway.ping()
+            samples.append((time.perf_counter() - started) * 1e6)
+            await asyncio.sleep(gap_s)
     return samples
 
 
@@ -78,14 +93,15 @@ def main(argv: list[str]) -> int:
                     raise AssertionError(f"message {step} arrived damaged")
                 step += 1
                 time.sleep(gap_s)
-            rows.append((gap_ms, encode, decode, accepted, delivered))
+            pings = asyncio.run(_async_pings(str(lab["bj"].socket_path), args.count, gap_s))
+            rows.append((gap_ms, encode, decode, accepted, delivered, pings))
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}")
     print(f"{args.size_kib} KiB critical messages, {args.count} per gap, microseconds\n")
     print(
         "| gap between messages | encode p50 / p90 | decode p50 / p90 | accepted p50 / p90 "
-        "| delivered p50 / p90 |"
+        "| delivered p50 / p90 | async ping p50 / p90 |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for gap_ms, *columns in rows:
         cells = " | ".join("{:.0f} / {:.0f}".format(*_quantiles(c)) for c in columns)
         print(f"| {gap_ms:g} ms | {cells} |")

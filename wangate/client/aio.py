@@ -20,7 +20,13 @@ import numpy as np
 from wangate.collective.steps import run_async
 from wangate.errors import ErrorCode, GatewayError, GatewayUnavailable
 from wangate.incoming import AsyncIncomingMessage
-from wangate.localapi.framing import ConnectionClosed, ReadyFrameReader, sock_send_frame
+from wangate.localapi.framing import (
+    ConnectionClosed,
+    ReadyFrameReader,
+    send_frame_at_once,
+    sock_send_frame,
+    sock_send_rest,
+)
 from wangate.localapi.protocol import FrameError, encode_request
 from wangate.stepper import run_steps_async
 
@@ -305,8 +311,7 @@ class AsyncClient:
         if exchange.streaming:
             self._stream_requests.add(rid)
         try:
-            # Shielded: a caller cancelled mid-write must not leave half a frame behind.
-            await asyncio.shield(asyncio.ensure_future(self._write(exchange, head, body)))
+            await self._write(exchange, head, body)
             reply, payload = await future
         finally:
             self._pending.pop(rid, None)
@@ -314,17 +319,49 @@ class AsyncClient:
         return self._session.answer(exchange, reply, payload)
 
     async def _write(self, exchange: Exchange, head: bytes, body: memoryview) -> None:
-        loop = asyncio.get_running_loop()
+        """The request's frame, whole and alone on the socket: at once when the socket
+        takes it (no turn of the loop: a task woken per call costs on a busy or cold
+        loop), else what is left by a task, shielded: a caller cancelled mid-write must
+        not leave half a frame behind."""
         sock = self._sock
         assert sock is not None
-        async with self._write_lock:
-            try:
+        await self._write_lock.acquire()  # at once while nobody else writes
+        try:
+            rest = send_frame_at_once(sock, head, body, exchange.fd)
+        except OSError as exc:
+            self._write_lock.release()
+            self._write_failed(exchange, exc)
+            return
+        if rest is not None and not rest:
+            self._write_lock.release()
+            return
+        await asyncio.shield(
+            asyncio.ensure_future(self._write_rest(sock, exchange, head, body, rest))
+        )
+
+    async def _write_rest(
+        self,
+        sock: socket.socket,
+        exchange: Exchange,
+        head: bytes,
+        body: memoryview,
+        rest: list[Any] | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            if rest is None:  # nothing went: the whole frame, its descriptor first
                 await sock_send_frame(loop, sock, head, body, exchange.fd)
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                if not exchange.first:  # else the reader reads the gateway's reason
-                    self._fail(lost(self._session.path, exc))
-            except OSError as exc:  # every pending call learns it through its future
-                self._fail(lost(self._session.path, exc))
+            else:
+                await sock_send_rest(loop, sock, rest)
+        except OSError as exc:
+            self._write_failed(exchange, exc)
+        finally:
+            self._write_lock.release()
+
+    def _write_failed(self, exchange: Exchange, exc: OSError) -> None:
+        if isinstance(exc, (BrokenPipeError, ConnectionResetError)) and exchange.first:
+            return  # the reader reads the gateway's reason
+        self._fail(lost(self._session.path, exc))  # every pending call learns it
 
     def _on_readable(self) -> None:
         """Replies, read as they arrive, each handed to the call waiting for it."""

@@ -240,6 +240,19 @@ def send_frame(sock: socket.socket, head: bytes, body: memoryview, fd: int | Non
         sock.sendall(part)
 
 
+def send_frame_at_once(
+    sock: socket.socket, head: bytes, body: memoryview, fd: int | None = None
+) -> list[Any] | None:
+    """One ``sendmsg`` of a whole frame on a non-blocking socket, ``fd`` (if any) on its
+    first byte: what the socket did not take ([] when it took it all), or None when it
+    took nothing (the descriptor did not go either)."""
+    try:
+        sent = sock.sendmsg(*_frame_message(head, body, fd))
+    except (BlockingIOError, InterruptedError):
+        return None
+    return _unsent(head, body, sent)
+
+
 async def sock_send_frame(
     loop: asyncio.AbstractEventLoop,
     sock: socket.socket,
@@ -251,15 +264,21 @@ async def sock_send_frame(
     body at once, and only what did not fit waits for room. Each ``sock_sendall`` may
     give the loop a turn, and whatever runs then would hold the reader between the
     head and the body."""
-    try:
-        sent = sock.sendmsg(*_frame_message(head, body, fd))
-    except (BlockingIOError, InterruptedError):
+    rest = send_frame_at_once(sock, head, body, fd)
+    if rest is None:
         if fd is not None:
             await sock_sendall_with_fd(loop, sock, head, fd)
-            sent = len(head)
+            rest = _unsent(head, body, len(head))
         else:
-            sent = 0
-    for part in _unsent(head, body, sent):
+            rest = _unsent(head, body, 0)
+    await sock_send_rest(loop, sock, rest)
+
+
+async def sock_send_rest(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, rest: list[Any]
+) -> None:
+    """What ``send_frame_at_once`` left of a frame, as the socket makes room."""
+    for part in rest:
         await loop.sock_sendall(sock, part)
 
 
