@@ -332,7 +332,7 @@ class AsyncClient:
             self._write_lock.release()
             self._write_failed(exchange, exc)
             return
-        if rest is not None and not rest:
+        if rest == []:  # the socket took it whole
             self._write_lock.release()
             return
         await asyncio.shield(
@@ -370,17 +370,17 @@ class AsyncClient:
             frames, ended = self._reader.frames_ready()
             for _prefix, header, payload in frames:
                 self._on_frame(header, payload)
-            if ended is not None:
-                raise ended
+            if ended is None:
+                return
+            raise ended
         except GatewayError as exc:
-            self._stop_reading()
-            self._fail(exc)
+            error = exc
         except FrameError as exc:
-            self._stop_reading()
-            self._fail(lost(self._session.path, f"protocol error: {exc}"))
+            error = lost(self._session.path, f"protocol error: {exc}")
         except (OSError, ConnectionClosed) as exc:
-            self._stop_reading()
-            self._fail(lost(self._session.path, exc))
+            error = lost(self._session.path, exc)
+        self._stop_reading()
+        self._fail(error)
 
     def _on_frame(self, header: bytes, payload: memoryview) -> None:
         assert self._reader is not None
